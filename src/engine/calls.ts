@@ -1,0 +1,97 @@
+import { classifyError } from './db/classify.js';
+import type { ConnectionPool } from './db/pool.js';
+import type { Session } from './db/session.js';
+import { TrellisError } from './errors.js';
+
+interface InFlight {
+  session: Session | undefined;
+  fail: (error: TrellisError) => void;
+}
+
+/**
+ * Runs the handle's calls: each gets its own pooled session, settles within the call
+ * timeout (cancelling its server-side work when it does not), and is cancelled by
+ * `shutdown`. Calls never wait on each other beyond the pool cap.
+ */
+export class CallRunner {
+  private readonly inFlight = new Set<InFlight>();
+  private shutDown = false;
+  private readonly unsettled = new Set<Promise<unknown>>();
+
+  constructor(
+    private readonly pool: ConnectionPool,
+    private readonly options: { callTimeoutMs: number; acquireTimeoutMs: number },
+  ) {}
+
+  get isShutDown(): boolean {
+    return this.shutDown;
+  }
+
+  run<T>(what: string, fn: (session: Session) => Promise<T>): Promise<T> {
+    if (this.shutDown) {
+      return Promise.reject(new TrellisError('shutdown', `${what}: the handle is shut down`));
+    }
+    const started = Date.now();
+    const timeoutMs = this.options.callTimeoutMs;
+    return new Promise<T>((resolve, reject) => {
+      let settled = false;
+      const call: InFlight = {
+        session: undefined,
+        fail: (error) => {
+          if (settled) return;
+          settled = true;
+          clearTimeout(timer);
+          call.session?.abort(error.code as 'timeout' | 'shutdown', error.message);
+          reject(error);
+        },
+      };
+      const timer = setTimeout(
+        () =>
+          call.fail(new TrellisError('timeout', `${what} did not settle within ${timeoutMs} ms`)),
+        timeoutMs,
+      );
+      this.inFlight.add(call);
+
+      const work = (async () => {
+        const wait = Math.min(this.options.acquireTimeoutMs, timeoutMs - (Date.now() - started));
+        const session = await this.pool.acquire(Math.max(0, wait));
+        if (settled) {
+          await session.release();
+          return;
+        }
+        call.session = session;
+        try {
+          const value = await fn(session);
+          if (!settled) {
+            settled = true;
+            clearTimeout(timer);
+            resolve(value);
+          }
+        } finally {
+          await session.release();
+        }
+      })().catch((error: unknown) => {
+        if (!settled) {
+          settled = true;
+          clearTimeout(timer);
+          reject(classifyError(error, { doing: what }));
+        }
+      });
+      this.unsettled.add(work);
+      void work.finally(() => {
+        this.inFlight.delete(call);
+        this.unsettled.delete(work);
+      });
+    });
+  }
+
+  /** Rejects every call in flight with `shutdown`, cancels their queries, and waits for them to unwind. */
+  async shutdown(): Promise<void> {
+    this.shutDown = true;
+    for (const call of this.inFlight) {
+      call.fail(new TrellisError('shutdown', 'the handle was shut down while the call ran'));
+    }
+    this.pool.refuseNew();
+    await Promise.allSettled([...this.unsettled]);
+  }
+}

@@ -1,0 +1,118 @@
+import { TrellisError } from './errors.js';
+import { assertIdentifier } from './identifiers.js';
+import { consoleLogger, type Logger } from './logger.js';
+
+/** Options of `Trellis.connect`. Every field but `url` has a default, declared once below. */
+export interface ConnectOptions {
+  /** Postgres URL. TLS through `sslmode` (and `sslrootcert`, `sslcert`, `sslkey`) in the URL. */
+  url: string;
+  /**
+   * The catalog schema: one Trellis instance per catalog schema.
+   * @defaultValue `'trellis'`
+   */
+  schema?: string;
+  /**
+   * Where targets are created.
+   * @defaultValue `'public'`
+   */
+  targetSchema?: string;
+  pool?: {
+    /**
+     * Connections this handle's calls may hold at once (workers hold their own).
+     * @defaultValue `10`
+     */
+    max?: number;
+    /**
+     * How long a call waits for a free connection before failing with `timeout`.
+     * @defaultValue `5000`
+     */
+    acquireTimeoutMs?: number;
+  };
+  /**
+   * Run this instance's staging worker (one per fleet wins an advisory lock; others stand by).
+   * @defaultValue `false`
+   */
+  staging?: boolean;
+  /**
+   * Concurrent drain loops in this process.
+   * @defaultValue `0`
+   */
+  drainThreads?: number;
+  /**
+   * Where engine log lines go (pino-compatible).
+   * @defaultValue warn-level console logger
+   */
+  logger?: Logger;
+  /**
+   * Every call settles within this many milliseconds, or fails with `timeout` and the
+   * server-side work it started is cancelled.
+   * @defaultValue `30000`
+   */
+  callTimeoutMs?: number;
+  /**
+   * `application_name` of this handle's sessions (workers append their role).
+   * @defaultValue `'trellis-pg'`
+   */
+  applicationName?: string;
+}
+
+export interface ResolvedOptions {
+  url: string;
+  schema: string;
+  targetSchema: string;
+  pool: { max: number; acquireTimeoutMs: number };
+  staging: boolean;
+  drainThreads: number;
+  logger: Logger;
+  callTimeoutMs: number;
+  applicationName: string;
+}
+
+export const DEFAULTS = {
+  schema: 'trellis',
+  targetSchema: 'public',
+  pool: { max: 10, acquireTimeoutMs: 5000 },
+  staging: false,
+  drainThreads: 0,
+  callTimeoutMs: 30_000,
+  applicationName: 'trellis-pg',
+} as const satisfies Omit<ResolvedOptions, 'url' | 'logger'>;
+
+function positiveInt(name: string, value: number, min: number): number {
+  if (!Number.isInteger(value) || value < min) {
+    throw new TrellisError('validation', `${name} must be an integer >= ${min}, got ${value}`);
+  }
+  return value;
+}
+
+/** Validates options once, at the boundary, and fills in the defaults. */
+export function resolveOptions(options: ConnectOptions): ResolvedOptions {
+  if (typeof options?.url !== 'string' || options.url.length === 0) {
+    throw new TrellisError('validation', 'connect needs a url (postgres://user@host:port/db)');
+  }
+  const schema = options.schema ?? DEFAULTS.schema;
+  const targetSchema = options.targetSchema ?? DEFAULTS.targetSchema;
+  assertIdentifier('schema', schema);
+  assertIdentifier('targetSchema', targetSchema);
+  if (schema === targetSchema) {
+    throw new TrellisError('validation', 'schema and targetSchema must differ');
+  }
+  return {
+    url: options.url,
+    schema,
+    targetSchema,
+    pool: {
+      max: positiveInt('pool.max', options.pool?.max ?? DEFAULTS.pool.max, 1),
+      acquireTimeoutMs: positiveInt(
+        'pool.acquireTimeoutMs',
+        options.pool?.acquireTimeoutMs ?? DEFAULTS.pool.acquireTimeoutMs,
+        0,
+      ),
+    },
+    staging: options.staging ?? DEFAULTS.staging,
+    drainThreads: positiveInt('drainThreads', options.drainThreads ?? DEFAULTS.drainThreads, 0),
+    logger: options.logger ?? consoleLogger('warn'),
+    callTimeoutMs: positiveInt('callTimeoutMs', options.callTimeoutMs ?? DEFAULTS.callTimeoutMs, 1),
+    applicationName: options.applicationName ?? DEFAULTS.applicationName,
+  };
+}

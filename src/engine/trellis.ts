@@ -1,0 +1,134 @@
+import { CallRunner } from './calls.js';
+import { classifyConnectError } from './db/classify.js';
+import { parseConnectionUrl } from './db/connection-config.js';
+import { ConnectionPool } from './db/pool.js';
+import { TrellisError } from './errors.js';
+import { trackHandle, untrackHandle } from './internal/open-handles.js';
+import { instanceLogger, type Logger } from './logger.js';
+import { type ConnectOptions, type ResolvedOptions, resolveOptions } from './options.js';
+import {
+  assertCompatible,
+  assertTargetSchema,
+  type MigrateResult,
+  migrateSchema,
+  readSchemaState,
+} from './schema/migrator.js';
+
+/** The configuration a handle connected with, as `config()` returns it. */
+export interface TrellisConfig {
+  schema: string;
+  targetSchema: string;
+  pool: { max: number; acquireTimeoutMs: number };
+  staging: boolean;
+  drainThreads: number;
+  callTimeoutMs: number;
+}
+
+/**
+ * A handle on one Trellis instance (one catalog schema in one database). Every method
+ * returns a Promise that settles within the call timeout; failures are `TrellisError`s.
+ */
+export class Trellis implements AsyncDisposable {
+  /** `<database>/<catalog schema>`: names this instance in logs and metrics. */
+  readonly instance: string;
+  private readonly log: Logger;
+  private shutdownPromise: Promise<void> | undefined;
+
+  private constructor(
+    private readonly options: ResolvedOptions,
+    private readonly pool: ConnectionPool,
+    private readonly calls: CallRunner,
+    database: string,
+  ) {
+    this.instance = `${database}/${options.schema}`;
+    this.log = instanceLogger(options.logger, this.instance);
+  }
+
+  /**
+   * Connects, checks the catalog schema (refusing one newer than this code), and starts
+   * the background work the options ask for. The defaults start nothing.
+   */
+  static async connect(options: ConnectOptions): Promise<Trellis> {
+    const resolved = resolveOptions(options);
+    const config = parseConnectionUrl(resolved.url);
+    const pool = new ConnectionPool(config, {
+      max: resolved.pool.max,
+      applicationName: resolved.applicationName,
+      statementTimeoutMs: resolved.callTimeoutMs,
+      connectTimeoutMs: resolved.callTimeoutMs,
+    });
+    const calls = new CallRunner(pool, {
+      callTimeoutMs: resolved.callTimeoutMs,
+      acquireTimeoutMs: resolved.pool.acquireTimeoutMs,
+    });
+    try {
+      const database = await calls.run('connect', async (session) => {
+        const [row] = await session.query<{ db: string }>('SELECT current_database() AS db');
+        const state = await readSchemaState(session, resolved.schema);
+        assertCompatible(state, resolved.schema);
+        assertTargetSchema(state, resolved.schema, resolved.targetSchema);
+        if (resolved.staging && state.version === 0) {
+          throw new TrellisError(
+            'not_migrated',
+            `the Trellis schema ${resolved.schema} is not installed: run migrate() (or \`trellis sql install\` in a migration) before connecting with staging: true`,
+          );
+        }
+        return row?.db ?? config.database;
+      });
+      const handle = new Trellis(resolved, pool, calls, database);
+      trackHandle(handle);
+      handle.log.debug({}, 'connected');
+      return handle;
+    } catch (error) {
+      await calls.shutdown();
+      await pool.end(1);
+      throw error instanceof TrellisError ? error : classifyConnectError(error, config);
+    }
+  }
+
+  /** Installs or upgrades Trellis's catalog schema; safe to run concurrently and repeatedly. */
+  migrate(): Promise<MigrateResult> {
+    return this.calls.run('migrate', (session) =>
+      migrateSchema(session, {
+        schema: this.options.schema,
+        targetSchema: this.options.targetSchema,
+      }),
+    );
+  }
+
+  /** The configuration this handle connected with. */
+  async config(): Promise<TrellisConfig> {
+    if (this.calls.isShutDown) throw new TrellisError('shutdown', 'the handle is shut down');
+    const o = this.options;
+    return {
+      schema: o.schema,
+      targetSchema: o.targetSchema,
+      pool: { ...o.pool },
+      staging: o.staging,
+      drainThreads: o.drainThreads,
+      callTimeoutMs: o.callTimeoutMs,
+    };
+  }
+
+  /**
+   * Stops the handle: calls in flight are cancelled (they reject with `shutdown`, and their
+   * queries are cancelled on the server), later calls reject the same way, and every
+   * connection is closed. Resolves once all of that is done; calling it again is harmless.
+   */
+  shutdown(): Promise<void> {
+    this.shutdownPromise ??= (async () => {
+      try {
+        await this.calls.shutdown();
+        await this.pool.end(5);
+      } finally {
+        untrackHandle(this);
+        this.log.debug({}, 'shut down');
+      }
+    })();
+    return this.shutdownPromise;
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.shutdown();
+  }
+}

@@ -1,0 +1,125 @@
+import { describe, expect, it } from 'vitest';
+import { Trellis, TrellisError } from '../src/engine/index.js';
+import { installSql, latestVersion } from '../src/engine/schema/install-sql.js';
+import { freshDatabase } from './support/database.js';
+
+const quiet = { logger: { debug() {}, info() {}, warn() {}, error() {} } };
+
+async function versions(sql: import('postgres').Sql, schema = 'trellis'): Promise<number[]> {
+  const rows = await sql.unsafe(`SELECT version FROM "${schema}".migrations ORDER BY version`);
+  return rows.map((r) => Number(r.version));
+}
+
+describe('migrate()', () => {
+  it('installs the catalog schema on a fresh database, and a second run is a no-op', async () => {
+    const db = await freshDatabase();
+    await using trellis = await Trellis.connect({ url: db.url, ...quiet });
+    expect(await trellis.migrate()).toEqual({ from: 0, to: latestVersion() });
+    const applied = await versions(db.sql);
+    expect(applied).toEqual(Array.from({ length: latestVersion() }, (_, i) => i + 1));
+    const [before] = await db.sql`SELECT max(applied_at) AS at FROM trellis.migrations`;
+    expect(await trellis.migrate()).toEqual({ from: latestVersion(), to: latestVersion() });
+    const [after] = await db.sql`SELECT max(applied_at) AS at FROM trellis.migrations`;
+    expect(after?.at).toEqual(before?.at);
+  });
+
+  it('lets migrators race on a fresh database: all succeed, the schema is installed once', async () => {
+    const db = await freshDatabase();
+    const handles = await Promise.all(
+      [1, 2, 3].map(() => Trellis.connect({ url: db.url, schema: 'raced', ...quiet })),
+    );
+    try {
+      const results = await Promise.all(handles.slice(0, 2).map((h) => h.migrate()));
+      // Exactly one of the two did the install; the other found it done.
+      expect(results.map((r) => r.to)).toEqual([latestVersion(), latestVersion()]);
+      expect(await versions(db.sql, 'raced')).toHaveLength(latestVersion());
+      // A third is a no-op.
+      expect(await handles[2]!.migrate()).toEqual({ from: latestVersion(), to: latestVersion() });
+    } finally {
+      await Promise.all(handles.map((h) => h.shutdown()));
+    }
+  });
+
+  it('installs into a schema with a name that needs quoting', async () => {
+    const db = await freshDatabase();
+    const schema = 'Odd "schema"; DROP TABLE x';
+    await using trellis = await Trellis.connect({ url: db.url, schema, ...quiet });
+    await trellis.migrate();
+    const [row] =
+      await db.sql`SELECT count(*)::int AS n FROM pg_namespace WHERE nspname = ${schema}`;
+    expect(row?.n).toBe(1);
+  });
+
+  it('mixes with the printed install SQL, run inside another transaction, in either order', async () => {
+    const db = await freshDatabase();
+    const sql = installSql({ schema: 'trellis', targetSchema: 'public' });
+    // As a drizzle-kit migration would: inside a transaction, beside other DDL.
+    await db.sql.begin(async (tx) => {
+      await tx.unsafe('CREATE TABLE app_table (id int PRIMARY KEY)');
+      await tx.unsafe(sql);
+    });
+    await db.sql.unsafe(sql); // again: idempotent
+    await using trellis = await Trellis.connect({ url: db.url, ...quiet });
+    expect(await trellis.migrate()).toEqual({ from: latestVersion(), to: latestVersion() });
+    expect(await versions(db.sql)).toHaveLength(latestVersion());
+  });
+
+  it('rolls back with the transaction it ran in', async () => {
+    const db = await freshDatabase();
+    const sql = installSql({ schema: 'rolled', targetSchema: 'public' });
+    await expect(
+      db.sql.begin(async (tx) => {
+        await tx.unsafe(sql);
+        throw new Error('the migration failed later');
+      }),
+    ).rejects.toThrow('the migration failed later');
+    const [row] = await db.sql`SELECT to_regnamespace('rolled') AS ns`;
+    expect(row?.ns).toBeNull();
+  });
+
+  it('refuses a schema holding a breaking migration newer than this code knows', async () => {
+    const db = await freshDatabase();
+    await using trellis = await Trellis.connect({ url: db.url, schema: 'future', ...quiet });
+    await trellis.migrate();
+    const newer = latestVersion() + 1;
+    await db.sql.unsafe(
+      `INSERT INTO future.migrations (version, name, breaking) VALUES (${newer}, 'from_the_future', true)`,
+    );
+    const refused = await trellis.migrate().catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(TrellisError);
+    expect((refused as TrellisError).code).toBe('incompatible_schema');
+    expect((refused as TrellisError).message).toContain(`breaking version ${newer}`);
+    const connect = await Trellis.connect({ url: db.url, schema: 'future', ...quiet }).catch(
+      (e: unknown) => e,
+    );
+    expect((connect as TrellisError).code).toBe('incompatible_schema');
+    // The printed SQL refuses it too, with the same code.
+    const printed = await db.sql
+      .unsafe(installSql({ schema: 'future', targetSchema: 'public' }))
+      .catch((e: unknown) => e);
+    expect((printed as { code?: string }).code).toBe('TRI01');
+  });
+
+  it('accepts a newer schema whose newer migrations are not breaking', async () => {
+    const db = await freshDatabase();
+    await using first = await Trellis.connect({ url: db.url, schema: 'compatible', ...quiet });
+    await first.migrate();
+    await db.sql.unsafe(
+      `INSERT INTO compatible.migrations (version, name, breaking) VALUES (${latestVersion() + 1}, 'additive', false)`,
+    );
+    await using second = await Trellis.connect({ url: db.url, schema: 'compatible', ...quiet });
+    expect((await second.migrate()).to).toBe(latestVersion() + 1);
+  });
+
+  it('refuses a handle whose targetSchema differs from the instance’s', async () => {
+    const db = await freshDatabase();
+    await db.sql`CREATE SCHEMA derived`;
+    await using first = await Trellis.connect({ url: db.url, targetSchema: 'derived', ...quiet });
+    await first.migrate();
+    const other = await Trellis.connect({ url: db.url, targetSchema: 'public', ...quiet }).catch(
+      (e: unknown) => e,
+    );
+    expect((other as TrellisError).code).toBe('conflict');
+    expect((other as TrellisError).message).toContain("targetSchema: 'derived'");
+  });
+});

@@ -1,0 +1,41 @@
+import type { TestProject } from 'vitest/node';
+import { startPostgres, type TestPostgres } from '../../src/testing/index.js';
+
+declare module 'vitest' {
+  export interface ProvidedContext {
+    pg: { adminUrl: string; kind: string; serverVersion: number; template: string };
+  }
+}
+
+export const TEMPLATE = 'trellis_test_template';
+
+let server: TestPostgres | undefined;
+
+export async function setup(project: TestProject): Promise<void> {
+  server = await startPostgres();
+  await server.dropDatabase(TEMPLATE);
+  await server.createDatabase({ name: TEMPLATE, template: 'template0' });
+  // Roles some tests log in as; cluster-wide, so created once here.
+  await server.adminQuery(`
+    DO $$ BEGIN
+      IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'trellis_password_auth') THEN
+        CREATE ROLE trellis_password_auth NOLOGIN;
+      END IF;
+      IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'trellis_tls_only') THEN
+        CREATE ROLE trellis_tls_only NOLOGIN;
+      END IF;
+    END $$`);
+  console.log(
+    `[test] Postgres ${server.serverVersion} (${server.kind}) at ${new URL(server.adminUrl).host}`,
+  );
+  project.provide('pg', {
+    adminUrl: server.adminUrl,
+    kind: server.kind,
+    serverVersion: server.serverVersion,
+    template: TEMPLATE,
+  });
+}
+
+export async function teardown(): Promise<void> {
+  await server?.stop();
+}
