@@ -1,0 +1,2 @@
+-- The statement grammar: tokenizer, parser and renderer (being written).
+SELECT 1;
