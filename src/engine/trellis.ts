@@ -1,7 +1,9 @@
 import { CallRunner } from './calls.js';
+import { type Definition, readDefinitions } from './catalog/definitions.js';
 import { classifyConnectError } from './db/classify.js';
 import { parseConnectionUrl } from './db/connection-config.js';
 import { ConnectionPool } from './db/pool.js';
+import type { Session } from './db/session.js';
 import { TrellisError } from './errors.js';
 import { trackHandle, untrackHandle } from './internal/open-handles.js';
 import { instanceLogger, type Logger } from './logger.js';
@@ -33,6 +35,8 @@ export class Trellis implements AsyncDisposable {
   readonly instance: string;
   private readonly log: Logger;
   private shutdownPromise: Promise<void> | undefined;
+  /** Set once the catalog schema was seen installed (it is never uninstalled under us). */
+  private installed = false;
 
   private constructor(
     private readonly options: ResolvedOptions,
@@ -94,6 +98,27 @@ export class Trellis implements AsyncDisposable {
         targetSchema: this.options.targetSchema,
       }),
     );
+  }
+
+  /** Every registered transform, ordered by target name. */
+  definitions(): Promise<Definition[]> {
+    return this.calls.run('definitions', async (session) => {
+      await this.requireInstalled(session);
+      return readDefinitions(session, this.options.schema);
+    });
+  }
+
+  /** Fails with `not_migrated` when the catalog schema is not installed. */
+  private async requireInstalled(session: Session): Promise<void> {
+    if (this.installed) return;
+    const state = await readSchemaState(session, this.options.schema);
+    if (state.version === 0) {
+      throw new TrellisError(
+        'not_migrated',
+        `the Trellis schema ${this.options.schema} is not installed: run migrate() first`,
+      );
+    }
+    this.installed = true;
   }
 
   /** The configuration this handle connected with. */
