@@ -26,7 +26,7 @@ export class Session {
     return this.abortedWith;
   }
 
-  async query<T extends Row = Row>(text: string, params: Params = []): Promise<T[]> {
+  async query<T extends object = Row>(text: string, params: Params = []): Promise<T[]> {
     if (this.abortedWith) throw this.abortedWith;
     // postgres.js' "unsafe" means "not a tagged template": parameters are still bound.
     const pending = this.conn.unsafe(text, params as never[], { prepare: true });
