@@ -1,0 +1,41 @@
+import type { ParseArgsConfig } from 'node:util';
+import { TrellisError } from '../engine/errors.js';
+
+/** Where a command writes and what it reads from the environment (a test can fake both). */
+export interface CliIo {
+  out(text: string): void;
+  err(text: string): void;
+  env: Readonly<Record<string, string | undefined>>;
+}
+
+export interface Command {
+  /** The words that name it, e.g. `sql install`. */
+  name: string;
+  /** One line for `trellis --help`. */
+  summary: string;
+  /** Its own help text, for `trellis <command> --help`. */
+  help: string;
+  /** Runs it; failures throw (a `TrellisError` for anything the user can fix). */
+  run(args: string[], io: CliIo): Promise<void>;
+}
+
+/** Options every command that touches an instance takes. */
+export const INSTANCE_OPTIONS = {
+  schema: { type: 'string' },
+  'target-schema': { type: 'string' },
+} as const satisfies ParseArgsConfig['options'];
+
+/**
+ * Runs `node:util` `parseArgs` (strict, no positionals) for a command, with its errors
+ * turned into `validation` errors that point at the command's help.
+ */
+export function parseCommandArgs<T>(command: string, parse: () => T): T {
+  try {
+    return parse();
+  } catch (error) {
+    const message = error instanceof Error ? error.message : String(error);
+    throw new TrellisError('validation', `${message} (see trellis ${command} --help)`, {
+      cause: error,
+    });
+  }
+}

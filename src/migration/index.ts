@@ -1,0 +1,52 @@
+/**
+ * Trellis's own schema as SQL you run yourself: inside a drizzle-kit custom migration, a
+ * Prisma migration or psql. The text is the same DO block `Trellis.migrate()` runs, so the
+ * two mix freely: it is version-guarded (each migration runs once), serialised by an
+ * advisory lock, atomic inside the transaction it runs in, and it refuses a schema that
+ * holds a breaking migration newer than this version of trellis-pg.
+ * @packageDocumentation
+ */
+
+import { TrellisError } from '../engine/errors.js';
+import { assertIdentifier } from '../engine/identifiers.js';
+import { DEFAULTS } from '../engine/options.js';
+import {
+  installSql as engineInstallSql,
+  latestVersion as engineLatestVersion,
+} from '../engine/schema/install-sql.js';
+
+/** Options of {@link installSql}; the same names and defaults as `Trellis.connect`'s. */
+export interface InstallSqlOptions {
+  /**
+   * The catalog schema to install or upgrade.
+   * @defaultValue `'trellis'`
+   */
+  schema?: string;
+  /**
+   * Where the instance creates targets; recorded by the first install only. A handle
+   * connecting with another `targetSchema` is refused.
+   * @defaultValue `'public'`
+   */
+  targetSchema?: string;
+}
+
+/**
+ * The idempotent install-or-upgrade SQL for one catalog schema, up to {@link latestVersion}.
+ * Paste it into a migration (or print it with `trellis sql install`). Fails with a
+ * `validation` TrellisError for a name Postgres would refuse or truncate.
+ */
+export function installSql(options: InstallSqlOptions = {}): string {
+  const schema = options.schema ?? DEFAULTS.schema;
+  const targetSchema = options.targetSchema ?? DEFAULTS.targetSchema;
+  assertIdentifier('schema', schema);
+  assertIdentifier('targetSchema', targetSchema);
+  if (schema === targetSchema) {
+    throw new TrellisError('validation', 'schema and targetSchema must differ');
+  }
+  return engineInstallSql({ schema, targetSchema });
+}
+
+/** The newest catalog schema version this version of trellis-pg installs. */
+export function latestVersion(): number {
+  return engineLatestVersion();
+}
