@@ -1,0 +1,177 @@
+import { execFile } from 'node:child_process';
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { promisify } from 'node:util';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+// Tests what ships: builds and packs the package, installs the tarball into an empty ESM
+// project, and uses it there the way an app would, through its `exports` and its bin.
+const run = promisify(execFile);
+const repo = resolve(import.meta.dirname, '..');
+const SLOW = 180_000;
+
+/** The environment of a child npm: without the package context of the `npm test` running us. */
+function childEnv(): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const [key, value] of Object.entries(process.env)) {
+    if (key.startsWith('npm_package_') || key.startsWith('npm_lifecycle_')) continue;
+    if (key === 'INIT_CWD' || key === 'npm_config_prefix') continue;
+    env[key] = value;
+  }
+  return env;
+}
+
+async function sh(
+  file: string,
+  args: string[],
+  cwd: string,
+): Promise<{ stdout: string; stderr: string }> {
+  try {
+    return await run(file, args, {
+      cwd,
+      env: childEnv(),
+      timeout: SLOW,
+      maxBuffer: 32 * 1024 * 1024,
+    });
+  } catch (error) {
+    const e = error as { stdout?: string; stderr?: string; message: string };
+    throw new Error(
+      `${file} ${args.join(' ')} failed in ${cwd}:\n${e.stderr ?? ''}${e.stdout ?? ''}`,
+      {
+        cause: error,
+      },
+    );
+  }
+}
+
+const dirs: string[] = [];
+let project = '';
+
+beforeAll(async () => {
+  const packDir = await mkdtemp(join(tmpdir(), 'trellis-pack-'));
+  project = await mkdtemp(join(tmpdir(), 'trellis-consumer-'));
+  dirs.push(packDir, project);
+  await sh('npm', ['run', 'build'], repo);
+  await sh('npm', ['pack', '--pack-destination', packDir], repo);
+  const [tarball] = (await readdir(packDir)).filter((f) => f.endsWith('.tgz'));
+  if (!tarball) throw new Error(`npm pack wrote no tarball into ${packDir}`);
+  await sh('npm', ['init', '-y'], project);
+  const pkgPath = join(project, 'package.json');
+  const pkg = JSON.parse(await readFile(pkgPath, 'utf8')) as Record<string, unknown>;
+  await writeFile(pkgPath, JSON.stringify({ ...pkg, type: 'module' }, null, 2));
+  await sh(
+    'npm',
+    ['install', join(packDir, tarball), '--no-audit', '--no-fund', '--prefer-offline'],
+    project,
+  );
+}, SLOW);
+
+afterAll(async () => {
+  for (const dir of dirs) await rm(dir, { recursive: true, force: true });
+});
+
+describe('the packed package, installed in an empty project', { timeout: SLOW }, () => {
+  it('ships only the build output and the README', async () => {
+    const installed = join(project, 'node_modules', 'trellis-pg');
+    const top = (await readdir(installed)).sort();
+    expect(top).toEqual(['README.md', 'dist', 'package.json'].sort());
+    const dist = await readdir(join(installed, 'dist'));
+    expect(dist).toEqual(
+      expect.arrayContaining(['cli', 'drizzle', 'engine', 'migration', 'testing']),
+    );
+  });
+
+  it('imports every subpath export with node', async () => {
+    await writeFile(
+      join(project, 'check.mjs'),
+      `
+import { Trellis, TrellisError, TRELLIS_ERROR_CODES, DEFAULTS } from 'trellis-pg';
+import { applyStatementSql } from 'trellis-pg/drizzle';
+import { installSql, latestVersion } from 'trellis-pg/migration';
+import { startPostgres } from 'trellis-pg/testing';
+const error = new TrellisError('parse', 'x');
+console.log(JSON.stringify({
+  connect: typeof Trellis.connect,
+  trellisError: error instanceof Error && error.code === 'parse',
+  codes: TRELLIS_ERROR_CODES.includes('connection'),
+  schema: DEFAULTS.schema,
+  apply: applyStatementSql("TRANSFORM t FROM s SELECT 'a' AS a"),
+  install: installSql().includes('CREATE SCHEMA IF NOT EXISTS "trellis"'),
+  latest: latestVersion(),
+  startPostgres: typeof startPostgres,
+}));
+`,
+    );
+    const { stdout } = await sh('node', ['check.mjs'], project);
+    const seen = JSON.parse(stdout) as Record<string, unknown>;
+    expect(seen).toMatchObject({
+      connect: 'function',
+      trellisError: true,
+      codes: true,
+      schema: 'trellis',
+      apply: `SELECT "trellis".apply('TRANSFORM t FROM s SELECT ''a'' AS a');`,
+      install: true,
+      startPostgres: 'function',
+    });
+    expect(seen.latest).toBeGreaterThan(0);
+  });
+
+  it('runs the trellis bin', async () => {
+    const help = await sh('npx', ['trellis', '--help'], project);
+    expect(help.stdout).toContain('Usage: trellis <command>');
+    const install = await sh('npx', ['trellis', 'sql', 'install'], project);
+    expect(install.stdout).toContain('CREATE SCHEMA IF NOT EXISTS "trellis"');
+  });
+
+  it('type-checks code importing every subpath (the exports types conditions)', async () => {
+    await writeFile(
+      join(project, 'check.ts'),
+      `
+import { Trellis, TrellisError, type ConnectOptions, type TrellisErrorCode } from 'trellis-pg';
+import { applyStatementSql } from 'trellis-pg/drizzle';
+import { installSql, type InstallSqlOptions, latestVersion } from 'trellis-pg/migration';
+import { startPostgres, type TestPostgres } from 'trellis-pg/testing';
+
+const options: ConnectOptions = { url: 'postgres://localhost/app', staging: false };
+const connect: (o: ConnectOptions) => Promise<Trellis> = Trellis.connect;
+const code: TrellisErrorCode = new TrellisError('timeout', 'late').code;
+const install: InstallSqlOptions = { schema: 'trellis', targetSchema: 'public' };
+const sql: string = installSql(install) + applyStatementSql('DROP TRANSFORM t');
+const version: number = latestVersion();
+const start: () => Promise<TestPostgres> = () => startPostgres();
+async function configOf(url: string) {
+  await using trellis = await Trellis.connect({ url });
+  return (await trellis.config()).targetSchema;
+}
+// The types are real, not \`any\`: each of these must be an error.
+// @ts-expect-error code is a closed union
+const bad: TrellisErrorCode = 'no_such_code';
+// @ts-expect-error url is required
+const missing: ConnectOptions = {};
+export { bad, code, configOf, connect, install, missing, options, sql, start, version };
+`,
+    );
+    const types = join(repo, 'node_modules', '@types');
+    await writeFile(
+      join(project, 'tsconfig.json'),
+      JSON.stringify({
+        compilerOptions: {
+          target: 'ES2022',
+          // What a plain Node 20 project has: @types/node supplies AsyncDisposable.
+          lib: ['ES2022'],
+          module: 'NodeNext',
+          moduleResolution: 'NodeNext',
+          strict: true,
+          noEmit: true,
+          // The shipped .d.ts files must compile too.
+          skipLibCheck: false,
+          typeRoots: [types],
+          types: ['node'],
+        },
+        files: ['check.ts'],
+      }),
+    );
+    await sh(join(repo, 'node_modules', '.bin', 'tsc'), ['-p', 'tsconfig.json'], project);
+  });
+});
