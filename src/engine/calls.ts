@@ -2,6 +2,7 @@ import { classifyError } from './db/classify.js';
 import type { ConnectionPool } from './db/pool.js';
 import type { Session } from './db/session.js';
 import { TrellisError } from './errors.js';
+import { SQLSTATE, sqlstateOf } from './sqlstate.js';
 
 interface InFlight {
   session: Session | undefined;
@@ -45,11 +46,9 @@ export class CallRunner {
           reject(error);
         },
       };
-      const timer = setTimeout(
-        () =>
-          call.fail(new TrellisError('timeout', `${what} did not settle within ${timeoutMs} ms`)),
-        timeoutMs,
-      );
+      const timeoutError = () =>
+        new TrellisError('timeout', `${what} did not settle within ${timeoutMs} ms`);
+      const timer = setTimeout(() => call.fail(timeoutError()), timeoutMs);
       this.inFlight.add(call);
 
       const work = (async () => {
@@ -72,6 +71,14 @@ export class CallRunner {
         }
       })().catch((error: unknown) => {
         if (!settled) {
+          // The server's statement_timeout (the pool's safety net, equal to the call
+          // timeout) can beat our timer by a millisecond or two when the call's last
+          // statement started right at the call's start. A call cancelled that way has
+          // missed its deadline: it reports `timeout`, as when our own timer fires first.
+          if (sqlstateOf(error) === SQLSTATE.queryCanceled && Date.now() - started >= timeoutMs) {
+            call.fail(timeoutError());
+            return;
+          }
           settled = true;
           clearTimeout(timer);
           reject(classifyError(error, { doing: what }));
