@@ -2,6 +2,8 @@
  * trellis-pg: derived tables kept up to date incrementally, in your own Postgres.
  * @packageDocumentation
  */
+export type { Definition, DefinitionColumn, DefinitionSource } from './catalog/definitions.js';
+export type * from './catalog/status-types.js';
 export {
   isTrellisError,
   TRELLIS_ERROR_CODES,
@@ -12,4 +14,5 @@ export type { Logger, LogLevel } from './logger.js';
 export { consoleLogger } from './logger.js';
 export { type ConnectOptions, DEFAULTS } from './options.js';
 export type { MigrateResult } from './schema/migrator.js';
+export type { ApplyResult } from './statements/apply.js';
 export { Trellis, type TrellisConfig } from './trellis.js';

@@ -1,5 +1,7 @@
 import { CallRunner } from './calls.js';
 import { type Definition, readDefinitions } from './catalog/definitions.js';
+import { readStatus } from './catalog/status.js';
+import type { Status } from './catalog/status-types.js';
 import { classifyConnectError } from './db/classify.js';
 import { parseConnectionUrl } from './db/connection-config.js';
 import { ConnectionPool } from './db/pool.js';
@@ -15,6 +17,7 @@ import {
   migrateSchema,
   readSchemaState,
 } from './schema/migrator.js';
+import { type ApplyResult, applyStatement } from './statements/apply.js';
 
 /** The configuration a handle connected with, as `config()` returns it. */
 export interface TrellisConfig {
@@ -65,8 +68,10 @@ export class Trellis implements AsyncDisposable {
       callTimeoutMs: resolved.callTimeoutMs,
       acquireTimeoutMs: resolved.pool.acquireTimeoutMs,
     });
+    let reached = false;
     try {
       const database = await calls.run('connect', async (session) => {
+        reached = true;
         const [row] = await session.query<{ db: string }>('SELECT current_database() AS db');
         const state = await readSchemaState(session, resolved.schema);
         assertCompatible(state, resolved.schema);
@@ -86,6 +91,15 @@ export class Trellis implements AsyncDisposable {
     } catch (error) {
       await calls.shutdown();
       await pool.end(1);
+      if (error instanceof TrellisError && error.code === 'timeout' && !reached) {
+        // No session within the deadline: a server (or firewall) that never answers is a
+        // connection failure to fix in the url or network, not a slow call.
+        throw new TrellisError(
+          'connection',
+          `cannot connect to ${config.description}: no answer within ${resolved.callTimeoutMs} ms: check the host, port and firewall`,
+          { cause: error },
+        );
+      }
       throw error instanceof TrellisError ? error : classifyConnectError(error, config);
     }
   }
@@ -98,6 +112,34 @@ export class Trellis implements AsyncDisposable {
         targetSchema: this.options.targetSchema,
       }),
     );
+  }
+
+  /**
+   * Applies one statement of Trellis's grammar (TRANSFORM, PAUSE, RESUME, DROP, ALTER) and
+   * says what it did. Bad statements fail with `parse` or `validation`; unknown targets with
+   * `not_found`.
+   */
+  apply(statement: string): Promise<ApplyResult> {
+    return this.calls.run('apply', async (session) => {
+      await this.requireInstalled(session);
+      return applyStatement(session, this.options.schema, statement, false);
+    });
+  }
+
+  /** `apply()` for a TRANSFORM only: any other statement fails with `validation`. */
+  define(statement: string): Promise<ApplyResult> {
+    return this.calls.run('define', async (session) => {
+      await this.requireInstalled(session);
+      return applyStatement(session, this.options.schema, statement, true);
+    });
+  }
+
+  /** Where a transform is in its lifecycle, and what (if anything) holds it up. */
+  status(target: string): Promise<Status> {
+    return this.calls.run('status', async (session) => {
+      await this.requireInstalled(session);
+      return readStatus(session, this.options.schema, target);
+    });
   }
 
   /** Every registered transform, ordered by target name. */

@@ -13,6 +13,9 @@ CREATE TABLE @schema@.transforms (
   -- Whether the SELECT list aggregates (GROUP BY, or aggregates without it: one row).
   aggregates boolean NOT NULL,
   without_source_index boolean NOT NULL DEFAULT false,
+  -- The schemas names in expressions resolved through when the transform was defined; the
+  -- engine re-derives rows with exactly this search_path.
+  search_path text NOT NULL,
   -- Set while the whole transform is paused; reason: operator, build_failure,
   -- capture_failure, disruption, schema_change, quarantine.
   paused_at timestamptz,

@@ -1,0 +1,104 @@
+/** Where a transform is in its lifecycle. */
+export type Lifecycle = 'waiting_to_backfill' | 'backfilling' | 'catching_up' | 'live' | 'paused';
+
+/** A build (backfill) that keeps failing: it retries with backoff, and pauses after a few. */
+export interface BuildFailure {
+  attempts: number;
+  error: string;
+  /** When it is tried again; once paused, when it paused. */
+  nextAttemptAt: Date;
+}
+
+/** Why capture of a source is broken, or why the drain halted on the transform. */
+export interface CaptureFailure {
+  kind: 'capture' | 'halt' | 'disruption';
+  /** A sentence naming the cause. */
+  error: string;
+  /** The columns it is about (empty when it is not about a column). */
+  columns: string[];
+  detectedAt: Date;
+}
+
+/** A session holding or queued for a lock the staging worker's capture change needs. */
+export interface LockBlocker {
+  pid: number;
+  applicationName: string;
+  state: string | null;
+  queryStart: Date | null;
+  query: string;
+}
+
+/** What a transform's capture waits on. Nothing cancels the blockers. */
+export interface CaptureWait {
+  operation: 'install' | 'widen' | 'uninstall';
+  /** Schema-qualified source table. */
+  table: string;
+  lockMode: string;
+  blockers: LockBlocker[];
+  since: Date;
+}
+
+/** A partition of a partitioned source being corrected after attach/detach. */
+export interface CorrectingNode {
+  node: string;
+  since: Date;
+  keysRemaining: number | null;
+}
+
+/** A ledger page that keeps failing with nothing charged or paused. */
+export interface DrainFailure {
+  segSeq: number;
+  tables: string[];
+  error: string;
+  sqlstate: string | null;
+  since: Date;
+  lastSeen: Date;
+  attempts: number;
+}
+
+/** A source index a GROUP BY or JOIN target needs and lacks. */
+export interface SourceIndexGap {
+  table: string;
+  columns: string[];
+  role: 'group_by' | 'join_from' | 'join_joined';
+  optedOut: boolean;
+  /** A `CREATE INDEX CONCURRENTLY` statement that closes the gap. */
+  fix: string;
+}
+
+/** Backfill progress: keys done and (an estimate of) keys in all. */
+export interface BackfillProgress {
+  keysDone: number;
+  keysTotal: number | null;
+  startedAt: Date;
+}
+
+/** How far behind its sources a transform is. */
+export interface Lag {
+  /** Sealed ledger segments not yet applied. */
+  segments: number;
+  /** Age of the oldest change not yet applied, in seconds (0 when caught up). */
+  seconds: number;
+}
+
+/** Where a transform is, as `status()` reports it. */
+export interface Status {
+  target: string;
+  status: Lifecycle;
+  /** Why it is paused, when it is: operator, build_failure, capture_failure, disruption, quarantine, schema_change. */
+  pauseReason: string | null;
+  /** Keys held (quarantined) for this transform. */
+  heldKeys: number;
+  /** Paused columns of this transform, each `"target.column"`. */
+  pausedColumns: string[];
+  /** Paused columns of upstream transforms this one reads, each `"target.column"`. */
+  pausedUpstreamColumns: string[];
+  sourceIndexGaps: SourceIndexGap[];
+  correcting: CorrectingNode[];
+  captureFailure: CaptureFailure | null;
+  captureWait: CaptureWait | null;
+  buildFailure: BuildFailure | null;
+  drainFailure: DrainFailure | null;
+  backfill: BackfillProgress | null;
+  lag: Lag;
+}

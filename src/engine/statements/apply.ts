@@ -1,0 +1,51 @@
+import type { Session } from '../db/session.js';
+import { TrellisError } from '../errors.js';
+import { quoteIdent } from '../identifiers.js';
+
+/** What `apply()` did, one shape per statement form. */
+export type ApplyResult =
+  | { kind: 'transform_defined'; target: string }
+  | { kind: 'paused'; address: string }
+  | { kind: 'resumed'; addresses: string[] }
+  | { kind: 'dropped'; target: string }
+  | { kind: 'altered'; target: string };
+
+const KINDS = new Set<ApplyResult['kind']>([
+  'transform_defined',
+  'paused',
+  'resumed',
+  'dropped',
+  'altered',
+]);
+
+function toApplyResult(value: unknown): ApplyResult {
+  const kind = (value as { kind?: unknown } | null)?.kind;
+  if (typeof kind !== 'string' || !KINDS.has(kind as ApplyResult['kind'])) {
+    throw new TrellisError(
+      'unknown',
+      `apply() returned an unexpected result: ${JSON.stringify(value)}`,
+    );
+  }
+  return value as ApplyResult;
+}
+
+/**
+ * Runs a statement through `<schema>.apply()` (or `<schema>.define()`, which refuses all
+ * but TRANSFORM): the one implementation of the grammar, in SQL, shared with migrations.
+ */
+export async function applyStatement(
+  session: Session,
+  schema: string,
+  statement: string,
+  transformOnly: boolean,
+): Promise<ApplyResult> {
+  if (typeof statement !== 'string') {
+    throw new TrellisError('validation', 'a statement must be a string');
+  }
+  const fn = transformOnly ? 'define' : 'apply';
+  const [row] = await session.query<{ result: unknown }>(
+    `SELECT ${quoteIdent(schema)}.${fn}($1) AS result`,
+    [statement],
+  );
+  return toApplyResult(row?.result);
+}

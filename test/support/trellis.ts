@@ -1,0 +1,33 @@
+import { Trellis } from '../../src/engine/index.js';
+import type { ConnectOptions } from '../../src/engine/options.js';
+import type { TestDatabase } from './database.js';
+
+/** A logger that drops everything (tests assert on behaviour, not on log lines). */
+export const quietLogger = { debug() {}, info() {}, warn() {}, error() {} };
+
+/** Connects a handle to a test database with the catalog schema installed. */
+export async function migratedTrellis(
+  db: TestDatabase,
+  options: Partial<ConnectOptions> = {},
+): Promise<Trellis> {
+  const trellis = await Trellis.connect({ url: db.url, logger: quietLogger, ...options });
+  try {
+    await trellis.migrate();
+  } catch (error) {
+    await trellis.shutdown();
+    throw error;
+  }
+  return trellis;
+}
+
+/** The error a promise rejects with (fails the test if it resolves). */
+export async function rejection(
+  promise: Promise<unknown>,
+): Promise<Error & Record<string, unknown>> {
+  try {
+    await promise;
+  } catch (error) {
+    return error as Error & Record<string, unknown>;
+  }
+  throw new Error('expected the call to fail, and it succeeded');
+}
