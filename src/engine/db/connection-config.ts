@@ -45,11 +45,12 @@ export function parseConnectionUrl(raw: string): ConnectionConfig {
   let url: URL;
   try {
     url = new URL(raw);
-  } catch (cause) {
+  } catch {
+    // No `cause`: Node's URL error carries the whole input (password included) in `input`,
+    // and anyone logging this error would print it.
     throw new TrellisError(
       'connection',
       'the url is not a valid Postgres URL (expected postgres://user:password@host:port/database)',
-      { cause },
     );
   }
   if (url.protocol !== 'postgres:' && url.protocol !== 'postgresql:') {
