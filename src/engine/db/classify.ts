@@ -88,6 +88,21 @@ export function classifyConnectError(error: unknown, config: ConnectionConfig): 
       { cause: error, ...sqlstate },
     );
   }
+  if (
+    code === 'ECONNRESET' &&
+    (config.sslMode === 'require' ||
+      config.sslMode === 'verify-ca' ||
+      config.sslMode === 'verify-full')
+  ) {
+    // A server without TLS answers the driver's SSLRequest with "no"; the driver goes on
+    // with the TLS handshake anyway and the server hangs up, so this reset is what
+    // `sslmode=require` against a server without TLS looks like.
+    return new TrellisError(
+      'connection',
+      `cannot connect to ${where}: the server closed the connection before TLS was set up; it may not accept TLS connections. Enable TLS on the server (ssl = on), or use sslmode=prefer or sslmode=disable in the url`,
+      { cause: error },
+    );
+  }
   if (typeof code === 'string' && code in NETWORK_CODES) {
     return new TrellisError('connection', `cannot connect to ${where}: ${NETWORK_CODES[code]}`, {
       cause: error,
