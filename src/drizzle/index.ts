@@ -3,8 +3,8 @@
  * here: what this module returns is SQL text for a custom migration
  * (`drizzle-kit generate --custom`), which drizzle-kit runs in its migration transaction.
  *
- * Typed statement builders over drizzle table objects, and typed reads of targets, arrive
- * with the statements issue.
+ * Typed statement builders over drizzle table objects, and typed reads of targets, are
+ * not built yet.
  * @packageDocumentation
  */
 import { assertIdentifier, quoteIdent, quoteLiteral } from '../engine/identifiers.js';
@@ -24,8 +24,10 @@ export interface ApplyStatementSqlOptions {
  * The statement is quoted as a literal and the schema as an identifier, so neither can
  * inject SQL.
  *
- * `<schema>.apply(statement text)` is created by Trellis's schema when the statements
- * issue lands; until then the SQL this returns fails with "function does not exist".
+ * `<schema>.apply(statement text) RETURNS jsonb` is part of Trellis's schema (install it
+ * first, in the same or an earlier migration): it runs in the migration's transaction, so
+ * the transform commits or rolls back with the DDL around it. A refused statement fails
+ * the migration with SQLSTATE `TRP01` (parse) or `TRV01` (validation).
  */
 export function applyStatementSql(
   statement: string,
