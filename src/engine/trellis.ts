@@ -3,10 +3,12 @@ import { type Definition, readDefinitions } from './catalog/definitions.js';
 import { readStatus } from './catalog/status.js';
 import type { Status } from './catalog/status-types.js';
 import { classifyConnectError } from './db/classify.js';
-import { parseConnectionUrl } from './db/connection-config.js';
+import { type ConnectionConfig, parseConnectionUrl } from './db/connection-config.js';
 import { ConnectionPool } from './db/pool.js';
 import type { Session } from './db/session.js';
 import { TrellisError } from './errors.js';
+import { quoteIdent } from './identifiers.js';
+import { LOCK_CLASS, lockHeldSql } from './internal/advisory-locks.js';
 import { trackHandle, untrackHandle } from './internal/open-handles.js';
 import { instanceLogger, type Logger } from './logger.js';
 import { type ConnectOptions, type ResolvedOptions, resolveOptions } from './options.js';
@@ -18,6 +20,8 @@ import {
   readSchemaState,
 } from './schema/migrator.js';
 import { type ApplyResult, applyStatement } from './statements/apply.js';
+import { awaitConverged, watermarkToken } from './watermark.js';
+import { Background } from './workers/background.js';
 
 /** The configuration a handle connected with, as `config()` returns it. */
 export interface TrellisConfig {
@@ -41,14 +45,30 @@ export class Trellis implements AsyncDisposable {
   /** Set once the catalog schema was seen installed (it is never uninstalled under us). */
   private installed = false;
 
+  private readonly background: Background | undefined;
+
   private constructor(
     private readonly options: ResolvedOptions,
     private readonly pool: ConnectionPool,
     private readonly calls: CallRunner,
     database: string,
+    connection: ConnectionConfig,
   ) {
     this.instance = `${database}/${options.schema}`;
     this.log = instanceLogger(options.logger, this.instance);
+    if (options.staging || options.drainThreads > 0) {
+      this.background = new Background(
+        connection,
+        {
+          schema: options.schema,
+          staging: options.staging,
+          drainThreads: options.drainThreads,
+          applicationName: options.applicationName,
+          connectTimeoutMs: options.callTimeoutMs,
+        },
+        this.log,
+      );
+    }
   }
 
   /**
@@ -84,7 +104,7 @@ export class Trellis implements AsyncDisposable {
         }
         return row?.db ?? config.database;
       });
-      const handle = new Trellis(resolved, pool, calls, database);
+      const handle = new Trellis(resolved, pool, calls, database, config);
       trackHandle(handle);
       handle.log.debug({}, 'connected');
       return handle;
@@ -142,6 +162,68 @@ export class Trellis implements AsyncDisposable {
     });
   }
 
+  /**
+   * Rebuilds a target from its sources: it is emptied and backfilled again (status goes
+   * back to waiting_to_backfill, then backfilling).
+   */
+  requestBackfill(target: string): Promise<void> {
+    return this.calls.run('requestBackfill', async (session) => {
+      await this.requireInstalled(session);
+      const s = quoteIdent(this.options.schema);
+      const rows = await session.query(
+        `SELECT ${s}._request_rebuild(t.id) FROM ${s}.transforms t
+          WHERE t.target_name = $1 AND t.target_schema = (SELECT target_schema FROM ${s}.config)`,
+        [target],
+      );
+      if (rows.length === 0)
+        throw new TrellisError('not_found', `there is no transform named ${target}`);
+    });
+  }
+
+  /** A token standing for every write committed so far, for `awaitConverged`. */
+  watermarkToken(): Promise<string> {
+    return this.calls.run('watermarkToken', (session) => watermarkToken(session));
+  }
+
+  /**
+   * Resolves once every write committed before `token` was taken is reflected in
+   * `target` (read-your-writes); fails with `timeout` after `timeoutMs` (at most the call
+   * timeout). Needs a staging worker and a drain somewhere in the fleet.
+   */
+  awaitConverged(
+    target: string,
+    token: string,
+    options: { timeoutMs?: number } = {},
+  ): Promise<void> {
+    const timeoutMs = Math.min(
+      options.timeoutMs ?? this.options.callTimeoutMs,
+      this.options.callTimeoutMs - 50,
+    );
+    return this.calls.run('awaitConverged', async (session) => {
+      await this.requireInstalled(session);
+      await awaitConverged(session, this.options.schema, target, token, Math.max(0, timeoutMs));
+    });
+  }
+
+  /** Whether some process runs a drain loop for this instance now. */
+  hasLiveDrainWorkers(): Promise<boolean> {
+    return this.lockHeld(LOCK_CLASS.drain, 'hasLiveDrainWorkers');
+  }
+
+  /** Whether some process runs this instance's (elected) staging worker now. */
+  hasLiveStagingWorker(): Promise<boolean> {
+    return this.lockHeld(LOCK_CLASS.staging, 'hasLiveStagingWorker');
+  }
+
+  private lockHeld(lockClass: number, what: string): Promise<boolean> {
+    return this.calls.run(what, async (session) => {
+      const [row] = await session.query<{ held: boolean }>(lockHeldSql(lockClass, '$1'), [
+        this.options.schema,
+      ]);
+      return row?.held === true;
+    });
+  }
+
   /** Every registered transform, ordered by target name. */
   definitions(): Promise<Definition[]> {
     return this.calls.run('definitions', async (session) => {
@@ -185,6 +267,7 @@ export class Trellis implements AsyncDisposable {
   shutdown(): Promise<void> {
     this.shutdownPromise ??= (async () => {
       try {
+        await this.background?.stop();
         await this.calls.shutdown();
         await this.pool.end(5);
       } finally {

@@ -1,4 +1,4 @@
-import { Trellis } from '../../src/engine/index.js';
+import { type Lifecycle, type Status, Trellis } from '../../src/engine/index.js';
 import type { ConnectOptions } from '../../src/engine/options.js';
 import type { TestDatabase } from './database.js';
 
@@ -30,4 +30,23 @@ export async function rejection(
     return error as Error & Record<string, unknown>;
   }
   throw new Error('expected the call to fail, and it succeeded');
+}
+
+/** Polls status() until the transform reaches `status` (fails after `timeoutMs`). */
+export async function waitForStatus(
+  trellis: Trellis,
+  target: string,
+  status: Lifecycle,
+  timeoutMs = 20_000,
+): Promise<Status> {
+  const deadline = Date.now() + timeoutMs;
+  let last: Status | undefined;
+  while (Date.now() < deadline) {
+    last = await trellis.status(target);
+    if (last.status === status) return last;
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+  throw new Error(
+    `${target} did not reach ${status} within ${timeoutMs} ms: ${JSON.stringify(last)}`,
+  );
 }

@@ -1,14 +1,52 @@
 import type { Session } from '../db/session.js';
 import { TrellisError } from '../errors.js';
 import { quoteIdent } from '../identifiers.js';
-import type { Status } from './status-types.js';
+import { LOCK_CLASS } from '../internal/advisory-locks.js';
+import type { CaptureWait, DrainFailure, Lifecycle, LockBlocker, Status } from './status-types.js';
+
+/** Lock modes that conflict with SHARE ROW EXCLUSIVE, the mode capture DDL takes. */
+const CONFLICTS_WITH_SHARE_ROW_EXCLUSIVE = [
+  'RowExclusiveLock',
+  'ShareUpdateExclusiveLock',
+  'ShareLock',
+  'ShareRowExclusiveLock',
+  'ExclusiveLock',
+  'AccessExclusiveLock',
+];
 
 interface StatusRow {
   target_name: string;
   paused_at: Date | null;
   pause_reason: string | null;
+  phase: Exclude<Lifecycle, 'paused'>;
+  cursor_tick: string | null;
+  backfill_done: string;
+  backfill_total: string | null;
+  backfill_started_at: Date | null;
+  build_attempts: number;
+  build_error: string | null;
+  build_next_at: Date | null;
+  held_keys: string;
+  lag_segments: string;
+  lag_seconds: number | null;
   paused_columns: string[];
   paused_upstream_columns: string[];
+  drain_failure: {
+    seg: number;
+    attempts: number;
+    error: string;
+    sqlstate: string | null;
+    since: string;
+    last_seen: string;
+    tables: string[];
+  } | null;
+  capture_wait: {
+    operation: CaptureWait['operation'];
+    table: string;
+    lock_mode: string;
+    since: string;
+    oid: string;
+  } | null;
 }
 
 /** A transform's status, or `not_found`. */
@@ -19,7 +57,13 @@ export async function readStatus(
 ): Promise<Status> {
   const s = quoteIdent(schema);
   const [row] = await session.query<StatusRow>(
-    `SELECT t.target_name, t.paused_at, t.pause_reason,
+    `SELECT t.target_name, t.paused_at, t.pause_reason, p.phase, p.cursor_tick,
+            p.backfill_done, p.backfill_total, p.backfill_started_at,
+            p.build_attempts, p.build_error, p.build_next_at,
+            (SELECT count(*) FROM ${s}.held_keys h WHERE h.transform_id = t.id) AS held_keys,
+            (SELECT count(*) FROM ${s}.ticks k WHERE k.seq > p.cursor_tick) AS lag_segments,
+            (SELECT extract(epoch FROM clock_timestamp() - min(k.at))::float8
+               FROM ${s}.ticks k WHERE k.seq > p.cursor_tick) AS lag_seconds,
             ARRAY(SELECT t.target_name || '.' || c.name FROM ${s}.transform_columns c
                    WHERE c.transform_id = t.id AND c.paused_at IS NOT NULL ORDER BY c.name) AS paused_columns,
             -- Columns this transform reads of an upstream transform's target that are paused
@@ -31,26 +75,116 @@ export async function readStatus(
                    WHERE src.transform_id = t.id
                      AND uc.name = ANY (src.read_columns)
                      AND (uc.paused_at IS NOT NULL OR u.paused_at IS NOT NULL)
-                   ORDER BY 1) AS paused_upstream_columns
+                   ORDER BY 1) AS paused_upstream_columns,
+            (SELECT jsonb_build_object(
+                      'seg', p.open_hi, 'attempts', pg.attempts, 'error', pg.error,
+                      'sqlstate', pg.sqlstate, 'since', pg.first_failed_at, 'last_seen', pg.last_failed_at,
+                      'tables', ARRAY(SELECT ts.source_schema || '.' || ts.source_name
+                                        FROM ${s}.transform_sources ts
+                                       WHERE ts.transform_id = t.id ORDER BY ts.ordinal))
+               FROM ${s}.pages pg WHERE pg.transform_id = t.id AND pg.attempts > 0
+              ORDER BY pg.attempts DESC, pg.page LIMIT 1) AS drain_failure,
+            (SELECT jsonb_build_object(
+                      'operation', src.wait->>'operation', 'table', src.qualified,
+                      'lock_mode', src.wait->>'lock_mode', 'since', src.wait->>'since',
+                      'oid', src.source_oid::text)
+               FROM ${s}.transform_sources ts JOIN ${s}.sources src ON src.source_oid = ts.source_oid
+              WHERE ts.transform_id = t.id AND src.wait IS NOT NULL
+              ORDER BY ts.ordinal LIMIT 1) AS capture_wait
        FROM ${s}.transforms t
+       JOIN ${s}.pipeline p ON p.transform_id = t.id
       WHERE t.target_name = $1`,
     [target],
   );
   if (!row) throw new TrellisError('not_found', `there is no transform named ${target}`);
+
+  let status: Lifecycle = row.paused_at ? 'paused' : row.phase;
+  // A live transform reading a paused upstream column is not keeping up with its sources.
+  if (status === 'live' && row.paused_upstream_columns.length > 0) status = 'catching_up';
+  const hasCursor = row.cursor_tick !== null;
   return {
     target: row.target_name,
-    status: row.paused_at ? 'paused' : 'waiting_to_backfill',
+    status,
     pauseReason: row.pause_reason,
-    heldKeys: 0,
+    heldKeys: Number(row.held_keys),
     pausedColumns: row.paused_columns,
     pausedUpstreamColumns: row.paused_upstream_columns,
     sourceIndexGaps: [],
     correcting: [],
     captureFailure: null,
-    captureWait: null,
-    buildFailure: null,
-    drainFailure: null,
-    backfill: null,
-    lag: { segments: 0, seconds: 0 },
+    captureWait: row.capture_wait ? await captureWait(session, schema, row.capture_wait) : null,
+    buildFailure:
+      row.build_attempts > 0 && row.build_error && row.build_next_at
+        ? { attempts: row.build_attempts, error: row.build_error, nextAttemptAt: row.build_next_at }
+        : null,
+    drainFailure: row.drain_failure ? drainFailure(row.drain_failure) : null,
+    backfill:
+      row.backfill_started_at && (row.phase === 'backfilling' || Number(row.backfill_done) > 0)
+        ? {
+            keysDone: Number(row.backfill_done),
+            keysTotal: row.backfill_total === null ? null : Number(row.backfill_total),
+            startedAt: row.backfill_started_at,
+          }
+        : null,
+    lag: {
+      segments: hasCursor ? Number(row.lag_segments) : 0,
+      seconds: hasCursor ? (row.lag_seconds ?? 0) : 0,
+    },
+  };
+}
+
+function drainFailure(f: NonNullable<StatusRow['drain_failure']>): DrainFailure {
+  return {
+    segSeq: Number(f.seg),
+    tables: f.tables,
+    error: f.error,
+    sqlstate: f.sqlstate,
+    since: new Date(f.since),
+    lastSeen: new Date(f.last_seen),
+    attempts: f.attempts,
+  };
+}
+
+/**
+ * The capture change a transform waits on, with one blocker per session holding or queued
+ * for a lock that conflicts with it (the staging worker's own request is not a blocker).
+ */
+async function captureWait(
+  session: Session,
+  schema: string,
+  wait: NonNullable<StatusRow['capture_wait']>,
+): Promise<CaptureWait> {
+  const blockers = await session.query<{
+    pid: number;
+    application_name: string;
+    state: string | null;
+    query_start: Date | null;
+    query: string;
+  }>(
+    `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, a.state, a.query_start, a.query
+       FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+      WHERE l.locktype = 'relation' AND l.relation = $1::oid
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+        AND l.mode = ANY ($2::text[]) AND l.pid <> pg_backend_pid()
+        AND l.pid NOT IN (SELECT h.pid FROM pg_locks h
+                           WHERE h.locktype = 'advisory' AND h.granted AND h.classid = $3::oid
+                             AND h.objid = ((hashtext($4)::bigint + 4294967296) % 4294967296)::oid)
+      ORDER BY a.pid`,
+    [wait.oid, CONFLICTS_WITH_SHARE_ROW_EXCLUSIVE, LOCK_CLASS.staging, schema],
+  );
+  return {
+    operation: wait.operation,
+    table: wait.table,
+    lockMode: wait.lock_mode,
+    since: new Date(wait.since),
+    blockers: blockers.map(
+      (b): LockBlocker => ({
+        pid: b.pid,
+        applicationName: b.application_name,
+        state: b.state,
+        queryStart: b.query_start,
+        query: b.query,
+      }),
+    ),
   };
 }

@@ -1,4 +1,5 @@
 import { quoteIdent, quoteLiteral } from '../identifiers.js';
+import { LOCK_CLASS } from '../internal/advisory-locks.js';
 import type { Migration } from './migration.js';
 import { migrations as allMigrations } from './migrations.generated.js';
 
@@ -7,7 +8,7 @@ import { migrations as allMigrations } from './migrations.generated.js';
  * install SQL, a drizzle-kit migration): two racing on a fresh database serialise, and the
  * second finds everything done. The first key is "trel" in ASCII.
  */
-export const MIGRATE_LOCK_CLASS = 0x7472656c;
+export const MIGRATE_LOCK_CLASS = LOCK_CLASS.migrate;
 
 export interface InstallSqlOptions {
   schema: string;

@@ -188,6 +188,14 @@ BEGIN
   IF ast->>'column' IS NULL AND t.paused_at IS NOT NULL THEN
     addresses := addresses || t.target_name::text;
     UPDATE @schema@.transforms SET paused_at = NULL, pause_reason = NULL, updated_at = now() WHERE id = t.id;
+    -- A pause the ledger could not have covered (capture was broken or disrupted) resumes
+    -- through a rebuild; any other resumes from where the transform stopped.
+    IF t.pause_reason IN ('capture_failure', 'disruption') THEN
+      PERFORM @schema@._request_rebuild(t.id);
+    ELSIF t.pause_reason = 'build_failure' THEN
+      -- The cause was fixed: the build gets its attempts afresh, starting now.
+      UPDATE @schema@.pipeline SET build_attempts = 0, build_next_at = NULL WHERE transform_id = t.id;
+    END IF;
   END IF;
   WITH resumed AS (
     UPDATE @schema@.transform_columns SET paused_at = NULL, pause_reason = NULL
@@ -196,6 +204,19 @@ BEGIN
     RETURNING name)
   SELECT addresses || coalesce(array_agg(t.target_name || '.' || name ORDER BY name), '{}')
     INTO addresses FROM resumed;
+  -- A paused column was left as it was while its rows changed: rebuild to catch it up.
+  IF EXISTS (SELECT 1 FROM unnest(addresses) a WHERE a LIKE '%.%' AND a <> t.target_name::text) THEN
+    PERFORM @schema@._request_rebuild(t.id);
+  END IF;
+  -- Held keys are tried again: they go back into the ledger as changes of this transaction.
+  IF ast->>'column' IS NULL THEN
+    WITH released AS (
+      DELETE FROM @schema@.held_keys h WHERE h.transform_id = t.id RETURNING h.source_id, h.key)
+    INSERT INTO @schema@.ledger (gen, source_id, xid, key)
+    SELECT (SELECT last_value FROM @schema@.ledger_generation)::smallint, r.source_id,
+           pg_current_xact_id(), r.key
+      FROM released r;
+  END IF;
   RETURN jsonb_build_object('kind', 'resumed', 'addresses', to_jsonb(addresses));
 END
 $fn$;
@@ -235,7 +256,7 @@ END
 $fn$;
 
 -- ALTER ... ADD COLUMN: the whole definition, with the new column, is validated again; the
--- column is added to the target (empty until the target is rebuilt). Never part of the key.
+-- column is added to the target, which is then rebuilt to fill it. Never part of the key.
 CREATE FUNCTION @schema@._alter_add_column(ast jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -269,6 +290,7 @@ BEGIN
     FROM jsonb_array_elements(spec->'sources') n
    WHERE s.transform_id = t.id AND s.ordinal = (n->>'ordinal')::int;
   PERFORM @schema@._restate(t, new_ast);
+  PERFORM @schema@._request_rebuild(t.id);
   RETURN jsonb_build_object('kind', 'altered', 'target', t.target_name);
 END
 $fn$;

@@ -1,0 +1,222 @@
+import type { Session } from '../db/session.js';
+import { quoteIdent } from '../identifiers.js';
+import type { Logger } from '../logger.js';
+import { SQLSTATE, sqlstateOf } from '../sqlstate.js';
+import {
+  type CapturedColumn,
+  type CaptureSpec,
+  captureFunctionsSql,
+  captureTriggersSql,
+  dropFunctionsSql,
+  dropTriggersSql,
+} from './trigger-sql.js';
+
+/** The lock capture DDL takes on a source: it conflicts with every writer. */
+export const CAPTURE_LOCK_MODE = 'SHARE ROW EXCLUSIVE';
+
+/** How long one attempt waits for the source lock: writers queue behind it meanwhile. */
+const LOCK_TIMEOUT_MS = 250;
+
+interface DesiredRow {
+  oid: string;
+  present: boolean;
+  qualified: string | null;
+  display: string;
+  key_columns: string[];
+  key_types: string[];
+  columns: CapturedColumn[];
+}
+
+interface InstalledRow {
+  id: number;
+  oid: string;
+  qualified: string;
+  key_columns: string[];
+  key_types: string[];
+  captured_columns: string[];
+  installed: boolean;
+  present: boolean;
+  table_sql: string | null;
+}
+
+/**
+ * Brings capture in line with the catalog: installs it on every table a transform reads,
+ * widens (or narrows) the columns an UPDATE must change to be captured, and removes it
+ * from tables nothing reads any more. A source whose lock is not free within a short
+ * timeout is left for a later pass, with the wait recorded for `status()`.
+ */
+export class CaptureReconciler {
+  /** Per source oid: when to try again after a lock wait. */
+  private readonly retryAt = new Map<string, number>();
+
+  constructor(
+    private readonly schema: string,
+    private readonly log: Logger,
+  ) {}
+
+  async reconcile(session: Session): Promise<void> {
+    const s = quoteIdent(this.schema);
+    const desired = await session.query<DesiredRow>(
+      `SELECT d.source_oid::text AS oid, c.oid IS NOT NULL AS present,
+              quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS qualified,
+              (SELECT ts.source_schema || '.' || ts.source_name FROM ${s}.transform_sources ts
+                WHERE ts.source_oid = d.source_oid LIMIT 1) AS display,
+              (SELECT ts.key_columns FROM ${s}.transform_sources ts
+                WHERE ts.source_oid = d.source_oid LIMIT 1) AS key_columns,
+              (SELECT ts.key_types FROM ${s}.transform_sources ts
+                WHERE ts.source_oid = d.source_oid LIMIT 1) AS key_types,
+              coalesce((SELECT jsonb_agg(jsonb_build_object('name', a.attname, 'comparable', EXISTS (
+                          SELECT 1 FROM pg_operator o
+                           WHERE o.oprname = '=' AND o.oprleft = a.atttypid AND o.oprright = a.atttypid))
+                        ORDER BY a.attname)
+                 FROM pg_attribute a
+                WHERE a.attrelid = d.source_oid AND a.attnum > 0 AND NOT a.attisdropped
+                  AND a.attname IN (SELECT unnest(ts.read_columns) FROM ${s}.transform_sources ts
+                                     WHERE ts.source_oid = d.source_oid)
+                  AND NOT a.attname = ANY ((SELECT ts.key_columns FROM ${s}.transform_sources ts
+                                             WHERE ts.source_oid = d.source_oid LIMIT 1)::name[])), '[]') AS columns
+         FROM (SELECT DISTINCT source_oid FROM ${s}.transform_sources) d
+         LEFT JOIN pg_class c ON c.oid = d.source_oid
+         LEFT JOIN pg_namespace n ON n.oid = c.relnamespace`,
+    );
+    const installed = await session.query<InstalledRow>(
+      `SELECT src.id, src.source_oid::text AS oid, src.qualified, src.key_columns, src.key_types,
+              src.captured_columns, src.installed_at IS NOT NULL AS installed, c.oid IS NOT NULL AS present,
+              quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS table_sql
+         FROM ${s}.sources src
+         LEFT JOIN pg_class c ON c.oid = src.source_oid
+         LEFT JOIN pg_namespace n ON n.oid = c.relnamespace`,
+    );
+    const byOid = new Map(installed.map((row) => [row.oid, row]));
+    const now = Date.now();
+
+    for (const want of desired) {
+      if (!want.present || !want.qualified) continue;
+      if ((this.retryAt.get(want.oid) ?? 0) > now) continue;
+      let row = byOid.get(want.oid);
+      if (!row) {
+        const [created] = await session.query<InstalledRow>(
+          `INSERT INTO ${s}.sources (source_oid, qualified, key_columns, key_types)
+           VALUES ($1::oid, $2, $3::name[], $4) RETURNING id, source_oid::text AS oid, qualified,
+                  key_columns, key_types, captured_columns, false AS installed, true AS present,
+                  $5::text AS table_sql`,
+          [want.oid, want.display, want.key_columns, want.key_types, want.qualified],
+        );
+        row = created!;
+      }
+      const spec: CaptureSpec = {
+        schema: this.schema,
+        sourceId: row.id,
+        table: want.qualified,
+        keyColumns: want.key_columns,
+        keyTypes: want.key_types,
+        captured: want.columns,
+      };
+      const wanted = want.columns.map((c) => c.name).sort();
+      const have = [...row.captured_columns].sort();
+      if (!row.installed) {
+        await this.change(session, row, 'install', spec, async () => {
+          for (const sql of captureFunctionsSql(spec)) await session.query(sql);
+          for (const sql of dropTriggersSql(spec)) await session.query(sql);
+          for (const sql of captureTriggersSql(spec)) await session.query(sql);
+        });
+      } else if (wanted.join('\0') !== have.join('\0')) {
+        // Only the UPDATE trigger's function changes: no lock on the source is needed.
+        const widens = wanted.some((c) => !have.includes(c));
+        await this.change(session, row, widens ? 'widen' : 'narrow', spec, async () => {
+          for (const sql of captureFunctionsSql(spec, ['update'])) await session.query(sql);
+        });
+      }
+    }
+
+    const wantedOids = new Set(desired.map((d) => d.oid));
+    for (const row of installed) {
+      if (wantedOids.has(row.oid) || (this.retryAt.get(row.oid) ?? 0) > now) continue;
+      await this.uninstall(session, row);
+    }
+  }
+
+  /**
+   * Runs a capture change in its own transaction. Install takes the source's lock (with a
+   * short lock_timeout); widen and narrow replace a function only. After a change that
+   * captures more, the snapshot's xmax is recorded: a backfill may only start from a
+   * tick every writer running the older trigger code has finished before.
+   */
+  private async change(
+    session: Session,
+    row: InstalledRow,
+    operation: 'install' | 'widen' | 'narrow',
+    spec: CaptureSpec,
+    ddl: () => Promise<void>,
+  ): Promise<void> {
+    const s = quoteIdent(this.schema);
+    const captured = spec.captured.map((c) => c.name);
+    try {
+      await session.transaction(async () => {
+        if (operation === 'install') {
+          await session.query(`SET LOCAL lock_timeout = '${LOCK_TIMEOUT_MS}ms'`);
+          await session.query(`LOCK TABLE ${spec.table} IN ${CAPTURE_LOCK_MODE} MODE`);
+        }
+        await ddl();
+        await session.query(
+          `UPDATE ${s}.sources SET captured_columns = $2::name[], key_columns = $3::name[],
+                  key_types = $4, installed_at = coalesce(installed_at, now()), wait = NULL
+            WHERE id = $1`,
+          [row.id, captured, spec.keyColumns, spec.keyTypes],
+        );
+      });
+    } catch (error) {
+      if (sqlstateOf(error) !== SQLSTATE.lockNotAvailable) throw error;
+      await this.recordWait(session, row, operation === 'narrow' ? 'widen' : operation);
+      return;
+    }
+    this.retryAt.delete(row.oid);
+    if (operation !== 'narrow') {
+      await session.query(
+        `UPDATE ${s}.sources SET ready_xmax = pg_snapshot_xmax(pg_current_snapshot()) WHERE id = $1`,
+        [row.id],
+      );
+    }
+    this.log.info({ table: row.qualified, operation, columns: captured }, `capture ${operation}`);
+  }
+
+  private async uninstall(session: Session, row: InstalledRow): Promise<void> {
+    const s = quoteIdent(this.schema);
+    const spec = { schema: this.schema, sourceId: row.id, table: row.table_sql ?? '' };
+    try {
+      await session.transaction(async () => {
+        if (row.present && row.table_sql) {
+          await session.query(`SET LOCAL lock_timeout = '${LOCK_TIMEOUT_MS}ms'`);
+          await session.query(`LOCK TABLE ${row.table_sql} IN ${CAPTURE_LOCK_MODE} MODE`);
+          for (const sql of dropTriggersSql(spec)) await session.query(sql);
+        }
+        for (const sql of dropFunctionsSql(spec)) await session.query(sql);
+        await session.query(`DELETE FROM ${s}.sources WHERE id = $1`, [row.id]);
+      });
+    } catch (error) {
+      if (sqlstateOf(error) !== SQLSTATE.lockNotAvailable) throw error;
+      await this.recordWait(session, row, 'uninstall');
+      return;
+    }
+    this.retryAt.delete(row.oid);
+    this.log.info({ table: row.qualified }, 'capture uninstalled');
+  }
+
+  private async recordWait(
+    session: Session,
+    row: InstalledRow,
+    operation: 'install' | 'widen' | 'uninstall',
+  ): Promise<void> {
+    const s = quoteIdent(this.schema);
+    const attempts = (this.retryAt.has(row.oid) ? 1 : 0) + 1;
+    this.retryAt.set(row.oid, Date.now() + Math.min(2_000, 250 * attempts));
+    await session.query(
+      `UPDATE ${s}.sources
+          SET wait = jsonb_build_object('operation', $2::text, 'lock_mode', $3::text,
+                       'since', coalesce(wait->>'since', now()::text))
+        WHERE id = $1`,
+      [row.id, operation, CAPTURE_LOCK_MODE],
+    );
+    this.log.info({ table: row.qualified, operation }, `capture ${operation} waits for a lock`);
+  }
+}

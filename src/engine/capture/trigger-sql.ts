@@ -1,0 +1,171 @@
+import { createHash } from 'node:crypto';
+import { quoteIdent } from '../identifiers.js';
+
+/** One captured column of a source, as the UPDATE trigger compares it. */
+export interface CapturedColumn {
+  name: string;
+  /** The type has an `=` operator; otherwise old and new are compared as text. */
+  comparable: boolean;
+}
+
+/** What capture of one source table needs to know. */
+export interface CaptureSpec {
+  /** Trellis's catalog schema. */
+  schema: string;
+  /** The source's id in `<schema>.sources`, written into every ledger row. */
+  sourceId: number;
+  /** The source table, schema-qualified and quoted. */
+  table: string;
+  keyColumns: string[];
+  keyTypes: string[];
+  /** Non-key columns an UPDATE must change to be captured. */
+  captured: CapturedColumn[];
+}
+
+export type CaptureEvent = 'insert' | 'update' | 'delete' | 'truncate';
+export const CAPTURE_EVENTS: readonly CaptureEvent[] = ['insert', 'update', 'delete', 'truncate'];
+
+/**
+ * Key types whose text form does not depend on session settings. Keys travel through the
+ * ledger as text; any other key type gets its trigger functions pinned to fixed DateStyle,
+ * IntervalStyle, float digits and bytea output, so the drain reads back the same value.
+ */
+const SETTING_FREE_KEY_TYPES = new Set([
+  'smallint',
+  'integer',
+  'bigint',
+  'numeric',
+  'text',
+  'uuid',
+  'boolean',
+  'name',
+  'oid',
+  'citext',
+]);
+
+function settingFree(type: string): boolean {
+  return (
+    SETTING_FREE_KEY_TYPES.has(type) ||
+    /^(character varying|character|varchar|char|numeric)(\(.*\))?$/.test(type)
+  );
+}
+
+/**
+ * Triggers of one instance are told apart from another instance's on the same table by a
+ * suffix derived from the catalog schema (none for the default schema, `trellis`).
+ */
+export function triggerName(schema: string, event: CaptureEvent): string {
+  const suffix =
+    schema === 'trellis' ? '' : `_${createHash('sha256').update(schema).digest('hex').slice(0, 8)}`;
+  return `trellis_capture_${event}${suffix}`;
+}
+
+export function functionName(spec: Pick<CaptureSpec, 'schema' | 'sourceId'>, event: CaptureEvent) {
+  return `${quoteIdent(spec.schema)}.${quoteIdent(`capture_${spec.sourceId}_${event}`)}`;
+}
+
+function keyArray(spec: CaptureSpec, alias: string): string {
+  return `ARRAY[${spec.keyColumns.map((k) => `${alias}.${quoteIdent(k)}::text`).join(', ')}]`;
+}
+
+function keyJoin(spec: CaptureSpec, left: string, right: string): string {
+  return spec.keyColumns
+    .map((k) => `${left}.${quoteIdent(k)} = ${right}.${quoteIdent(k)}`)
+    .join(' AND ');
+}
+
+function changed(column: CapturedColumn): string {
+  const c = quoteIdent(column.name);
+  return column.comparable
+    ? `o.${c} IS DISTINCT FROM n.${c}`
+    : `o.${c}::text IS DISTINCT FROM n.${c}::text`;
+}
+
+/**
+ * The ledger INSERT each trigger runs: one statement per triggering statement, reading
+ * only the transition table, so a writer never waits on anything but its own insert.
+ */
+function captureBody(spec: CaptureSpec, event: CaptureEvent): string {
+  const s = quoteIdent(spec.schema);
+  const generation = `(SELECT last_value FROM ${s}.ledger_generation)::smallint`;
+  const insert = `INSERT INTO ${s}.ledger (gen, source_id, xid, key)`;
+  const first = quoteIdent(spec.keyColumns[0]!);
+  switch (event) {
+    case 'insert':
+      return `${insert}
+  SELECT ${generation}, ${spec.sourceId}, pg_current_xact_id(), ${keyArray(spec, 'n')}
+    FROM trellis_new n;`;
+    case 'delete':
+      return `${insert}
+  SELECT ${generation}, ${spec.sourceId}, pg_current_xact_id(), ${keyArray(spec, 'o')}
+    FROM trellis_old o;`;
+    case 'truncate':
+      return `${insert} VALUES (${generation}, ${spec.sourceId}, pg_current_xact_id(), NULL);`;
+    case 'update': {
+      // Old and new rows pair up by key. A row whose key changed shows up as a new key
+      // without an old row and an old key without a new one: both are captured.
+      const differs = spec.captured.length ? ` OR ${spec.captured.map(changed).join(' OR ')}` : '';
+      return `${insert}
+  SELECT ${generation}, ${spec.sourceId}, pg_current_xact_id(), x.key FROM (
+    SELECT ${keyArray(spec, 'n')} AS key
+      FROM trellis_new n LEFT JOIN trellis_old o ON ${keyJoin(spec, 'o', 'n')}
+     WHERE o.${first} IS NULL${differs}
+    UNION ALL
+    SELECT ${keyArray(spec, 'o')}
+      FROM trellis_old o LEFT JOIN trellis_new n ON ${keyJoin(spec, 'o', 'n')}
+     WHERE n.${first} IS NULL
+  ) x;`;
+    }
+  }
+}
+
+/** CREATE OR REPLACE of the four trigger functions (no lock on the source). */
+export function captureFunctionsSql(spec: CaptureSpec, events = CAPTURE_EVENTS): string[] {
+  const pinned = spec.keyTypes.every(settingFree)
+    ? ''
+    : `\nSET datestyle = 'ISO, YMD' SET intervalstyle = 'postgres' SET extra_float_digits = 3 SET bytea_output = 'hex'`;
+  return events.map(
+    (event) => `CREATE OR REPLACE FUNCTION ${functionName(spec, event)}()
+RETURNS trigger LANGUAGE plpgsql${pinned} AS $trellis_capture$
+BEGIN
+  ${captureBody(spec, event)}
+  RETURN NULL;
+END
+$trellis_capture$`,
+  );
+}
+
+/**
+ * The triggers themselves: AFTER ... FOR EACH STATEMENT with transition tables, and
+ * ENABLE ALWAYS so session_replication_role = replica still fires them.
+ */
+export function captureTriggersSql(spec: CaptureSpec): string[] {
+  const statements = CAPTURE_EVENTS.map((event) => {
+    const name = quoteIdent(triggerName(spec.schema, event));
+    const referencing =
+      event === 'insert'
+        ? 'REFERENCING NEW TABLE AS trellis_new '
+        : event === 'delete'
+          ? 'REFERENCING OLD TABLE AS trellis_old '
+          : event === 'update'
+            ? 'REFERENCING OLD TABLE AS trellis_old NEW TABLE AS trellis_new '
+            : '';
+    return `CREATE TRIGGER ${name} AFTER ${event.toUpperCase()} ON ${spec.table} ${referencing}FOR EACH STATEMENT EXECUTE FUNCTION ${functionName(spec, event)}()`;
+  });
+  statements.push(
+    `ALTER TABLE ${spec.table} ${CAPTURE_EVENTS.map((e) => `ENABLE ALWAYS TRIGGER ${quoteIdent(triggerName(spec.schema, e))}`).join(', ')}`,
+  );
+  return statements;
+}
+
+/** Removes capture from a table that still exists. */
+export function dropTriggersSql(spec: Pick<CaptureSpec, 'schema' | 'table'>): string[] {
+  return CAPTURE_EVENTS.map(
+    (event) =>
+      `DROP TRIGGER IF EXISTS ${quoteIdent(triggerName(spec.schema, event))} ON ${spec.table}`,
+  );
+}
+
+export function dropFunctionsSql(spec: Pick<CaptureSpec, 'schema' | 'sourceId'>): string[] {
+  return CAPTURE_EVENTS.map((event) => `DROP FUNCTION IF EXISTS ${functionName(spec, event)}()`);
+}

@@ -1,0 +1,68 @@
+import type { ConnectionPool } from '../db/pool.js';
+import type { Session } from '../db/session.js';
+import { LOCK_CLASS } from '../internal/advisory-locks.js';
+import type { Logger } from '../logger.js';
+import { WorkerLoop } from '../workers/worker-loop.js';
+import { backfillChunk } from './backfill.js';
+import { applyPage } from './pages.js';
+import { openRange } from './ranges.js';
+
+/** Idle polling: starts fast after work, slows to this while there is none. */
+const MAX_IDLE_MS = 50;
+
+/**
+ * One drain loop: applies open pages, opens ranges for transforms that are behind, and
+ * fills backfilling targets chunk by chunk. Any number of loops in any number of
+ * processes share the work through row locks (FOR UPDATE SKIP LOCKED); each holds a
+ * shared advisory lock for as long as its session lives, which is what
+ * hasLiveDrainWorkers() looks for.
+ */
+export class DrainLoop {
+  private readonly loop: WorkerLoop;
+  private idleMs = 1;
+
+  constructor(
+    pool: ConnectionPool,
+    private readonly schema: string,
+    private readonly log: Logger,
+    signal: AbortSignal,
+    index: number,
+  ) {
+    this.loop = new WorkerLoop({
+      name: `drain loop ${index}`,
+      pool,
+      log,
+      signal,
+      onSession: (session) => this.register(session),
+      step: (session) => this.step(session),
+    });
+  }
+
+  get done(): Promise<void> {
+    return this.loop.done;
+  }
+
+  interrupt(): void {
+    this.loop.interrupt();
+  }
+
+  private async register(session: Session): Promise<void> {
+    await session.query('SELECT pg_advisory_lock_shared($1, hashtext($2))', [
+      LOCK_CLASS.drain,
+      this.schema,
+    ]);
+  }
+
+  private async step(session: Session): Promise<number> {
+    const worked =
+      (await applyPage(session, this.schema, this.log)) ||
+      (await openRange(session, this.schema)) ||
+      (await backfillChunk(session, this.schema, this.log));
+    if (worked) {
+      this.idleMs = 1;
+      return 0;
+    }
+    this.idleMs = Math.min(MAX_IDLE_MS, this.idleMs * 2);
+    return this.idleMs;
+  }
+}

@@ -1,0 +1,126 @@
+import type { Session } from '../db/session.js';
+import { quoteIdent } from '../identifiers.js';
+import type { Logger } from '../logger.js';
+import { sqlstateOf } from '../sqlstate.js';
+import { applyKeysBisecting, type ChangedKey } from './apply-keys.js';
+import { loadPlan } from './plan.js';
+import { advanceCursor } from './ranges.js';
+import { changedFromLedger, rederiveSql } from './rederive-sql.js';
+import { backoffMs, isRowError } from './row-errors.js';
+import { enterTransformWork } from './work-settings.js';
+
+interface Claim {
+  transform_id: number;
+  page: number;
+  gen: number | null;
+  blk_lo: string | null;
+  blk_hi: string | null;
+  attempts: number;
+  lo_snap: string;
+  hi_snap: string;
+}
+
+/**
+ * Claims one open page (FOR UPDATE SKIP LOCKED: a claim dies with its session, so a page
+ * whose drain died is taken over) and applies it in one transaction: re-derive its keys,
+ * delete the page, and move the cursor when it was the range's last. A row that fails is
+ * found by bisection and held; a page that fails for no row's fault is retried later
+ * with backoff and reported. Returns false when no page was open.
+ */
+export async function applyPage(session: Session, schema: string, log: Logger): Promise<boolean> {
+  const s = quoteIdent(schema);
+  return session.transaction(async () => {
+    const [claim] = await session.query<Claim>(
+      `SELECT p.transform_id, p.page, p.gen, p.blk_lo, p.blk_hi, p.attempts,
+              lo.snap::text AS lo_snap, hi.snap::text AS hi_snap
+         FROM ${s}.pages p
+         JOIN ${s}.pipeline pl ON pl.transform_id = p.transform_id
+         JOIN ${s}.transforms t ON t.id = p.transform_id
+         JOIN ${s}.ticks lo ON lo.seq = pl.open_lo
+         JOIN ${s}.ticks hi ON hi.seq = pl.open_hi
+        WHERE t.paused_at IS NULL AND (p.not_before IS NULL OR p.not_before <= now())
+        ORDER BY pl.open_lo, p.transform_id, p.page
+        LIMIT 1
+          FOR UPDATE OF p SKIP LOCKED`,
+    );
+    if (!claim) return false;
+    const plan = await loadPlan(session, schema, claim.transform_id);
+    await enterTransformWork(session, schema, plan);
+    const paged = claim.gen !== null;
+    const changed = changedFromLedger(schema, plan, paged);
+    const params: unknown[] = [claim.lo_snap, claim.hi_snap];
+    if (paged) params.push(claim.gen, claim.blk_lo, claim.blk_hi);
+
+    await session.query('SAVEPOINT trellis_page');
+    try {
+      await session.query(rederiveSql(plan, changed), params);
+      await session.query('RELEASE SAVEPOINT trellis_page');
+    } catch (error) {
+      await session.query('ROLLBACK TO SAVEPOINT trellis_page');
+      let recovered = false;
+      if (isRowError(error)) {
+        try {
+          const keys = await session.query<{ s: number; k: string[] }>(
+            `SELECT source_id AS s, key AS k FROM (${changed}) c ORDER BY 1, 2`,
+            params,
+          );
+          await applyKeysBisecting(session, schema, plan, keys as ChangedKey[], log);
+          recovered = true;
+        } catch (bisectError) {
+          await session.query('ROLLBACK TO SAVEPOINT trellis_page');
+          await recordPageFailure(session, schema, claim, bisectError, log, plan.target);
+          return true;
+        }
+      }
+      if (!recovered) {
+        await recordPageFailure(session, schema, claim, error, log, plan.target);
+        return true;
+      }
+    }
+
+    await session.query(`DELETE FROM ${s}.pages WHERE transform_id = $1 AND page = $2`, [
+      claim.transform_id,
+      claim.page,
+    ]);
+    const [left] = await session.query<{ pages_left: number; open_hi: string }>(
+      `UPDATE ${s}.pipeline SET pages_left = pages_left - 1, updated_at = now()
+        WHERE transform_id = $1 RETURNING pages_left, open_hi`,
+      [claim.transform_id],
+    );
+    if (left && left.pages_left <= 0) {
+      await advanceCursor(session, schema, claim.transform_id, left.open_hi);
+    }
+    return true;
+  });
+}
+
+async function recordPageFailure(
+  session: Session,
+  schema: string,
+  claim: Claim,
+  error: unknown,
+  log: Logger,
+  target: string,
+): Promise<void> {
+  const message = error instanceof Error ? error.message : String(error);
+  const attempts = claim.attempts + 1;
+  await session.query(
+    `UPDATE ${quoteIdent(schema)}.pages
+        SET attempts = $3, error = $4, sqlstate = $5,
+            first_failed_at = coalesce(first_failed_at, now()), last_failed_at = now(),
+            not_before = now() + make_interval(secs => $6::float8 / 1000)
+      WHERE transform_id = $1 AND page = $2`,
+    [
+      claim.transform_id,
+      claim.page,
+      attempts,
+      message,
+      sqlstateOf(error) ?? null,
+      backoffMs(attempts),
+    ],
+  );
+  log.warn(
+    { target, page: claim.page, attempts, sqlstate: sqlstateOf(error) },
+    `drain page failed: ${message}`,
+  );
+}

@@ -1,0 +1,119 @@
+import type { Session } from '../db/session.js';
+import { quoteIdent } from '../identifiers.js';
+
+/** Ledger rows per drain page: big enough to amortise a statement, small enough to share. */
+export const PAGE_ROWS = 5_000;
+
+interface Candidate {
+  transform_id: number;
+  lo_snap: string;
+  hi_seq: string;
+  hi_snap: string;
+  source_ids: number[];
+}
+
+/**
+ * Opens the next ledger range for one transform that is behind: everything after its
+ * cursor up to the newest tick, split into pages of about PAGE_ROWS ledger rows (by
+ * ledger blocks, so each page reads only its own). A range with no changes moves the
+ * cursor at once; one holding a TRUNCATE of a source sends the transform to be rebuilt.
+ * Returns false when no transform needed it.
+ */
+export async function openRange(session: Session, schema: string): Promise<boolean> {
+  const s = quoteIdent(schema);
+  return session.transaction(async () => {
+    const [c] = await session.query<Candidate>(
+      `SELECT pl.transform_id, lo.snap::text AS lo_snap, hi.seq AS hi_seq, hi.snap::text AS hi_snap,
+              ARRAY(SELECT DISTINCT src.id FROM ${s}.transform_sources ts
+                      JOIN ${s}.sources src ON src.source_oid = ts.source_oid
+                     WHERE ts.transform_id = pl.transform_id) AS source_ids
+         FROM ${s}.pipeline pl
+         JOIN ${s}.transforms t ON t.id = pl.transform_id
+         JOIN ${s}.ticks lo ON lo.seq = pl.cursor_tick
+         CROSS JOIN LATERAL (SELECT seq, snap FROM ${s}.ticks ORDER BY seq DESC LIMIT 1) hi
+        WHERE pl.phase IN ('catching_up', 'live') AND t.paused_at IS NULL
+          AND pl.open_lo IS NULL AND hi.seq > pl.cursor_tick
+        ORDER BY pl.updated_at
+        LIMIT 1
+          FOR UPDATE OF pl SKIP LOCKED`,
+    );
+    if (!c) return false;
+    const range = `l.source_id = ANY ($1::int[])
+        AND l.xid >= pg_snapshot_xmin($2::pg_snapshot) AND l.xid < pg_snapshot_xmax($3::pg_snapshot)
+        AND pg_visible_in_snapshot(l.xid, $3::pg_snapshot)
+        AND NOT pg_visible_in_snapshot(l.xid, $2::pg_snapshot)`;
+    const params = [c.source_ids, c.lo_snap, c.hi_snap];
+    const [stats] = await session.query<{ n: string; truncated: boolean | null }>(
+      `SELECT count(*) AS n, bool_or(l.key IS NULL) AS truncated FROM ${s}.ledger l WHERE ${range}`,
+      params,
+    );
+    const rows = Number(stats?.n ?? 0);
+    if (stats?.truncated) {
+      // A TRUNCATE leaves no keys to re-derive: build the target again from its sources.
+      await session.query(`SELECT ${s}._request_rebuild($1)`, [c.transform_id]);
+      return true;
+    }
+    if (rows === 0) {
+      await advanceCursor(session, schema, c.transform_id, c.hi_seq);
+      return true;
+    }
+    let pages: Array<{ gen: number | null; lo: number | null; hi: number | null }>;
+    if (rows <= PAGE_ROWS) {
+      pages = [{ gen: null, lo: null, hi: null }];
+    } else {
+      const blocks = await session.query<{ gen: number; blk: string; n: string }>(
+        `SELECT l.gen, (l.ctid::text::point)[0]::bigint AS blk, count(*) AS n
+           FROM ${s}.ledger l WHERE ${range}
+          GROUP BY 1, 2 ORDER BY 1, 2`,
+        params,
+      );
+      pages = [];
+      let open: { gen: number; lo: number; hi: number; rows: number } | undefined;
+      for (const b of blocks) {
+        const blk = Number(b.blk);
+        if (!open || open.gen !== b.gen || open.rows >= PAGE_ROWS) {
+          if (open) pages.push(open);
+          open = { gen: b.gen, lo: blk, hi: blk + 1, rows: 0 };
+        }
+        open.hi = blk + 1;
+        open.rows += Number(b.n);
+      }
+      if (open) pages.push(open);
+    }
+    await session.query(
+      `INSERT INTO ${s}.pages (transform_id, page, gen, blk_lo, blk_hi)
+       SELECT $1, p.ord - 1, p.gen, p.lo, p.hi
+         FROM ROWS FROM (jsonb_to_recordset($2::jsonb) AS (gen smallint, lo bigint, hi bigint))
+              WITH ORDINALITY AS p(gen, lo, hi, ord)`,
+      [c.transform_id, pages],
+    );
+    await session.query(
+      `UPDATE ${s}.pipeline
+          SET open_lo = cursor_tick, open_hi = $2, open_pages = $3, pages_left = $3, updated_at = now()
+        WHERE transform_id = $1`,
+      [c.transform_id, c.hi_seq, pages.length],
+    );
+    return true;
+  });
+}
+
+/**
+ * The transform has applied every change up to tick `hi`: its cursor moves there. A
+ * transform catching up is live from then on.
+ */
+export async function advanceCursor(
+  session: Session,
+  schema: string,
+  transformId: number,
+  hi: string | number,
+): Promise<void> {
+  await session.query(
+    `UPDATE ${quoteIdent(schema)}.pipeline
+        SET cursor_tick = $2, open_lo = NULL, open_hi = NULL, open_pages = NULL, pages_left = NULL,
+            live_since = CASE WHEN phase = 'catching_up' THEN now() ELSE live_since END,
+            phase = CASE WHEN phase = 'catching_up' THEN 'live' ELSE phase END,
+            updated_at = now()
+      WHERE transform_id = $1`,
+    [transformId, hi],
+  );
+}

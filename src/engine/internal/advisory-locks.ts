@@ -1,0 +1,28 @@
+/**
+ * Advisory lock keys. Every lock is (class, hashtext(catalog schema)), so instances in
+ * different catalog schemas of one database never contend. The classes spell ASCII tags.
+ */
+export const LOCK_CLASS = {
+  /** Held by an installer for its transaction (migrate(), the printed install SQL). */
+  migrate: 0x7472656c, // "trel"
+  /** Held by apply() for its transaction: statements of one instance never interleave. */
+  apply: 0x74726170, // "trap"
+  /** Held, session-level, by the instance's elected staging worker. */
+  staging: 0x74727374, // "trst"
+  /** Held shared, session-level, by every live drain loop (hasLiveDrainWorkers). */
+  drain: 0x74726472, // "trdr"
+} as const;
+
+/**
+ * SQL that tells whether some session holds `lockClass` for `schemaParam` (a `$n`
+ * placeholder). pg_locks shows the second key as an unsigned oid.
+ */
+export function lockHeldSql(lockClass: number, schemaParam: string): string {
+  return `SELECT EXISTS (
+    SELECT 1 FROM pg_locks
+     WHERE locktype = 'advisory' AND granted
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND classid = ${lockClass}::oid
+       AND objid = ((hashtext(${schemaParam})::bigint + 4294967296) % 4294967296)::oid
+       AND objsubid = 2) AS held`;
+}

@@ -1,0 +1,31 @@
+import type { Session } from '../db/session.js';
+import { quoteIdent } from '../identifiers.js';
+
+/** With nothing new, a tick is still taken this often (awaitConverged waits for one). */
+export const KEEPALIVE_TICK_MS = 250;
+
+/**
+ * Seals a segment: records pg_current_snapshot() as a new tick when captured changes have
+ * committed since the last tick (or the last is older than the keepalive). Returns the
+ * new tick's seq, or null when none was needed.
+ *
+ * Committed changes not covered by the last tick are exactly the ledger rows this
+ * session can see whose xid the last tick's snapshot does not: rows of transactions
+ * still running are invisible to us and wait for a later tick.
+ */
+export async function tick(session: Session, schema: string): Promise<number | null> {
+  const s = quoteIdent(schema);
+  const [row] = await session.query<{ seq: string | null }>(
+    `WITH last AS (SELECT seq, snap, at FROM ${s}.ticks ORDER BY seq DESC LIMIT 1)
+     INSERT INTO ${s}.ticks (seq, snap)
+     SELECT nextval('${s.replaceAll("'", "''")}.tick_seq'), pg_current_snapshot()
+      WHERE NOT EXISTS (SELECT 1 FROM last)
+         OR (SELECT at FROM last) < clock_timestamp() - make_interval(secs => $1::float8 / 1000)
+         OR EXISTS (SELECT 1 FROM ${s}.ledger l, last
+                     WHERE l.xid >= pg_snapshot_xmin(last.snap)
+                       AND NOT pg_visible_in_snapshot(l.xid, last.snap))
+     RETURNING seq`,
+    [KEEPALIVE_TICK_MS],
+  );
+  return row?.seq == null ? null : Number(row.seq);
+}

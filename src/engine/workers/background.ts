@@ -1,0 +1,62 @@
+import type { ConnectionConfig } from '../db/connection-config.js';
+import { ConnectionPool } from '../db/pool.js';
+import { DrainLoop } from '../drain/drain-loop.js';
+import type { Logger } from '../logger.js';
+import { StagingWorker } from '../staging/staging-worker.js';
+
+export interface BackgroundOptions {
+  schema: string;
+  staging: boolean;
+  drainThreads: number;
+  applicationName: string;
+  connectTimeoutMs: number;
+}
+
+/**
+ * The background work a handle runs: its staging worker (if `staging`) and its drain
+ * loops, each on a connection of its own from a pool apart from the calls' pool, so
+ * background work never takes a connection a call is waiting for.
+ */
+export class Background {
+  private readonly controller = new AbortController();
+  private readonly pool: ConnectionPool;
+  private readonly staging: StagingWorker | undefined;
+  private readonly drains: DrainLoop[] = [];
+
+  constructor(config: ConnectionConfig, options: BackgroundOptions, log: Logger) {
+    this.pool = new ConnectionPool(config, {
+      max: (options.staging ? 1 : 0) + options.drainThreads,
+      applicationName: `${options.applicationName}:worker`,
+      // A safety net only: a page or chunk is far shorter. A claim held by a session that
+      // stopped talking is given up by the server.
+      statementTimeoutMs: 300_000,
+      connectTimeoutMs: options.connectTimeoutMs,
+      settings: {
+        // Drain statements are re-planned for their parameters: a generic plan for a
+        // "key IN (...)" re-derivation can be orders of magnitude slower.
+        plan_cache_mode: 'force_custom_plan',
+        idle_in_transaction_session_timeout: '60000',
+      },
+    });
+    const signal = this.controller.signal;
+    if (options.staging) this.staging = new StagingWorker(this.pool, options.schema, log, signal);
+    for (let i = 0; i < options.drainThreads; i += 1) {
+      this.drains.push(new DrainLoop(this.pool, options.schema, log, signal, i + 1));
+    }
+  }
+
+  get running(): boolean {
+    return (
+      !this.controller.signal.aborted && (this.staging !== undefined || this.drains.length > 0)
+    );
+  }
+
+  /** Stops every loop (cancelling the query each has in flight) and closes their connections. */
+  async stop(): Promise<void> {
+    this.controller.abort();
+    const loops = [...(this.staging ? [this.staging] : []), ...this.drains];
+    for (const loop of loops) loop.interrupt();
+    await Promise.allSettled(loops.map((loop) => loop.done));
+    await this.pool.end(5);
+  }
+}

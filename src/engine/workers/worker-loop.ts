@@ -1,0 +1,72 @@
+import { classifyError } from '../db/classify.js';
+import type { ConnectionPool } from '../db/pool.js';
+import type { Session } from '../db/session.js';
+import type { Logger } from '../logger.js';
+import { sleep } from './sleep.js';
+
+export interface WorkerLoopOptions {
+  /** Names the loop in log lines. */
+  name: string;
+  pool: ConnectionPool;
+  log: Logger;
+  signal: AbortSignal;
+  /** Runs on every new session before the first step (to take session-level locks). */
+  onSession?: (session: Session) => Promise<void>;
+  /** One unit of work; resolves to how long to wait before the next (0: at once). */
+  step: (session: Session) => Promise<number>;
+}
+
+const MAX_BACKOFF_MS = 5_000;
+
+/**
+ * A background loop on a session of its own (staging worker, drain loops). A failed step
+ * is logged and retried after a growing pause; a session lost to a connection error is
+ * replaced. Stops when `signal` aborts; `current()` lets shutdown cancel the query in
+ * flight.
+ */
+export class WorkerLoop {
+  private session: Session | undefined;
+  readonly done: Promise<void>;
+
+  constructor(private readonly options: WorkerLoopOptions) {
+    this.done = this.run();
+  }
+
+  /** Cancels the query in flight, if any (shutdown). */
+  interrupt(): void {
+    this.session?.abort('shutdown', `${this.options.name} stopped by shutdown`);
+  }
+
+  private async run(): Promise<void> {
+    const { signal, log, name } = this.options;
+    let failures = 0;
+    while (!signal.aborted) {
+      try {
+        if (!this.session) {
+          this.session = await this.options.pool.acquire(10_000);
+          await this.options.onSession?.(this.session);
+        }
+        const wait = await this.options.step(this.session);
+        failures = 0;
+        if (wait > 0) await sleep(wait, signal);
+      } catch (error) {
+        if (signal.aborted) break;
+        failures += 1;
+        const classified = classifyError(error, { doing: name });
+        log.warn(
+          { loop: name, code: classified.code, sqlstate: classified.sqlstate, failures },
+          `${name}: ${classified.message}`,
+        );
+        if (classified.code === 'connection' || this.session?.aborted) await this.dropSession();
+        await sleep(Math.min(MAX_BACKOFF_MS, 100 * 2 ** Math.min(failures, 6)), signal);
+      }
+    }
+    await this.dropSession();
+  }
+
+  private async dropSession(): Promise<void> {
+    const session = this.session;
+    this.session = undefined;
+    if (session) await session.release().catch(() => undefined);
+  }
+}
