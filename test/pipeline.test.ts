@@ -2,10 +2,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
 import { differences } from './support/oracle.js';
-import { migratedTrellis, waitForStatus } from './support/trellis.js';
+import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
 
 let db: TestDatabase;
+/** A handle for calls only, as an app's web process would have. */
 let trellis: Trellis;
+/** The fleet's worker: staging and two drain loops. */
+let worker: Trellis;
 
 beforeAll(async () => {
   db = await freshDatabase();
@@ -13,28 +16,34 @@ beforeAll(async () => {
     CREATE TABLE widgets (id int PRIMARY KEY, name text NOT NULL, price numeric(10,2), qty int);
     INSERT INTO widgets SELECT g, 'w' || g, g * 1.5, g % 7 FROM generate_series(1, 500) g;
   `);
-  trellis = await migratedTrellis(db, { staging: false });
+  trellis = await migratedTrellis(db);
+  worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
 });
 
 afterAll(async () => {
+  await worker?.shutdown();
   await trellis?.shutdown();
 });
 
-async function converge(target: string, t: Trellis = trellis) {
-  const token = await t.watermarkToken();
-  await t.awaitConverged(target, token, { timeoutMs: 20_000 });
+async function converge(target: string) {
+  const token = await trellis.watermarkToken();
+  await trellis.awaitConverged(target, token, { timeoutMs: 20_000 });
   expect(await differences(db.sql, target)).toEqual({ missing: [], extra: [] });
+}
+
+async function ledgerRows(): Promise<number> {
+  const [row] = await db.sql`SELECT count(*)::int AS n FROM trellis.ledger`;
+  return row!.n as number;
 }
 
 describe('the live pipeline', () => {
   it('backfills a projection, goes live, and follows inserts, updates and deletes', async () => {
-    await using worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
     await trellis.apply('TRANSFORM widget_prices FROM widgets SELECT name, price WHERE price > 10');
-    await converge('widget_prices', worker);
-    await waitForStatus(trellis, 'widget_prices', 'live');
-
-    expect(await worker.hasLiveStagingWorker()).toBe(true);
-    expect(await worker.hasLiveDrainWorkers()).toBe(true);
+    await converge('widget_prices');
+    const live = await waitForStatus(trellis, 'widget_prices', 'live');
+    expect(live.backfill).toMatchObject({ keysDone: 500, keysTotal: 500 });
+    expect(await trellis.hasLiveStagingWorker()).toBe(true);
+    expect(await trellis.hasLiveDrainWorkers()).toBe(true);
 
     await db.sql.unsafe(`
       INSERT INTO widgets VALUES (1001, 'new', 99, 1), (1002, 'cheap', 1, 1);
@@ -44,6 +53,126 @@ describe('the live pipeline', () => {
       DELETE FROM widgets WHERE id BETWEEN 40 AND 45;
       UPDATE widgets SET id = 5000 WHERE id = 50;        -- key change
     `);
-    await converge('widget_prices', worker);
+    await converge('widget_prices');
+  });
+
+  it('captures nothing for an UPDATE that changes no column a transform reads', async () => {
+    await converge('widget_prices');
+    const before = await ledgerRows();
+    await db.sql`UPDATE widgets SET qty = qty + 1 WHERE id < 100`;
+    expect(await ledgerRows()).toBe(before);
+    await db.sql`UPDATE widgets SET price = price + 1 WHERE id < 10`;
+    expect(await ledgerRows()).toBe(before + 9);
+    await converge('widget_prices');
+  });
+
+  it('widens capture when a new transform reads more columns', async () => {
+    await trellis.apply('TRANSFORM widget_stock FROM widgets SELECT name, qty');
+    await converge('widget_stock');
+    await db.sql`UPDATE widgets SET qty = qty * 10 WHERE id BETWEEN 100 AND 120`;
+    await converge('widget_stock');
+    await converge('widget_prices');
+  });
+
+  it('keeps a chain (a transform over another’s target) in step', async () => {
+    await trellis.apply('TRANSFORM chain_base FROM widgets SELECT name, price WHERE qty > 2');
+    await trellis.apply(
+      "TRANSFORM chain_top FROM chain_base SELECT upper(name) AS shout, price * 2 AS doubled WHERE name <> 'w7'",
+    );
+    await converge('chain_top');
+    await db.sql.unsafe(`
+      UPDATE widgets SET qty = 0 WHERE id BETWEEN 200 AND 220;
+      UPDATE widgets SET name = name || '!' WHERE id BETWEEN 300 AND 320;
+      INSERT INTO widgets SELECT g, 'fresh' || g, g, 5 FROM generate_series(2000, 2050) g;
+    `);
+    await converge('chain_top');
+    await converge('chain_base');
+  });
+
+  it('flows a TRUNCATE of a source through, down the chain', async () => {
+    await db.sql.unsafe(`
+      CREATE TABLE gadgets (id int PRIMARY KEY, label text);
+      INSERT INTO gadgets SELECT g, 'g' || g FROM generate_series(1, 100) g;
+    `);
+    await trellis.apply('TRANSFORM gadget_labels FROM gadgets SELECT label');
+    await trellis.apply('TRANSFORM gadget_shout FROM gadget_labels SELECT upper(label) AS label');
+    await converge('gadget_shout');
+    await db.sql.begin(async (tx) => {
+      await tx`TRUNCATE gadgets`;
+      await tx`INSERT INTO gadgets VALUES (7, 'after')`;
+    });
+    await converge('gadget_labels');
+    await converge('gadget_shout');
+    const rows = await db.sql`SELECT label FROM gadget_shout`;
+    expect(rows.map((r) => r.label)).toEqual(['AFTER']);
+  });
+
+  it('holds a paused transform still while others flow, and catches it up on RESUME', async () => {
+    await trellis.apply('TRANSFORM paused_prices FROM widgets SELECT price');
+    await converge('paused_prices');
+    await trellis.apply('PAUSE TRANSFORM paused_prices');
+    const [before] = await db.sql`SELECT price FROM paused_prices WHERE id = 1`;
+    await db.sql`UPDATE widgets SET price = 777 WHERE id = 1`;
+    await converge('widget_prices');
+    const [during] = await db.sql`SELECT price FROM paused_prices WHERE id = 1`;
+    expect(during?.price).toBe(before?.price);
+    expect((await trellis.status('paused_prices')).status).toBe('paused');
+    await trellis.apply('RESUME TRANSFORM paused_prices');
+    await converge('paused_prices');
+    const [after] = await db.sql`SELECT price FROM paused_prices WHERE id = 1`;
+    expect(after?.price).toBe('777.00');
+  });
+
+  it('rebuilds a target on requestBackfill', async () => {
+    await trellis.requestBackfill('widget_stock');
+    await waitForStatus(trellis, 'widget_stock', 'live');
+    await converge('widget_stock');
+    await expect(trellis.requestBackfill('nothing')).rejects.toMatchObject({ code: 'not_found' });
+  });
+
+  it('holds a key whose re-derivation fails, applies the rest, and retries it on RESUME', async () => {
+    await db.sql.unsafe(`
+      CREATE TABLE ratios (id int PRIMARY KEY, a int, b int);
+      INSERT INTO ratios SELECT g, g, 1 + g % 3 FROM generate_series(1, 50) g;
+    `);
+    await trellis.apply('TRANSFORM ratio_values FROM ratios SELECT a / b AS ratio');
+    await converge('ratio_values');
+    await db.sql.unsafe(`
+      UPDATE ratios SET b = 0 WHERE id = 17;
+      UPDATE ratios SET a = a + 100 WHERE id IN (16, 18, 40);
+      INSERT INTO ratios VALUES (51, 10, 2);
+    `);
+    const token = await trellis.watermarkToken();
+    await trellis.awaitConverged('ratio_values', token);
+    const status = await trellis.status('ratio_values');
+    expect(status.heldKeys).toBe(1);
+    expect(status.status).toBe('live');
+    const rows =
+      await db.sql`SELECT id, ratio FROM ratio_values WHERE id IN (16, 17, 18, 40, 51) ORDER BY id`;
+    expect(rows.map((r) => [r.id, r.ratio])).toEqual([
+      [16, 116 / 2],
+      [17, Math.trunc(17 / 3)], // held: still what it was
+      [18, 118],
+      [40, 140 / 2],
+      [51, 5],
+    ]);
+    // Fix the row, resume: the held key is re-derived.
+    await db.sql`UPDATE ratios SET b = 1 WHERE id = 17`;
+    await trellis.apply('RESUME TRANSFORM ratio_values');
+    await converge('ratio_values');
+    expect((await trellis.status('ratio_values')).heldKeys).toBe(0);
+  });
+
+  it('removes capture from a table nothing reads any more', async () => {
+    const triggers = async () =>
+      Number(
+        (
+          await db.sql`SELECT count(*)::int AS n FROM pg_trigger WHERE tgrelid = 'gadgets'::regclass AND NOT tgisinternal`
+        )[0]!.n,
+      );
+    expect(await triggers()).toBe(4);
+    await trellis.apply('DROP TRANSFORM gadget_shout');
+    await trellis.apply('DROP TRANSFORM gadget_labels');
+    await waitFor(async () => (await triggers()) === 0, 'capture triggers on gadgets to go');
   });
 });

@@ -50,3 +50,17 @@ export async function waitForStatus(
     `${target} did not reach ${status} within ${timeoutMs} ms: ${JSON.stringify(last)}`,
   );
 }
+
+/** Polls `check` until it returns true (fails after `timeoutMs`, naming `what`). */
+export async function waitFor(
+  check: () => Promise<boolean>,
+  what: string,
+  timeoutMs = 20_000,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (await check()) return;
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
