@@ -5,19 +5,22 @@ import type { TestDatabase } from './database.js';
 /** A logger that drops everything (tests assert on behaviour, not on log lines). */
 export const quietLogger = { debug() {}, info() {}, warn() {}, error() {} };
 
-/** Connects a handle to a test database with the catalog schema installed. */
+/**
+ * Connects a handle to a test database with the catalog schema installed (by a plain
+ * handle first, as a deploy's migration step would: a staging handle needs it done).
+ */
 export async function migratedTrellis(
   db: TestDatabase,
   options: Partial<ConnectOptions> = {},
 ): Promise<Trellis> {
-  const trellis = await Trellis.connect({ url: db.url, logger: quietLogger, ...options });
+  const base = { url: db.url, logger: quietLogger, ...options };
+  const migrator = await Trellis.connect({ ...base, staging: false, drainThreads: 0 });
   try {
-    await trellis.migrate();
-  } catch (error) {
-    await trellis.shutdown();
-    throw error;
+    await migrator.migrate();
+  } finally {
+    await migrator.shutdown();
   }
-  return trellis;
+  return Trellis.connect(base);
 }
 
 /** The error a promise rejects with (fails the test if it resolves). */

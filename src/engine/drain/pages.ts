@@ -26,6 +26,10 @@ interface Claim {
  * delete the page, and move the cursor when it was the range's last. A row that fails is
  * found by bisection and held; a page that fails for no row's fault is retried later
  * with backoff and reported. Returns false when no page was open.
+ *
+ * The claim locks the transform's pipeline row too, so one transform applies one page
+ * at a time (transforms drain in parallel): two pages of one range can hold the same
+ * key, and applied at once they would lock the same target rows in different orders.
  */
 export async function applyPage(session: Session, schema: string, log: Logger): Promise<boolean> {
   const s = quoteIdent(schema);
@@ -41,15 +45,14 @@ export async function applyPage(session: Session, schema: string, log: Logger): 
         WHERE t.paused_at IS NULL AND (p.not_before IS NULL OR p.not_before <= now())
         ORDER BY pl.open_lo, p.transform_id, p.page
         LIMIT 1
-          FOR UPDATE OF p SKIP LOCKED`,
+          FOR UPDATE OF p, pl SKIP LOCKED`,
     );
     if (!claim) return false;
     const plan = await loadPlan(session, schema, claim.transform_id);
     await enterTransformWork(session, schema, plan);
-    const paged = claim.gen !== null;
-    const changed = changedFromLedger(schema, plan, paged);
+    const changed = changedFromLedger(schema, plan, claim.gen);
     const params: unknown[] = [claim.lo_snap, claim.hi_snap];
-    if (paged) params.push(claim.gen, claim.blk_lo, claim.blk_hi);
+    if (claim.gen !== null) params.push(`(${claim.blk_lo},0)`, `(${claim.blk_hi},0)`);
 
     await session.query('SAVEPOINT trellis_page');
     try {

@@ -126,6 +126,11 @@ function selectList(plan: TransformPlan): string {
  * One statement that re-derives the target rows for `changed`: upserts what qualifies
  * now, deletes what no longer does, and reports how many keys, upserts and deletes.
  * `changedSql` is the body of the `changed(source_id, key)` CTE.
+ *
+ * Row estimates for the ledger and these CTEs are often far off (the ledger is young and
+ * unanalysed), so nothing here may depend on them: rows to delete are found with EXCEPT
+ * (hashed or sorted, never a nested loop over a CTE), and every join the planner could
+ * turn into a nested loop has an index on its inner side.
  */
 export function rederiveSql(plan: TransformPlan, changedSql: string): string {
   if (plan.aggregates) throw new Error('aggregate transforms are re-derived by group');
@@ -148,10 +153,15 @@ upserted AS (
   ${upsert(plan, 'derived')}
   RETURNING 1
 ),
-removed AS (
-  DELETE FROM ${plan.targetSql} t
+gone AS MATERIALIZED (
+  SELECT ${list(plan.key.map((k) => `t.${q(k)}`))} FROM ${plan.targetSql} t
    WHERE ${tuple(drivingTargetKeys.map((k) => `t.${q(k)}`))} IN (SELECT ${list(affectedCols)} FROM affected)
-     AND NOT EXISTS (SELECT 1 FROM derived d WHERE ${keyMatch(plan, 'd', 't')})
+  EXCEPT
+  SELECT ${list(plan.key.map((k) => `d.${q(k)}`))} FROM derived d
+),
+removed AS (
+  DELETE FROM ${plan.targetSql} t USING gone g
+   WHERE ${keyMatch(plan, 't', 'g')}
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM changed)::int AS keys,
@@ -162,23 +172,28 @@ SELECT (SELECT count(*) FROM changed)::int AS keys,
 /**
  * The changed keys of one ledger range (after tick `$1`'s snapshot, up to tick `$2`'s),
  * for this transform's sources, less the keys held back from it. A page narrows it to a
- * block range of one ledger generation (`$3` gen, `$4`..`$5` blocks, end exclusive).
+ * block range (`$3`..`$4`, end exclusive, as tids) of one ledger generation, read by TID
+ * range alone: the fence (OFFSET 0) keeps the planner from preferring the xid index,
+ * whose estimates for a young ledger are far off, and scanning the whole range per page.
  */
-export function changedFromLedger(schema: string, plan: TransformPlan, paged: boolean): string {
+export function changedFromLedger(
+  schema: string,
+  plan: TransformPlan,
+  generation: number | null,
+): string {
   const s = q(schema);
   const ids = requireSourceIds(plan).map((src) => src.sourceId);
-  const page = paged
-    ? `
-     AND l.gen = $3::smallint
-     AND l.ctid >= format('(%s,0)', $4::bigint)::tid AND l.ctid < format('(%s,0)', $5::bigint)::tid`
-    : '';
+  const from =
+    generation === null
+      ? `${s}.ledger l`
+      : `(SELECT * FROM ${s}.${q(`ledger_${generation}`)} WHERE ctid >= $3::tid AND ctid < $4::tid OFFSET 0) l`;
   return `SELECT DISTINCT l.source_id, l.key
-    FROM ${s}.ledger l
+    FROM ${from}
    WHERE l.source_id IN (${[...new Set(ids)].join(', ')})
      AND l.xid >= pg_snapshot_xmin($1::pg_snapshot) AND l.xid < pg_snapshot_xmax($2::pg_snapshot)
      AND pg_visible_in_snapshot(l.xid, $2::pg_snapshot)
      AND NOT pg_visible_in_snapshot(l.xid, $1::pg_snapshot)
-     AND l.key IS NOT NULL${page}
+     AND l.key IS NOT NULL
      AND NOT EXISTS (SELECT 1 FROM ${s}.held_keys h
                       WHERE h.transform_id = ${plan.id} AND h.source_id = l.source_id AND h.key = l.key)`;
 }
