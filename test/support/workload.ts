@@ -21,10 +21,23 @@ export interface WorkloadOptions {
   initialRows: number;
   /** Include an occasional TRUNCATE of the table. */
   truncate?: boolean;
+  /** Shrug off lost connections too (the server is being restarted under the workload). */
+  survivesRestarts?: boolean;
 }
 
 /** Errors concurrent writers can cause each other; the workload shrugs them off. */
 const EXPECTED = new Set(['40P01', '40001', '23505', '55P03']);
+/** What a server restart looks like to a client. */
+const CONNECTION_LOST = new Set([
+  '57P01',
+  '57P02',
+  '57P03',
+  'CONNECTION_CLOSED',
+  'CONNECTION_DESTROYED',
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'CONNECT_TIMEOUT',
+]);
 
 export const ACCOUNTS_DDL = `
   CREATE TABLE accounts (
@@ -140,6 +153,10 @@ export async function runWorkload(sql: postgres.Sql, options: WorkloadOptions): 
         }
       } catch (error) {
         const code = (error as { code?: string }).code;
+        if (code && options.survivesRestarts && CONNECTION_LOST.has(code)) {
+          await new Promise((resolve) => setTimeout(resolve, 50));
+          continue;
+        }
         if (!code || !EXPECTED.has(code)) throw error;
       }
     }

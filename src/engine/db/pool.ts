@@ -16,31 +16,40 @@ export interface PoolOptions {
 }
 
 /**
- * A capped set of connections (postgres.js underneath) handing out `Session`s. The cap is
- * enforced here, with a deadline for waiting, because postgres.js queues without one.
+ * A capped set of connections handing out `Session`s, each on a postgres.js client of its
+ * own with one connection (max: 1). A client whose connection died reconnects on its next
+ * query by itself; a shared postgres.js pool's reserved connection, by contrast, cannot be
+ * used again once the server has closed it. The cap is enforced here, with a deadline for
+ * waiting, because postgres.js queues without one.
  */
 export class ConnectionPool {
-  readonly sql: Sql;
   private readonly permits: Semaphore;
+  private readonly idle: Sql[] = [];
+  private readonly clients = new Set<Sql>();
   private closed = false;
 
   constructor(
     readonly config: ConnectionConfig,
-    options: PoolOptions,
+    private readonly options: PoolOptions,
   ) {
     this.permits = new Semaphore(options.max);
-    this.sql = postgres(config.url, {
-      max: options.max,
-      ssl: config.ssl,
+  }
+
+  private createClient(): Sql {
+    const client = postgres(this.config.url, {
+      max: 1,
+      ssl: this.config.ssl,
       onnotice: () => undefined,
-      connect_timeout: Math.max(1, Math.ceil(options.connectTimeoutMs / 1000)),
+      connect_timeout: Math.max(1, Math.ceil(this.options.connectTimeoutMs / 1000)),
       idle_timeout: 60,
       connection: {
-        application_name: options.applicationName,
-        statement_timeout: options.statementTimeoutMs,
-        ...options.settings,
+        application_name: this.options.applicationName,
+        statement_timeout: this.options.statementTimeoutMs,
+        ...this.options.settings,
       },
     });
+    this.clients.add(client);
+    return client;
   }
 
   /**
@@ -56,13 +65,31 @@ export class ConnectionPool {
         `no pooled connection came free within ${waitMs} ms (pool.max is reached)`,
       );
     }
+    let client = this.idle.pop();
     try {
-      const reserved = await this.sql.reserve();
-      return new Session(reserved, () => this.permits.release());
+      if (!client) {
+        client = this.createClient();
+        // Connect now, so a server that cannot be reached is reported as such.
+        await client.unsafe('SELECT 1');
+      }
     } catch (error) {
+      if (client) {
+        this.clients.delete(client);
+        void client.end({ timeout: 0 });
+      }
       this.permits.release();
       throw classifyConnectError(error, this.config);
     }
+    const acquired = client;
+    return new Session(acquired, () => {
+      if (this.closed) {
+        this.clients.delete(acquired);
+        void acquired.end({ timeout: 1 });
+      } else {
+        this.idle.push(acquired);
+      }
+      this.permits.release();
+    });
   }
 
   /** Refuses new sessions from now on, and turns away those waiting for one. */
@@ -74,6 +101,9 @@ export class ConnectionPool {
   /** Closes every connection; queries still running after `timeoutSeconds` are dropped. */
   async end(timeoutSeconds = 5): Promise<void> {
     this.refuseNew();
-    await this.sql.end({ timeout: timeoutSeconds });
+    const clients = [...this.clients];
+    this.clients.clear();
+    this.idle.length = 0;
+    await Promise.all(clients.map((client) => client.end({ timeout: timeoutSeconds })));
   }
 }

@@ -1,4 +1,4 @@
-import type { ReservedSql } from 'postgres';
+import type { Sql } from 'postgres';
 import { TrellisError, type TrellisErrorCode } from '../errors.js';
 
 export type Row = Record<string, unknown>;
@@ -16,9 +16,10 @@ export class Session {
   private current: { cancel(): unknown } | undefined;
   private abortedWith: TrellisError | undefined;
   private inTransaction = false;
+  private released = false;
 
   constructor(
-    private readonly conn: ReservedSql,
+    private readonly conn: Sql,
     private readonly onRelease: () => void = () => undefined,
   ) {}
 
@@ -76,8 +77,9 @@ export class Session {
 
   /** Returns the connection to the pool, rolling back anything left open. */
   async release(): Promise<void> {
+    if (this.released) return;
+    this.released = true;
     if (this.inTransaction || this.abortedWith) await this.rollbackQuietly();
-    this.conn.release();
     this.onRelease();
   }
 }

@@ -18,6 +18,9 @@ export interface WorkerLoopOptions {
 
 const MAX_BACKOFF_MS = 5_000;
 
+/** How often a loop checks its connection is still the one it took its locks on. */
+const SESSION_CHECK_MS = 1_000;
+
 /**
  * A background loop on a session of its own (staging worker, drain loops). A failed step
  * is logged and retried after a growing pause; a session lost to a connection error is
@@ -26,6 +29,8 @@ const MAX_BACKOFF_MS = 5_000;
  */
 export class WorkerLoop {
   private session: Session | undefined;
+  private backendPid: number | undefined;
+  private nextSessionCheck = 0;
   readonly done: Promise<void>;
 
   constructor(private readonly options: WorkerLoopOptions) {
@@ -44,8 +49,9 @@ export class WorkerLoop {
       try {
         if (!this.session) {
           this.session = await this.options.pool.acquire(10_000);
-          await this.options.onSession?.(this.session);
+          this.backendPid = undefined;
         }
+        await this.checkSession(this.session);
         const wait = await this.options.step(this.session);
         failures = 0;
         if (wait > 0) await sleep(wait, signal);
@@ -62,6 +68,21 @@ export class WorkerLoop {
       }
     }
     await this.dropSession();
+  }
+
+  /**
+   * The driver reconnects a lost connection by itself on the next query: session-level
+   * state (advisory locks) is then gone. Seeing a new backend pid, run onSession again.
+   */
+  private async checkSession(session: Session): Promise<void> {
+    const now = Date.now();
+    if (this.backendPid !== undefined && now < this.nextSessionCheck) return;
+    this.nextSessionCheck = now + SESSION_CHECK_MS;
+    const [row] = await session.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+    if (row?.pid !== this.backendPid) {
+      this.backendPid = row?.pid;
+      await this.options.onSession?.(session);
+    }
   }
 
   private async dropSession(): Promise<void> {
