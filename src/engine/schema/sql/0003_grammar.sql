@@ -76,7 +76,10 @@ DECLARE
   body text;
   txt text;
 BEGIN
-  SELECT coalesce(array_agg(ascii(u.c) ORDER BY u.k), '{}') INTO cp
+  -- Code points (any character outside ASCII reads as 128: ascii() refuses those in
+  -- multibyte encodings other than UTF8, and all of them count as letters anyway).
+  SELECT coalesce(array_agg(CASE WHEN octet_length(u.c) > 1 THEN 128 ELSE ascii(u.c) END
+      ORDER BY u.k), '{}') INTO cp
     FROM unnest(ch) WITH ORDINALITY AS u(c, k);
   -- Sentinels past the end, so looking ahead never meets a NULL.
   cp := cp || ARRAY[0, 0, 0, 0];
