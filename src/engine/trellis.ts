@@ -23,6 +23,14 @@ import { type ApplyResult, applyStatement } from './statements/apply.js';
 import { awaitConverged, watermarkToken } from './watermark.js';
 import { Background } from './workers/background.js';
 
+/**
+ * How long opening a connection may take. A connection whose startup is cut short can
+ * stall in the driver until this runs out, so it is kept well below the call timeout
+ * for calls, and short for workers (they just try again).
+ */
+const CONNECT_TIMEOUT_MS = 10_000;
+const WORKER_CONNECT_TIMEOUT_MS = 5_000;
+
 /** The configuration a handle connected with, as `config()` returns it. */
 export interface TrellisConfig {
   schema: string;
@@ -64,7 +72,7 @@ export class Trellis implements AsyncDisposable {
           staging: options.staging,
           drainThreads: options.drainThreads,
           applicationName: options.applicationName,
-          connectTimeoutMs: options.callTimeoutMs,
+          connectTimeoutMs: Math.min(options.callTimeoutMs, WORKER_CONNECT_TIMEOUT_MS),
         },
         this.log,
       );
@@ -82,7 +90,7 @@ export class Trellis implements AsyncDisposable {
       max: resolved.pool.max,
       applicationName: resolved.applicationName,
       statementTimeoutMs: resolved.callTimeoutMs,
-      connectTimeoutMs: resolved.callTimeoutMs,
+      connectTimeoutMs: Math.min(resolved.callTimeoutMs, CONNECT_TIMEOUT_MS),
     });
     const calls = new CallRunner(pool, {
       callTimeoutMs: resolved.callTimeoutMs,

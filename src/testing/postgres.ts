@@ -80,8 +80,12 @@ function withDatabase(url: string, database: string, user?: string): string {
   return u.toString();
 }
 
+function adminClient(url: string): postgres.Sql {
+  return postgres(url, { max: 2, onnotice: () => undefined, idle_timeout: 5 });
+}
+
 class Server implements TestPostgres {
-  private readonly admin: postgres.Sql;
+  private admin: postgres.Sql;
 
   constructor(
     readonly kind: PostgresKind,
@@ -90,7 +94,7 @@ class Server implements TestPostgres {
     private readonly cluster: LocalCluster | undefined,
     private readonly onStop: () => Promise<void>,
   ) {
-    this.admin = postgres(adminUrl, { max: 2, onnotice: () => undefined, idle_timeout: 5 });
+    this.admin = adminClient(adminUrl);
   }
 
   get caFile(): string | undefined {
@@ -121,7 +125,11 @@ class Server implements TestPostgres {
 
   async restart(mode: 'fast' | 'immediate' = 'immediate'): Promise<void> {
     if (!this.cluster) throw new Error(`a ${this.kind} server cannot be restarted from here`);
+    // The admin client does not live through the restart: postgres.js 3.4.9 can throw
+    // from a timer when a pooled connection dies under it (porsager/postgres#1208).
+    await this.admin.end({ timeout: 2 });
     await this.cluster.restart(mode);
+    this.admin = adminClient(this.adminUrl);
   }
 
   async stop(): Promise<void> {

@@ -26,6 +26,8 @@ export class ConnectionPool {
   private readonly permits: Semaphore;
   private readonly idle: Sql[] = [];
   private readonly clients = new Set<Sql>();
+  /** Clients whose connection closed: never used again (see createClient). */
+  private readonly dead = new WeakSet<Sql>();
   private closed = false;
 
   constructor(
@@ -35,9 +37,18 @@ export class ConnectionPool {
     this.permits = new Semaphore(options.max);
   }
 
+  /**
+   * A client with one connection. When that connection closes (server restart, a
+   * terminated backend, the idle timeout) the client is retired: postgres.js would
+   * reconnect it on the next query, but its reconnect path can lose the startup message
+   * and leave that query waiting until the connect timeout, so a fresh client is used.
+   */
   private createClient(): Sql {
-    const client = postgres(this.config.url, {
+    const client: Sql = postgres(this.config.url, {
       max: 1,
+      onclose: () => {
+        this.dead.add(client);
+      },
       ssl: this.config.ssl,
       onnotice: () => undefined,
       connect_timeout: Math.max(1, Math.ceil(this.options.connectTimeoutMs / 1000)),
@@ -66,6 +77,10 @@ export class ConnectionPool {
       );
     }
     let client = this.idle.pop();
+    while (client && this.dead.has(client)) {
+      this.retire(client);
+      client = this.idle.pop();
+    }
     try {
       if (!client) {
         client = this.createClient();
@@ -81,15 +96,23 @@ export class ConnectionPool {
       throw classifyConnectError(error, this.config);
     }
     const acquired = client;
-    return new Session(acquired, () => {
-      if (this.closed) {
-        this.clients.delete(acquired);
-        void acquired.end({ timeout: 1 });
-      } else {
-        this.idle.push(acquired);
-      }
-      this.permits.release();
-    });
+    return new Session(
+      acquired,
+      (broken) => {
+        if (this.closed || broken || this.dead.has(acquired)) {
+          this.retire(acquired);
+        } else {
+          this.idle.push(acquired);
+        }
+        this.permits.release();
+      },
+      () => this.dead.has(acquired),
+    );
+  }
+
+  private retire(client: Sql): void {
+    this.clients.delete(client);
+    void client.end({ timeout: 1 });
   }
 
   /** Refuses new sessions from now on, and turns away those waiting for one. */

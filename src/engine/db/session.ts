@@ -2,6 +2,9 @@ import type { Sql } from 'postgres';
 import { TrellisError, type TrellisErrorCode } from '../errors.js';
 
 export type Row = Record<string, unknown>;
+
+/** How long a ROLLBACK after a failure may take before the connection is given up. */
+const ROLLBACK_WAIT_MS = 5_000;
 export type Params = readonly unknown[];
 
 /** Why a session's work was stopped from outside. */
@@ -17,10 +20,13 @@ export class Session {
   private abortedWith: TrellisError | undefined;
   private inTransaction = false;
   private released = false;
+  /** The connection was lost: the client is discarded, never reused (see isConnectionLoss). */
+  private broken = false;
 
   constructor(
     private readonly conn: Sql,
-    private readonly onRelease: () => void = () => undefined,
+    private readonly onRelease: (broken: boolean) => void = () => undefined,
+    private readonly connectionClosed: () => boolean = () => false,
   ) {}
 
   get aborted(): TrellisError | undefined {
@@ -29,6 +35,10 @@ export class Session {
 
   async query<T extends object = Row>(text: string, params: Params = []): Promise<T[]> {
     if (this.abortedWith) throw this.abortedWith;
+    if (this.connectionClosed()) {
+      this.broken = true;
+      throw new TrellisError('connection', 'the connection to Postgres was closed');
+    }
     // postgres.js' "unsafe" means "not a tagged template": parameters are still bound.
     const pending = this.conn.unsafe(text, params as never[], { prepare: true });
     this.current = pending;
@@ -36,6 +46,7 @@ export class Session {
       const rows = await pending;
       return rows as unknown as T[];
     } catch (error) {
+      if (isConnectionLoss(error)) this.broken = true;
       throw this.abortedWith ?? error;
     } finally {
       if (this.current === pending) this.current = undefined;
@@ -66,12 +77,28 @@ export class Session {
     this.current?.cancel();
   }
 
+  /**
+   * Ends an open transaction after a failure. Not on a lost connection (the server has
+   * rolled back already, and a query on a client whose connection closed can wait for
+   * ever); and never for long: a ROLLBACK that does not answer marks the session broken.
+   */
   private async rollbackQuietly(): Promise<void> {
+    if (this.broken || this.connectionClosed()) {
+      this.broken = true;
+      return;
+    }
+    let timer: NodeJS.Timeout | undefined;
     try {
-      const pending = this.conn.unsafe('ROLLBACK');
-      await pending;
+      await Promise.race([
+        this.conn.unsafe('ROLLBACK'),
+        new Promise((_, reject) => {
+          timer = setTimeout(() => reject(new Error('ROLLBACK did not answer')), ROLLBACK_WAIT_MS);
+        }),
+      ]);
     } catch {
-      // The connection may be gone; postgres.js reconnects on next use.
+      this.broken = true;
+    } finally {
+      clearTimeout(timer);
     }
   }
 
@@ -80,6 +107,19 @@ export class Session {
     if (this.released) return;
     this.released = true;
     if (this.inTransaction || this.abortedWith) await this.rollbackQuietly();
-    this.onRelease();
+    this.onRelease(this.broken);
   }
+}
+
+/**
+ * Errors that mean the connection itself is gone: the driver's own codes (it puts them
+ * where a SQLSTATE would be), network errors, and the server ending the session. A
+ * postgres.js client is not reused after one: reusing it can leave a later query
+ * waiting forever.
+ */
+export function isConnectionLoss(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  if (typeof code !== 'string') return true;
+  if (!/^[0-9A-Z]{5}$/.test(code)) return true;
+  return code.startsWith('08') || code === '57P01' || code === '57P02' || code === '57P03';
 }

@@ -15,6 +15,8 @@ interface Claim {
   gen: number | null;
   blk_lo: string | null;
   blk_hi: string | null;
+  bucket: number;
+  buckets: number;
   attempts: number;
   lo_snap: string;
   hi_snap: string;
@@ -27,17 +29,18 @@ interface Claim {
  * found by bisection and held; a page that fails for no row's fault is retried later
  * with backoff and reported. Returns false when no page was open.
  *
- * The claim locks the transform's pipeline row too, so one transform applies one page
- * at a time (transforms drain in parallel): two pages of one range can hold the same
- * key, and applied at once they would lock the same target rows in different orders.
+ * The claim locks the page's bucket slot too: pages of one bucket can hold the same keys,
+ * and applied at once they would lock the same target rows in different orders. Pages of
+ * different buckets hold different keys and apply in parallel.
  */
 export async function applyPage(session: Session, schema: string, log: Logger): Promise<boolean> {
   const s = quoteIdent(schema);
   return session.transaction(async () => {
     const [claim] = await session.query<Claim>(
-      `SELECT p.transform_id, p.page, p.gen, p.blk_lo, p.blk_hi, p.attempts,
+      `SELECT p.transform_id, p.page, p.gen, p.blk_lo, p.blk_hi, p.bucket, p.buckets, p.attempts,
               lo.snap::text AS lo_snap, hi.snap::text AS hi_snap
          FROM ${s}.pages p
+         JOIN ${s}.page_slots slot ON slot.transform_id = p.transform_id AND slot.bucket = p.bucket
          JOIN ${s}.pipeline pl ON pl.transform_id = p.transform_id
          JOIN ${s}.transforms t ON t.id = p.transform_id
          JOIN ${s}.ticks lo ON lo.seq = pl.open_lo
@@ -45,14 +48,15 @@ export async function applyPage(session: Session, schema: string, log: Logger): 
         WHERE t.paused_at IS NULL AND (p.not_before IS NULL OR p.not_before <= now())
         ORDER BY pl.open_lo, p.transform_id, p.page
         LIMIT 1
-          FOR UPDATE OF p, pl SKIP LOCKED`,
+          FOR UPDATE OF p, slot SKIP LOCKED`,
     );
     if (!claim) return false;
     const plan = await loadPlan(session, schema, claim.transform_id);
     await enterTransformWork(session, schema, plan);
-    const changed = changedFromLedger(schema, plan, claim.gen);
+    const changed = changedFromLedger(schema, plan, claim.gen, claim.buckets);
     const params: unknown[] = [claim.lo_snap, claim.hi_snap];
     if (claim.gen !== null) params.push(`(${claim.blk_lo},0)`, `(${claim.blk_hi},0)`);
+    if (claim.buckets > 1) params.push(claim.bucket);
 
     await session.query('SAVEPOINT trellis_page');
     try {
@@ -64,7 +68,7 @@ export async function applyPage(session: Session, schema: string, log: Logger): 
       if (isRowError(error)) {
         try {
           const keys = await session.query<{ s: number; k: string[] }>(
-            `SELECT source_id AS s, key AS k FROM (${changed}) c ORDER BY 1, 2`,
+            `SELECT DISTINCT source_id AS s, key AS k FROM (${changed}) c ORDER BY 1, 2`,
             params,
           );
           await applyKeysBisecting(session, schema, plan, keys as ChangedKey[], log);

@@ -46,10 +46,13 @@ export interface TransformPlan {
   columns: PlanColumn[];
   /** The target's key columns, in key order (empty for a grand total). */
   key: string[];
+  /** Whether any key is held back from this transform (the drain then skips them). */
+  hasHeldKeys: boolean;
 }
 
 interface PlanRow {
   id: number;
+  has_held_keys: boolean;
   target_name: string;
   target_sql: string;
   search_path: string;
@@ -88,6 +91,7 @@ export async function loadPlan(
   const s = quoteIdent(schema);
   const [row] = await session.query<PlanRow>(
     `SELECT t.id, t.target_name, t.target_oid::regclass::text AS target_sql, t.search_path,
+            EXISTS (SELECT 1 FROM ${s}.held_keys h WHERE h.transform_id = t.id) AS has_held_keys,
             t.aggregates, t.spec,
             (SELECT jsonb_agg(jsonb_build_object(
                       'ordinal', ts.ordinal, 'source_id', src.id, 'alias', ts.alias,
@@ -143,5 +147,6 @@ export async function loadPlan(
       notNull: c.notnull === true,
     })),
     key: row.spec.key,
+    hasHeldKeys: row.has_held_keys,
   };
 }

@@ -2,7 +2,10 @@ import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 
 /** Ledger rows per drain page: big enough to amortise a statement, small enough to share. */
-export const PAGE_ROWS = 5_000;
+export const PAGE_ROWS = 20_000;
+
+/** Key-hash buckets a big range of a single-table transform is split into. */
+export const BUCKETS = 4;
 
 interface Candidate {
   transform_id: number;
@@ -10,12 +13,14 @@ interface Candidate {
   hi_seq: string;
   hi_snap: string;
   source_ids: number[];
+  single_table: boolean;
 }
 
 /**
  * Opens the next ledger range for one transform that is behind: everything after its
  * cursor up to the newest tick, split into pages of about PAGE_ROWS ledger rows (by
- * ledger blocks, so each page reads only its own). A range with no changes moves the
+ * ledger blocks, so each page reads only its own), and for a single-table transform
+ * further by key hash into BUCKETS, whose pages can be applied at once. A range with no changes moves the
  * cursor at once; one holding a TRUNCATE of a source sends the transform to be rebuilt.
  * Returns false when no transform needed it.
  */
@@ -26,7 +31,9 @@ export async function openRange(session: Session, schema: string): Promise<boole
       `SELECT pl.transform_id, lo.snap::text AS lo_snap, hi.seq AS hi_seq, hi.snap::text AS hi_snap,
               ARRAY(SELECT DISTINCT src.id FROM ${s}.transform_sources ts
                       JOIN ${s}.sources src ON src.source_oid = ts.source_oid
-                     WHERE ts.transform_id = pl.transform_id) AS source_ids
+                     WHERE ts.transform_id = pl.transform_id) AS source_ids,
+              NOT t.aggregates AND (SELECT count(*) FROM ${s}.transform_sources ts
+                                     WHERE ts.transform_id = pl.transform_id) = 1 AS single_table
          FROM ${s}.pipeline pl
          JOIN ${s}.transforms t ON t.id = pl.transform_id
          JOIN ${s}.ticks lo ON lo.seq = pl.cursor_tick
@@ -58,6 +65,9 @@ export async function openRange(session: Session, schema: string): Promise<boole
       return true;
     }
     let pages: Array<{ gen: number | null; lo: number | null; hi: number | null }>;
+    // Keys of a single-table transform map one to one to target rows: split by key hash,
+    // its pages apply in parallel. A join's or aggregate's keys share target rows.
+    const buckets = rows > PAGE_ROWS && c.single_table ? BUCKETS : 1;
     if (rows <= PAGE_ROWS) {
       pages = [{ gen: null, lo: null, hi: null }];
     } else {
@@ -81,17 +91,23 @@ export async function openRange(session: Session, schema: string): Promise<boole
       if (open) pages.push(open);
     }
     await session.query(
-      `INSERT INTO ${s}.pages (transform_id, page, gen, blk_lo, blk_hi)
-       SELECT $1, p.ord - 1, p.gen, p.lo, p.hi
+      `INSERT INTO ${s}.pages (transform_id, page, gen, blk_lo, blk_hi, bucket, buckets)
+       SELECT $1, (p.ord - 1) * $3 + b, p.gen, p.lo, p.hi, b, $3
          FROM ROWS FROM (jsonb_to_recordset($2::jsonb) AS (gen smallint, lo bigint, hi bigint))
-              WITH ORDINALITY AS p(gen, lo, hi, ord)`,
-      [c.transform_id, pages],
+              WITH ORDINALITY AS p(gen, lo, hi, ord)
+        CROSS JOIN generate_series(0, $3 - 1) AS b`,
+      [c.transform_id, pages, buckets],
+    );
+    await session.query(
+      `INSERT INTO ${s}.page_slots (transform_id, bucket)
+       SELECT $1, b FROM generate_series(0, $2 - 1) AS b ON CONFLICT DO NOTHING`,
+      [c.transform_id, buckets],
     );
     await session.query(
       `UPDATE ${s}.pipeline
           SET open_lo = cursor_tick, open_hi = $2, open_pages = $3, pages_left = $3, updated_at = now()
         WHERE transform_id = $1`,
-      [c.transform_id, c.hi_seq, pages.length],
+      [c.transform_id, c.hi_seq, pages.length * buckets],
     );
     return true;
   });

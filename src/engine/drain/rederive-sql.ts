@@ -57,7 +57,7 @@ function affectedDrivingKeys(plan: TransformPlan): string {
   const drivingTargetKeys = driving.targetKeyColumns!;
   const names = drivingTargetKeys.map((_, i) => `k${i + 1}`);
   const branches: string[] = [
-    `SELECT ${list(typedKeys(driving).map((k, i) => `${k} AS ${names[i]}`))}
+    `SELECT DISTINCT ${list(typedKeys(driving).map((k, i) => `${k} AS ${names[i]}`))}
        FROM changed c WHERE c.source_id = ${driving.sourceId}`,
   ];
   for (const source of sources.slice(1)) {
@@ -78,33 +78,43 @@ function affectedDrivingKeys(plan: TransformPlan): string {
   return branches.join('\n     UNION\n     ');
 }
 
+function changedValues(values: PlanColumn[], left: string, right: string): string {
+  return values
+    .map((c) =>
+      c.comparable
+        ? `${left}.${q(c.name)} IS DISTINCT FROM ${right}.${q(c.name)}`
+        : `${left}.${q(c.name)}::text IS DISTINCT FROM ${right}.${q(c.name)}::text`,
+    )
+    .join(' OR ');
+}
+
+/**
+ * Writes the rows of `from` into the target: new keys inserted, existing ones updated.
+ * Rows that come out the same are not rewritten: no churn, and nothing for a chained
+ * transform's capture to pick up. (MERGE costs less per row, but cannot sit in a WITH
+ * before Postgres 17.)
+ */
 function upsert(plan: TransformPlan, from: string): string {
   const written = writtenColumns(plan);
   const keySet = new Set(plan.key);
   const values = written.filter((c) => !keySet.has(c.name));
   const columnList = list(written.map((c) => q(c.name)));
+  const excluded = list(values.map((c) => `${q(c.name)} = EXCLUDED.${q(c.name)}`));
   let conflict: string;
   if (plan.key.length === 0) {
-    conflict = `ON CONFLICT ((true)) DO UPDATE SET ${list(values.map((c) => `${q(c.name)} = EXCLUDED.${q(c.name)}`))}`;
+    conflict = `ON CONFLICT ((true)) DO UPDATE SET ${excluded}`;
   } else if (values.length === 0) {
     conflict = `ON CONFLICT (${list(plan.key.map(q))}) DO NOTHING`;
   } else {
-    conflict = `ON CONFLICT (${list(plan.key.map(q))}) DO UPDATE SET ${list(values.map((c) => `${q(c.name)} = EXCLUDED.${q(c.name)}`))}`;
+    conflict = `ON CONFLICT (${list(plan.key.map(q))}) DO UPDATE SET ${excluded}`;
   }
-  // Rows that come out the same are not rewritten: no churn, and nothing for a chained
-  // transform's capture to pick up.
-  const unchanged = values.length
-    ? `\n      WHERE ${values
-        .map((c) =>
-          c.comparable
-            ? `t.${q(c.name)} IS DISTINCT FROM EXCLUDED.${q(c.name)}`
-            : `t.${q(c.name)}::text IS DISTINCT FROM EXCLUDED.${q(c.name)}::text`,
-        )
-        .join(' OR ')}`
-    : '';
+  const unchanged =
+    values.length && plan.key.length > 0
+      ? `\n      WHERE ${changedValues(values, 't', 'EXCLUDED')}`
+      : '';
   return `INSERT INTO ${plan.targetSql} AS t (${columnList})
       SELECT ${columnList} FROM ${from}
-      ${conflict}${conflict.includes('DO NOTHING') ? '' : unchanged}`;
+      ${conflict}${unchanged}`;
 }
 
 function keyMatch(plan: TransformPlan, left: string, right: string): string {
@@ -116,6 +126,25 @@ function keyMatch(plan: TransformPlan, left: string, right: string): string {
         : `${left}.${q(k)} = ${right}.${q(k)}`;
     })
     .join(' AND ');
+}
+
+/**
+ * Target rows of the affected driving keys that the derivation no longer produces. For a
+ * single table the target key is the driving key: the affected keys not derived. For a
+ * join, the target rows those keys hold now, less the derived ones.
+ */
+function gone(plan: TransformPlan): string {
+  const drivingTargetKeys = plan.sources[0]!.targetKeyColumns!;
+  const affectedCols = drivingTargetKeys.map((_, i) => `k${i + 1}`);
+  if (plan.sources.length === 1) {
+    return `SELECT ${list(affectedCols.map((k, i) => `${k} AS ${q(drivingTargetKeys[i]!)}`))} FROM affected
+  EXCEPT
+  SELECT ${list(drivingTargetKeys.map((k) => `d.${q(k)}`))} FROM derived d`;
+  }
+  return `SELECT ${list(plan.key.map((k) => `t.${q(k)}`))} FROM ${plan.targetSql} t
+   WHERE ${tuple(drivingTargetKeys.map((k) => `t.${q(k)}`))} IN (SELECT ${list(affectedCols)} FROM affected)
+  EXCEPT
+  SELECT ${list(plan.key.map((k) => `d.${q(k)}`))} FROM derived d`;
 }
 
 function selectList(plan: TransformPlan): string {
@@ -154,32 +183,32 @@ upserted AS (
   RETURNING 1
 ),
 gone AS MATERIALIZED (
-  SELECT ${list(plan.key.map((k) => `t.${q(k)}`))} FROM ${plan.targetSql} t
-   WHERE ${tuple(drivingTargetKeys.map((k) => `t.${q(k)}`))} IN (SELECT ${list(affectedCols)} FROM affected)
-  EXCEPT
-  SELECT ${list(plan.key.map((k) => `d.${q(k)}`))} FROM derived d
+  ${gone(plan)}
 ),
 removed AS (
   DELETE FROM ${plan.targetSql} t USING gone g
    WHERE ${keyMatch(plan, 't', 'g')}
   RETURNING 1
 )
-SELECT (SELECT count(*) FROM changed)::int AS keys,
+SELECT (SELECT count(*) FROM affected)::int AS keys,
        (SELECT count(*) FROM upserted)::int AS upserted,
        (SELECT count(*) FROM removed)::int AS removed`;
 }
 
 /**
  * The changed keys of one ledger range (after tick `$1`'s snapshot, up to tick `$2`'s),
- * for this transform's sources, less the keys held back from it. A page narrows it to a
+ * for this transform's sources, less the keys held back from it (a key changed twice
+ * appears twice; consumers dedupe on typed keys, far cheaper than on text[]). A page narrows it to a
  * block range (`$3`..`$4`, end exclusive, as tids) of one ledger generation, read by TID
  * range alone: the fence (OFFSET 0) keeps the planner from preferring the xid index,
  * whose estimates for a young ledger are far off, and scanning the whole range per page.
+ * With `buckets`, it keeps the keys whose hash falls in bucket `$5` (`$3` unpaged).
  */
 export function changedFromLedger(
   schema: string,
   plan: TransformPlan,
   generation: number | null,
+  buckets = 1,
 ): string {
   const s = q(schema);
   const ids = requireSourceIds(plan).map((src) => src.sourceId);
@@ -187,15 +216,23 @@ export function changedFromLedger(
     generation === null
       ? `${s}.ledger l`
       : `(SELECT * FROM ${s}.${q(`ledger_${generation}`)} WHERE ctid >= $3::tid AND ctid < $4::tid OFFSET 0) l`;
-  return `SELECT DISTINCT l.source_id, l.key
+  const bucketParam = generation === null ? '$3' : '$5';
+  const bucket =
+    buckets > 1
+      ? `\n     AND (hashtext(l.key::text) & 2147483647) % ${buckets} = ${bucketParam}::int`
+      : '';
+  const held = plan.hasHeldKeys
+    ? `
+     AND NOT EXISTS (SELECT 1 FROM ${s}.held_keys h
+                      WHERE h.transform_id = ${plan.id} AND h.source_id = l.source_id AND h.key = l.key)`
+    : '';
+  return `SELECT l.source_id, l.key
     FROM ${from}
    WHERE l.source_id IN (${[...new Set(ids)].join(', ')})
      AND l.xid >= pg_snapshot_xmin($1::pg_snapshot) AND l.xid < pg_snapshot_xmax($2::pg_snapshot)
      AND pg_visible_in_snapshot(l.xid, $2::pg_snapshot)
      AND NOT pg_visible_in_snapshot(l.xid, $1::pg_snapshot)
-     AND l.key IS NOT NULL
-     AND NOT EXISTS (SELECT 1 FROM ${s}.held_keys h
-                      WHERE h.transform_id = ${plan.id} AND h.source_id = l.source_id AND h.key = l.key)`;
+     AND l.key IS NOT NULL${held}${bucket}`;
 }
 
 /** Changed keys given explicitly as `$1`: a JSON array of `{"s": source_id, "k": [text, ...]}`. */

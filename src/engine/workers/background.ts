@@ -36,6 +36,7 @@ export class Background {
         // "key IN (...)" re-derivation can be orders of magnitude slower.
         plan_cache_mode: 'force_custom_plan',
         idle_in_transaction_session_timeout: '60000',
+        work_mem: '64MB',
       },
     });
     const signal = this.controller.signal;

@@ -95,6 +95,10 @@ CREATE TABLE @schema@.pages (
   gen smallint,
   blk_lo bigint,
   blk_hi bigint,
+  -- A page takes only the keys whose hash falls in its bucket (of `buckets`): pages of
+  -- different buckets hold different keys, so they can be applied at once.
+  bucket smallint NOT NULL DEFAULT 0,
+  buckets smallint NOT NULL DEFAULT 1,
   attempts int NOT NULL DEFAULT 0,
   error text,
   sqlstate text,
@@ -102,6 +106,14 @@ CREATE TABLE @schema@.pages (
   last_failed_at timestamptz,
   not_before timestamptz,
   PRIMARY KEY (transform_id, page)
+);
+
+-- One row per (transform, bucket): a drain applying a page locks its bucket's slot, so
+-- pages of one bucket (which may share keys, and so target rows) apply one at a time.
+CREATE TABLE @schema@.page_slots (
+  transform_id int NOT NULL REFERENCES @schema@.pipeline ON DELETE CASCADE,
+  bucket smallint NOT NULL,
+  PRIMARY KEY (transform_id, bucket)
 );
 
 -- Source keys a transform's re-derivation failed on: held back from that transform (every

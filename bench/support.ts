@@ -1,0 +1,64 @@
+import postgres from 'postgres';
+import { Trellis } from '../src/engine/index.js';
+import { startPostgres, type TestPostgres } from '../src/testing/index.js';
+
+export const quiet = { debug() {}, info() {}, warn() {}, error() {} };
+
+export interface BenchDb {
+  server: TestPostgres;
+  url: string;
+  sql: postgres.Sql;
+}
+
+/**
+ * A durable throwaway cluster (fsync and full-page writes on, as in production) with one
+ * database per scenario. BENCH_DATABASE_URL uses a server of your own instead.
+ */
+export async function benchServer(): Promise<TestPostgres> {
+  const url = process.env.BENCH_DATABASE_URL;
+  return url
+    ? startPostgres({ kind: 'url', url })
+    : startPostgres({ durable: true, settings: { max_connections: 200 } });
+}
+
+export async function benchDatabase(server: TestPostgres): Promise<BenchDb> {
+  const { url } = await server.createDatabase();
+  return { server, url, sql: postgres(url, { max: 10, onnotice: () => undefined }) };
+}
+
+/** Migrates and connects a handle (workers as asked). */
+export async function trellisOn(
+  url: string,
+  options: { staging?: boolean; drainThreads?: number } = {},
+): Promise<Trellis> {
+  const migrator = await Trellis.connect({ url, logger: quiet });
+  await migrator.migrate();
+  await migrator.shutdown();
+  return Trellis.connect({ url, logger: quiet, ...options });
+}
+
+export async function converge(
+  trellis: Trellis,
+  target: string,
+  timeoutMs = 600_000,
+): Promise<void> {
+  const token = await trellis.watermarkToken();
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      await trellis.awaitConverged(target, token, { timeoutMs: 25_000 });
+      return;
+    } catch (error) {
+      if ((error as { code?: string }).code !== 'timeout' || Date.now() > deadline) throw error;
+    }
+  }
+}
+
+export function seconds(ms: number): string {
+  return `${(ms / 1000).toFixed(2)} s`;
+}
+
+export function percentile(sorted: number[], p: number): number {
+  if (sorted.length === 0) return Number.NaN;
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
+}
