@@ -447,6 +447,16 @@ describe('PAUSE and RESUME', () => {
 
   it('says what is missing or not allowed', async () => {
     await expectError('PAUSE TRANSFORM nothing_here', 'not_found', 'nothing_here');
+    // A target written in another schema names nothing (and drops nothing).
+    await expectError('DROP TRANSFORM elsewhere.paused_widgets', 'not_found', 'elsewhere');
+    await expectError('ALTER TRANSFORM elsewhere.paused_widgets DROP COLUMN price', 'not_found');
+    expect((await trellis.definitions()).map((d) => d.target)).toContain('paused_widgets');
+    expect(
+      await trellis.apply('ALTER TRANSFORM public.paused_widgets SET WITHOUT SOURCE INDEX'),
+    ).toEqual({
+      kind: 'altered',
+      target: 'paused_widgets',
+    });
     await expectError('PAUSE TRANSFORM paused_widgets.colour', 'not_found', 'colour');
     await expectError('PAUSE TRANSFORM paused_widgets.id', 'validation', 'key');
     await expectError('RESUME TRANSFORM nothing_here', 'not_found');

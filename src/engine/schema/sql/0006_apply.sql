@@ -17,17 +17,22 @@ BEGIN
 END
 $fn$;
 
--- The transform a statement names, or a not_found error.
-CREATE FUNCTION @schema@._transform_named(target text)
+-- The transform a statement names, or a not_found error. A statement may write the
+-- target schema-qualified; any schema but the instance's target schema names nothing.
+CREATE FUNCTION @schema@._transform_named(ast jsonb)
 RETURNS @schema@.transforms LANGUAGE plpgsql AS $fn$
 DECLARE
   t @schema@.transforms;
+  tschema name := (SELECT c.target_schema FROM @schema@.config c);
 BEGIN
+  IF ast->>'schema' IS NOT NULL AND ast->>'schema' <> tschema THEN
+    PERFORM @schema@._fail('TRN01', format(
+      'there is no transform %I.%I: transforms live in schema %I', ast->>'schema', ast->>'transform', tschema));
+  END IF;
   SELECT * INTO t FROM @schema@.transforms x
-   WHERE x.target_name = target
-     AND x.target_schema = (SELECT c.target_schema FROM @schema@.config c);
+   WHERE x.target_name = ast->>'transform' AND x.target_schema = tschema;
   IF NOT FOUND THEN
-    PERFORM @schema@._fail('TRN01', format('there is no transform named %I', target));
+    PERFORM @schema@._fail('TRN01', format('there is no transform named %I', ast->>'transform'));
   END IF;
   RETURN t;
 END
@@ -148,7 +153,7 @@ $fn$;
 CREATE FUNCTION @schema@._pause(ast jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
-  t @schema@.transforms := @schema@._transform_named(ast->>'transform');
+  t @schema@.transforms := @schema@._transform_named(ast);
   col @schema@.transform_columns;
 BEGIN
   IF ast->>'column' IS NULL THEN
@@ -178,7 +183,7 @@ $fn$;
 CREATE FUNCTION @schema@._resume(ast jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
-  t @schema@.transforms := @schema@._transform_named(ast->>'transform');
+  t @schema@.transforms := @schema@._transform_named(ast);
   addresses text[] := '{}';
 BEGIN
   IF ast->>'column' IS NOT NULL AND NOT EXISTS (
@@ -224,7 +229,7 @@ $fn$;
 CREATE FUNCTION @schema@._drop(ast jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
-  t @schema@.transforms := @schema@._transform_named(ast->>'transform');
+  t @schema@.transforms := @schema@._transform_named(ast);
   reader text;
 BEGIN
   SELECT r.target_name INTO reader
@@ -260,7 +265,7 @@ $fn$;
 CREATE FUNCTION @schema@._alter_add_column(ast jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
-  t @schema@.transforms := @schema@._transform_named(ast->>'transform');
+  t @schema@.transforms := @schema@._transform_named(ast);
   new_ast jsonb;
   spec jsonb;
   col jsonb;
@@ -298,7 +303,7 @@ $fn$;
 CREATE FUNCTION @schema@._alter_drop_column(ast jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
-  t @schema@.transforms := @schema@._transform_named(ast->>'transform');
+  t @schema@.transforms := @schema@._transform_named(ast);
   col @schema@.transform_columns;
   reader text;
   new_ast jsonb;
@@ -334,7 +339,7 @@ $fn$;
 CREATE FUNCTION @schema@._alter_without_source_index(ast jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
-  t @schema@.transforms := @schema@._transform_named(ast->>'transform');
+  t @schema@.transforms := @schema@._transform_named(ast);
 BEGIN
   PERFORM @schema@._restate(t, jsonb_set(t.spec->'ast', '{without_source_index}', ast->'value'));
   RETURN jsonb_build_object('kind', 'altered', 'target', t.target_name);
