@@ -3,8 +3,11 @@ import { quoteIdent, quoteLiteral } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { SQLSTATE, sqlstateOf } from '../sqlstate.js';
 
-/** How long a ledger generation takes writes before the next one takes over. */
-export const ROTATE_AFTER_MS = 30_000;
+/**
+ * How long a ledger generation takes writes before the next one takes over. Not an
+ * option: an engine setting, which this package's own tests shorten.
+ */
+export const LEDGER_ROTATION = { afterMs: 30_000 };
 
 /**
  * The oldest tick some transform still reads from: its cursor (or the newest tick when no
@@ -45,7 +48,7 @@ async function retireCurrent(session: Session, s: string, log: Logger): Promise<
     const [due] = await session.query<{ due: boolean }>(
       `SELECT (SELECT since FROM ${s}.generations WHERE gen = $1) < now() - make_interval(secs => $2::float8 / 1000)
               AND (SELECT state FROM ${s}.generations WHERE gen = ($1 + 1) % 3) = 'free' AS due`,
-      [state.current, ROTATE_AFTER_MS],
+      [state.current, LEDGER_ROTATION.afterMs],
     );
     if (!due?.due) return;
     const next = (state.current + 1) % 3;
