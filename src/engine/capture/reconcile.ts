@@ -15,7 +15,7 @@ import {
 export const CAPTURE_LOCK_MODE = 'SHARE ROW EXCLUSIVE';
 
 /** How long one attempt waits for the source lock: writers queue behind it meanwhile. */
-const LOCK_TIMEOUT_MS = 250;
+const LOCK_TIMEOUT_MS = 100;
 
 interface DesiredRow {
   oid: string;

@@ -2,7 +2,14 @@ import type { Session } from '../db/session.js';
 import { TrellisError } from '../errors.js';
 import { quoteIdent } from '../identifiers.js';
 import { LOCK_CLASS } from '../internal/advisory-locks.js';
-import type { CaptureWait, DrainFailure, Lifecycle, LockBlocker, Status } from './status-types.js';
+import type {
+  CaptureWait,
+  DrainFailure,
+  Lifecycle,
+  LockBlocker,
+  SourceIndexGap,
+  Status,
+} from './status-types.js';
 
 /** Lock modes that conflict with SHARE ROW EXCLUSIVE, the mode capture DDL takes. */
 const CONFLICTS_WITH_SHARE_ROW_EXCLUSIVE = [
@@ -31,6 +38,7 @@ interface StatusRow {
   lag_seconds: number | null;
   paused_columns: string[];
   paused_upstream_columns: string[];
+  upstream_behind: boolean;
   drain_failure: {
     seg: number;
     attempts: number;
@@ -40,6 +48,13 @@ interface StatusRow {
     last_seen: string;
     tables: string[];
   } | null;
+  source_index_gaps: Array<{
+    table: string;
+    columns: string[];
+    role: SourceIndexGap['role'];
+    opted_out: boolean;
+    fix: string;
+  }>;
   capture_wait: {
     operation: CaptureWait['operation'];
     table: string;
@@ -90,7 +105,22 @@ export async function readStatus(
                       'oid', src.source_oid::text)
                FROM ${s}.transform_sources ts JOIN ${s}.sources src ON src.source_oid = ts.source_oid
               WHERE ts.transform_id = t.id AND src.wait IS NOT NULL
-              ORDER BY ts.ordinal LIMIT 1) AS capture_wait
+              ORDER BY ts.ordinal LIMIT 1) AS capture_wait,
+            ${s}.source_index_gaps(t.id) AS source_index_gaps,
+            -- Some transform upstream (at any depth) is paused or not live yet: this one
+            -- cannot be keeping up with its sources' sources.
+            EXISTS (
+              WITH RECURSIVE up(id) AS (
+                SELECT u.id FROM ${s}.transform_sources ts
+                  JOIN ${s}.transforms u ON u.target_oid = ts.source_oid
+                 WHERE ts.transform_id = t.id
+                UNION
+                SELECT u.id FROM up
+                  JOIN ${s}.transform_sources ts ON ts.transform_id = up.id
+                  JOIN ${s}.transforms u ON u.target_oid = ts.source_oid)
+              SELECT 1 FROM up JOIN ${s}.transforms u ON u.id = up.id
+                JOIN ${s}.pipeline pu ON pu.transform_id = u.id
+               WHERE u.paused_at IS NOT NULL OR pu.phase <> 'live') AS upstream_behind
        FROM ${s}.transforms t
        JOIN ${s}.pipeline p ON p.transform_id = t.id
       WHERE t.target_name = $1`,
@@ -99,8 +129,11 @@ export async function readStatus(
   if (!row) throw new TrellisError('not_found', `there is no transform named ${target}`);
 
   let status: Lifecycle = row.paused_at ? 'paused' : row.phase;
-  // A live transform reading a paused upstream column is not keeping up with its sources.
-  if (status === 'live' && row.paused_upstream_columns.length > 0) status = 'catching_up';
+  // A live transform reading a paused upstream column, or reading a target that is still
+  // being built, is not keeping up with its sources.
+  if (status === 'live' && (row.paused_upstream_columns.length > 0 || row.upstream_behind)) {
+    status = 'catching_up';
+  }
   const hasCursor = row.cursor_tick !== null;
   return {
     target: row.target_name,
@@ -109,7 +142,13 @@ export async function readStatus(
     heldKeys: Number(row.held_keys),
     pausedColumns: row.paused_columns,
     pausedUpstreamColumns: row.paused_upstream_columns,
-    sourceIndexGaps: [],
+    sourceIndexGaps: row.source_index_gaps.map((g) => ({
+      table: g.table,
+      columns: g.columns,
+      role: g.role,
+      optedOut: g.opted_out,
+      fix: g.fix,
+    })),
     correcting: [],
     captureFailure: null,
     captureWait: row.capture_wait ? await captureWait(session, schema, row.capture_wait) : null,

@@ -2,8 +2,9 @@ import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
+import { changedFromList } from './changed-sql.js';
 import type { TransformPlan } from './plan.js';
-import { changedFromList, rederiveSql } from './rederive-sql.js';
+import { rederiveSql } from './rederive-sql.js';
 import { isRowError } from './row-errors.js';
 
 /** A changed source key as the ledger holds it: the source's id and the key as text. */

@@ -2,10 +2,12 @@ import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
+import { groupsFillSql, mapChunkSql } from './aggregate-sql.js';
 import { applyKeysBisecting } from './apply-keys.js';
+import { backfillChunkSql, chunkEndSql, drivingRowsAfterSql } from './backfill-sql.js';
 import { loadPlan, type TransformPlan } from './plan.js';
-import { backfillChunkSql, chunkEndSql, drivingRowsAfterSql } from './rederive-sql.js';
 import { backoffMs, isRowError } from './row-errors.js';
+import { typedParam } from './sql-parts.js';
 import { enterTransformWork } from './work-settings.js';
 
 /** Driving rows per backfill chunk (one transaction each). */
@@ -18,16 +20,29 @@ interface Claim {
   transform_id: number;
   rebuild: boolean;
   backfill_position: string[] | null;
+  backfill_stage: 'rows' | 'groups' | 'repair';
   backfill_done: string;
   build_attempts: number;
 }
 
+/** What one chunk did: where the next starts (null: the stage is done) and how many driving rows it covered. */
+interface Step {
+  upto: string[] | null;
+  rows: number;
+}
+
 /**
- * Fills one chunk of a backfilling target, in key order of its FROM table, recording
- * progress with it in the same transaction (so a crash repeats at most the chunk). The
- * last chunk moves the transform on to catching_up. A row that fails is held, as in the
- * drain; a chunk that fails for no row's fault is a build failure: retried with backoff,
- * and after a few attempts the transform pauses. Returns false when nothing was backfilling.
+ * Fills one chunk of a backfilling target, recording progress with it in the same
+ * transaction (so a crash repeats at most the chunk). Stages:
+ * - 'rows': chunks in key order of the FROM (driving) table. A projection or join fills
+ *   the target; a GROUP BY transform fills its key map.
+ * - 'groups' (GROUP BY, and grand totals): every group at once, as one aggregate query.
+ * - 'repair': when that query fails on a row, the groups are re-derived instead by chunks
+ *   of driving keys through the drain's bisecting path, so the failing rows are held.
+ * The last step moves the transform on to catching_up. A row that fails is held, as in
+ * the drain; a chunk that fails for no row's fault is a build failure: retried with
+ * backoff, and after a few attempts the transform pauses. Returns false when nothing was
+ * backfilling.
  */
 export async function backfillChunk(
   session: Session,
@@ -37,7 +52,8 @@ export async function backfillChunk(
   const s = quoteIdent(schema);
   return session.transaction(async () => {
     const [claim] = await session.query<Claim>(
-      `SELECT p.transform_id, p.rebuild, p.backfill_position, p.backfill_done, p.build_attempts
+      `SELECT p.transform_id, p.rebuild, p.backfill_position, p.backfill_stage, p.backfill_done,
+              p.build_attempts
          FROM ${s}.pipeline p JOIN ${s}.transforms t ON t.id = p.transform_id
         WHERE p.phase = 'backfilling' AND t.paused_at IS NULL
           AND (p.build_next_at IS NULL OR p.build_next_at <= now())
@@ -48,46 +64,55 @@ export async function backfillChunk(
     if (!claim) return false;
     const plan = await loadPlan(session, schema, claim.transform_id);
     await enterTransformWork(session, schema, plan);
-    if (plan.aggregates)
-      throw new Error(`backfill of aggregate ${plan.target} is not supported yet`);
 
     await session.query('SAVEPOINT trellis_chunk');
     try {
-      if (claim.rebuild && claim.backfill_position === null) {
+      if (claim.rebuild && claim.backfill_position === null && claim.backfill_stage === 'rows') {
         await session.query(`TRUNCATE ${plan.targetSql}`);
+        if (plan.mapSql) await session.query(`TRUNCATE ${plan.mapSql}`);
       }
-      const position = claim.backfill_position;
-      const [end] = await session.query<{ upto: string[] }>(chunkEndSql(plan), [
-        position,
-        CHUNK_ROWS,
-      ]);
-      const upto = end?.upto ?? null;
-      let rows: number;
-      try {
-        await session.query('SAVEPOINT trellis_fill');
-        await session.query(backfillChunkSql(plan), [position, upto]);
-        await session.query('RELEASE SAVEPOINT trellis_fill');
-      } catch (error) {
-        await session.query('ROLLBACK TO SAVEPOINT trellis_fill');
-        if (!isRowError(error)) throw error;
-        await fillChunkBisecting(session, schema, plan, position, upto, log);
-      }
-      if (upto) {
-        rows = CHUNK_ROWS;
+      let stage = claim.backfill_stage;
+      if (stage === 'rows' && plan.aggregates && !plan.mapSql) stage = 'groups';
+      let step: Step;
+      let next: Claim['backfill_stage'] = stage;
+      let done = false;
+      if (stage === 'rows') {
+        step = await rowsChunk(session, schema, plan, claim.backfill_position, log);
+        if (!step.upto) {
+          if (plan.aggregates) next = 'groups';
+          else done = true;
+        }
+      } else if (stage === 'groups') {
+        step = { upto: null, rows: 0 };
+        try {
+          await session.query('SAVEPOINT trellis_groups');
+          await session.query(groupsFillSql(plan));
+          await session.query('RELEASE SAVEPOINT trellis_groups');
+          done = true;
+        } catch (error) {
+          await session.query('ROLLBACK TO SAVEPOINT trellis_groups');
+          if (!isRowError(error)) throw error;
+          log.warn(
+            { target: plan.target },
+            'building the groups failed on a row: re-deriving them key by key',
+          );
+          next = 'repair';
+        }
       } else {
-        const [after] = await session.query<{ n: string }>(drivingRowsAfterSql(plan), [position]);
-        rows = Number(after?.n ?? 0);
+        step = await repairChunk(session, schema, plan, claim.backfill_position, log);
+        done = !step.upto;
       }
       await session.query(
         `UPDATE ${s}.pipeline
             SET backfill_position = $2, backfill_done = backfill_done + $3, rebuild = false,
+                backfill_stage = $4,
                 backfill_total = greatest(backfill_total, backfill_done + $3),
-                phase = CASE WHEN $2::text[] IS NULL THEN 'catching_up' ELSE phase END,
+                phase = CASE WHEN $5 THEN 'catching_up' ELSE phase END,
                 build_attempts = 0, build_error = NULL, build_next_at = NULL, updated_at = now()
           WHERE transform_id = $1`,
-        [claim.transform_id, upto, rows],
+        [claim.transform_id, step.upto, stage === 'repair' ? 0 : step.rows, next, done],
       );
-      if (!upto) log.info({ target: plan.target }, 'backfill done');
+      if (done) log.info({ target: plan.target }, 'backfill done');
     } catch (error) {
       await session.query('ROLLBACK TO SAVEPOINT trellis_chunk');
       await recordBuildFailure(session, schema, claim, plan, error, log);
@@ -96,11 +121,62 @@ export async function backfillChunk(
   });
 }
 
+/** The next chunk of driving keys after `position`: its end (null: the last chunk) and size. */
+async function nextChunk(
+  session: Session,
+  plan: TransformPlan,
+  position: string[] | null,
+): Promise<Step> {
+  const [end] = await session.query<{ upto: string[] }>(chunkEndSql(plan), [position, CHUNK_ROWS]);
+  const upto = end?.upto ?? null;
+  if (upto) return { upto, rows: CHUNK_ROWS };
+  const [after] = await session.query<{ n: string }>(drivingRowsAfterSql(plan), [position]);
+  return { upto: null, rows: Number(after?.n ?? 0) };
+}
+
+/** Stage 'rows': fills the target (or a GROUP BY's key map) for one chunk. */
+async function rowsChunk(
+  session: Session,
+  schema: string,
+  plan: TransformPlan,
+  position: string[] | null,
+  log: Logger,
+): Promise<Step> {
+  const step = await nextChunk(session, plan, position);
+  const driving = plan.sources[0]!;
+  const fill = plan.aggregates
+    ? mapChunkSql(plan, (param) => typedParam(driving, param))
+    : backfillChunkSql(plan);
+  try {
+    await session.query('SAVEPOINT trellis_fill');
+    await session.query(fill, [position, step.upto]);
+    await session.query('RELEASE SAVEPOINT trellis_fill');
+  } catch (error) {
+    await session.query('ROLLBACK TO SAVEPOINT trellis_fill');
+    if (!isRowError(error)) throw error;
+    await applyChunkBisecting(session, schema, plan, position, step.upto, log);
+  }
+  return step;
+}
+
+/** Stage 'repair': re-derives one chunk of driving keys through the bisecting path. */
+async function repairChunk(
+  session: Session,
+  schema: string,
+  plan: TransformPlan,
+  position: string[] | null,
+  log: Logger,
+): Promise<Step> {
+  const step = await nextChunk(session, plan, position);
+  await applyChunkBisecting(session, schema, plan, position, step.upto, log);
+  return step;
+}
+
 /**
  * A chunk with a row that fails: every driving key of the chunk is re-derived through
  * the drain's bisecting path, so the failing rows are held and the rest filled.
  */
-async function fillChunkBisecting(
+async function applyChunkBisecting(
   session: Session,
   schema: string,
   plan: TransformPlan,
@@ -110,13 +186,11 @@ async function fillChunkBisecting(
 ): Promise<void> {
   const driving = plan.sources[0]!;
   const keys = driving.keyColumns.map((k) => `d.${quoteIdent(k)}`);
-  const bound = (param: string) =>
-    driving.keyTypes.map((type, i) => `((${param}::text[])[${i + 1}])::${type}`);
   const tuple = (items: string[]) => (items.length === 1 ? items[0]! : `(${items.join(', ')})`);
   const rows = await session.query<{ k: string[] }>(
     `SELECT ARRAY[${keys.map((k) => `${k}::text`).join(', ')}] AS k FROM ${driving.table} d
-      WHERE ($1::text[] IS NULL OR ${tuple(keys)} > ${tuple(bound('$1'))})
-        AND ($2::text[] IS NULL OR ${tuple(keys)} <= ${tuple(bound('$2'))})
+      WHERE ($1::text[] IS NULL OR ${tuple(keys)} > ${typedParam(driving, '$1')})
+        AND ($2::text[] IS NULL OR ${tuple(keys)} <= ${typedParam(driving, '$2')})
       ORDER BY ${keys.join(', ')}`,
     [position, upto],
   );

@@ -3,9 +3,10 @@ import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
 import { applyKeysBisecting, type ChangedKey } from './apply-keys.js';
+import { changedFromLedger } from './changed-sql.js';
 import { loadPlan } from './plan.js';
 import { advanceCursor } from './ranges.js';
-import { changedFromLedger, rederiveSql } from './rederive-sql.js';
+import { rederiveSql } from './rederive-sql.js';
 import { backoffMs, isRowError } from './row-errors.js';
 import { enterTransformWork } from './work-settings.js';
 

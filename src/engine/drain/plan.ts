@@ -48,6 +48,10 @@ export interface TransformPlan {
   key: string[];
   /** Whether any key is held back from this transform (the drain then skips them). */
   hasHeldKeys: boolean;
+  /** GROUP BY expressions, typed (empty unless the transform groups). */
+  groups: Array<{ expression: string; type: string }>;
+  /** The key map of a GROUP BY transform (quoted, qualified); null otherwise. */
+  mapSql: string | null;
 }
 
 interface PlanRow {
@@ -61,6 +65,7 @@ interface PlanRow {
     from_sql: string;
     key: string[];
     ast: { where: string | null; group_by: string[]; having: string | null };
+    groups?: Array<{ expr: string; type: string }>;
   };
   sources: Array<{
     ordinal: number;
@@ -148,5 +153,10 @@ export async function loadPlan(
     })),
     key: row.spec.key,
     hasHeldKeys: row.has_held_keys,
+    groups: (row.spec.groups ?? []).map((g) => ({ expression: g.expr, type: g.type })),
+    mapSql:
+      (row.spec.groups ?? []).length > 0
+        ? `${quoteIdent(schema)}.${quoteIdent(`map_${row.id}`)}`
+        : null,
   };
 }

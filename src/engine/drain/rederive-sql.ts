@@ -1,5 +1,16 @@
-import { quoteIdent } from '../identifiers.js';
-import type { PlanColumn, PlanSource, TransformPlan } from './plan.js';
+import { aggregateRederiveSql } from './aggregate-sql.js';
+import type { TransformPlan } from './plan.js';
+import {
+  col,
+  keyMatch,
+  list,
+  q,
+  requireSourceIds,
+  selectList,
+  tuple,
+  typedKeys,
+  upsert,
+} from './sql-parts.js';
 
 /**
  * SQL that re-derives a transform's target rows for a set of changed source keys, from
@@ -16,39 +27,6 @@ import type { PlanColumn, PlanSource, TransformPlan } from './plan.js';
  * of the target rows holding the changed row's key (the old state, read from the target
  * itself) and of the join rows holding it now (the new state, through the join).
  */
-
-const q = quoteIdent;
-
-function col(alias: string, name: string): string {
-  return `${q(alias)}.${q(name)}`;
-}
-
-function list(items: string[]): string {
-  return items.join(', ');
-}
-
-/** The changed keys of `source`, cast back from text to the key columns' types. */
-function typedKeys(source: PlanSource, from = 'c'): string[] {
-  return source.keyTypes.map((type, i) => `(${from}.key[${i + 1}])::${type}`);
-}
-
-function tuple(items: string[]): string {
-  return items.length === 1 ? items[0]! : `(${list(items)})`;
-}
-
-/** Columns written by the drain: every column but the paused ones (left as they are). */
-export function writtenColumns(plan: TransformPlan): PlanColumn[] {
-  return plan.columns.filter((c) => !c.paused || c.isKey);
-}
-
-function requireSourceIds(plan: TransformPlan): Array<PlanSource & { sourceId: number }> {
-  return plan.sources.map((s) => {
-    if (s.sourceId === null) {
-      throw new Error(`capture of ${s.alias} is not installed yet for transform ${plan.target}`);
-    }
-    return s as PlanSource & { sourceId: number };
-  });
-}
 
 /** The driving keys (of the FROM table) whose target rows a change can touch. */
 function affectedDrivingKeys(plan: TransformPlan): string {
@@ -78,56 +56,6 @@ function affectedDrivingKeys(plan: TransformPlan): string {
   return branches.join('\n     UNION\n     ');
 }
 
-function changedValues(values: PlanColumn[], left: string, right: string): string {
-  return values
-    .map((c) =>
-      c.comparable
-        ? `${left}.${q(c.name)} IS DISTINCT FROM ${right}.${q(c.name)}`
-        : `${left}.${q(c.name)}::text IS DISTINCT FROM ${right}.${q(c.name)}::text`,
-    )
-    .join(' OR ');
-}
-
-/**
- * Writes the rows of `from` into the target: new keys inserted, existing ones updated.
- * Rows that come out the same are not rewritten: no churn, and nothing for a chained
- * transform's capture to pick up. (MERGE costs less per row, but cannot sit in a WITH
- * before Postgres 17.)
- */
-function upsert(plan: TransformPlan, from: string): string {
-  const written = writtenColumns(plan);
-  const keySet = new Set(plan.key);
-  const values = written.filter((c) => !keySet.has(c.name));
-  const columnList = list(written.map((c) => q(c.name)));
-  const excluded = list(values.map((c) => `${q(c.name)} = EXCLUDED.${q(c.name)}`));
-  let conflict: string;
-  if (plan.key.length === 0) {
-    conflict = `ON CONFLICT ((true)) DO UPDATE SET ${excluded}`;
-  } else if (values.length === 0) {
-    conflict = `ON CONFLICT (${list(plan.key.map(q))}) DO NOTHING`;
-  } else {
-    conflict = `ON CONFLICT (${list(plan.key.map(q))}) DO UPDATE SET ${excluded}`;
-  }
-  const unchanged =
-    values.length && plan.key.length > 0
-      ? `\n      WHERE ${changedValues(values, 't', 'EXCLUDED')}`
-      : '';
-  return `INSERT INTO ${plan.targetSql} AS t (${columnList})
-      SELECT ${columnList} FROM ${from}
-      ${conflict}${unchanged}`;
-}
-
-function keyMatch(plan: TransformPlan, left: string, right: string): string {
-  return plan.key
-    .map((k) => {
-      const nullable = !plan.columns.find((c) => c.name === k)?.notNull;
-      return nullable
-        ? `${left}.${q(k)} IS NOT DISTINCT FROM ${right}.${q(k)}`
-        : `${left}.${q(k)} = ${right}.${q(k)}`;
-    })
-    .join(' AND ');
-}
-
 /**
  * Target rows of the affected driving keys that the derivation no longer produces. For a
  * single table the target key is the driving key: the affected keys not derived. For a
@@ -147,10 +75,6 @@ function gone(plan: TransformPlan): string {
   SELECT ${list(plan.key.map((k) => `d.${q(k)}`))} FROM derived d`;
 }
 
-function selectList(plan: TransformPlan): string {
-  return list(writtenColumns(plan).map((c) => `${c.expression} AS ${q(c.name)}`));
-}
-
 /**
  * One statement that re-derives the target rows for `changed`: upserts what qualifies
  * now, deletes what no longer does, and reports how many keys, upserts and deletes.
@@ -162,7 +86,7 @@ function selectList(plan: TransformPlan): string {
  * turn into a nested loop has an index on its inner side.
  */
 export function rederiveSql(plan: TransformPlan, changedSql: string): string {
-  if (plan.aggregates) throw new Error('aggregate transforms are re-derived by group');
+  if (plan.aggregates) return aggregateRederiveSql(plan, changedSql);
   const driving = plan.sources[0]!;
   const drivingKeys = tuple(driving.keyColumns.map((k) => col(driving.alias, k)));
   const drivingTargetKeys = driving.targetKeyColumns!;
@@ -193,99 +117,4 @@ removed AS (
 SELECT (SELECT count(*) FROM affected)::int AS keys,
        (SELECT count(*) FROM upserted)::int AS upserted,
        (SELECT count(*) FROM removed)::int AS removed`;
-}
-
-/**
- * The changed keys of one ledger range (after tick `$1`'s snapshot, up to tick `$2`'s),
- * for this transform's sources, less the keys held back from it (a key changed twice
- * appears twice; consumers dedupe on typed keys, far cheaper than on text[]). A page narrows it to a
- * block range (`$3`..`$4`, end exclusive, as tids) of one ledger generation, read by TID
- * range alone: the fence (OFFSET 0) keeps the planner from preferring the xid index,
- * whose estimates for a young ledger are far off, and scanning the whole range per page.
- * With `buckets`, it keeps the keys whose hash falls in bucket `$5` (`$3` unpaged).
- */
-export function changedFromLedger(
-  schema: string,
-  plan: TransformPlan,
-  generation: number | null,
-  buckets = 1,
-): string {
-  const s = q(schema);
-  const ids = requireSourceIds(plan).map((src) => src.sourceId);
-  const from =
-    generation === null
-      ? `${s}.ledger l`
-      : `(SELECT * FROM ${s}.${q(`ledger_${generation}`)} WHERE ctid >= $3::tid AND ctid < $4::tid OFFSET 0) l`;
-  const bucketParam = generation === null ? '$3' : '$5';
-  const bucket =
-    buckets > 1
-      ? `\n     AND (hashtext(l.key::text) & 2147483647) % ${buckets} = ${bucketParam}::int`
-      : '';
-  const held = plan.hasHeldKeys
-    ? `
-     AND NOT EXISTS (SELECT 1 FROM ${s}.held_keys h
-                      WHERE h.transform_id = ${plan.id} AND h.source_id = l.source_id AND h.key = l.key)`
-    : '';
-  return `SELECT l.source_id, l.key
-    FROM ${from}
-   WHERE l.source_id IN (${[...new Set(ids)].join(', ')})
-     AND l.xid >= pg_snapshot_xmin($1::pg_snapshot) AND l.xid < pg_snapshot_xmax($2::pg_snapshot)
-     AND pg_visible_in_snapshot(l.xid, $2::pg_snapshot)
-     AND NOT pg_visible_in_snapshot(l.xid, $1::pg_snapshot)
-     AND l.key IS NOT NULL${held}${bucket}`;
-}
-
-/** Changed keys given explicitly as `$1`: a JSON array of `{"s": source_id, "k": [text, ...]}`. */
-export function changedFromList(): string {
-  return `SELECT (e->>'s')::int AS source_id, ARRAY(SELECT jsonb_array_elements_text(e->'k')) AS key
-    FROM jsonb_array_elements($1::jsonb) e`;
-}
-
-function drivingKeyColumns(plan: TransformPlan): string[] {
-  const driving = plan.sources[0]!;
-  return driving.keyColumns.map((k) => col(driving.alias, k));
-}
-
-/**
- * The key that ends a backfill chunk of `$2` driving rows after key `$1` (a text[], or
- * NULL for the first chunk), or no row when fewer remain.
- */
-export function chunkEndSql(plan: TransformPlan): string {
-  const driving = plan.sources[0]!;
-  const keys = driving.keyColumns.map((k) => col('d', k));
-  const typed = driving.keyTypes.map((type, i) => `(($1::text[])[${i + 1}])::${type}`);
-  return `SELECT ARRAY[${list(keys.map((k) => `${k}::text`))}] AS upto
-    FROM ${driving.table} d
-   WHERE $1::text[] IS NULL OR ${tuple(keys)} > ${tuple(typed)}
-   ORDER BY ${list(keys)}
-  OFFSET $2::int - 1 LIMIT 1`;
-}
-
-/**
- * Fills the target for driving keys after `$1` up to and including `$2` (either NULL for
- * an open end). A plain INSERT: the target is empty for what it has not yet filled.
- */
-export function backfillChunkSql(plan: TransformPlan): string {
-  const driving = plan.sources[0]!;
-  const keys = tuple(drivingKeyColumns(plan));
-  const bound = (param: string) =>
-    tuple(driving.keyTypes.map((type, i) => `((${param}::text[])[${i + 1}])::${type}`));
-  const written = writtenColumns(plan);
-  return `WITH filled AS (
-  INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
-  SELECT ${selectList(plan)}
-    FROM ${plan.fromSql}
-   WHERE ${plan.where ? `(${plan.where}) AND ` : ''}($1::text[] IS NULL OR ${keys} > ${bound('$1')})
-     AND ($2::text[] IS NULL OR ${keys} <= ${bound('$2')})
-  RETURNING 1
-)
-SELECT count(*)::int AS rows FROM filled`;
-}
-
-/** How many driving rows lie after `$1` (the last, short, chunk counts its own). */
-export function drivingRowsAfterSql(plan: TransformPlan): string {
-  const driving = plan.sources[0]!;
-  const keys = tuple(driving.keyColumns.map((k) => col('d', k)));
-  const typed = tuple(driving.keyTypes.map((type, i) => `(($1::text[])[${i + 1}])::${type}`));
-  return `SELECT count(*)::bigint AS n FROM ${driving.table} d WHERE $1::text[] IS NULL OR ${keys} > ${typed}`;
 }

@@ -28,7 +28,7 @@ export async function startBackfills(session: Session, schema: string): Promise<
         FOR UPDATE OF p SKIP LOCKED)
      UPDATE ${s}.pipeline p
         SET phase = 'backfilling', cursor_tick = (SELECT seq FROM t0),
-            backfill_position = NULL, backfill_done = 0, backfill_started_at = now(),
+            backfill_position = NULL, backfill_stage = 'rows', backfill_done = 0, backfill_started_at = now(),
             backfill_total = (
               SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint END
                 FROM ${s}.transform_sources ts JOIN pg_class c ON c.oid = ts.source_oid

@@ -23,7 +23,9 @@ $fn$;
 --   functions, operator_functions: function OIDs it calls
 --   has_aggs, has_window, has_srf, has_sublinks: flags of the top-level query
 --   plain: {source, attnum} when the first output is a bare column of the `source`-th table
---          in FROM (0-based), else null
+--          in FROM (0-based), else null (FROM must be a comma list of tables for these
+--          positions to hold: explicit JOINs add range-table entries of their own)
+--   equalities: [{left, left_attnum, right, right_attnum}] bare-column equalities
 -- With `tolerate_grouping`, a grouping error (a column neither grouped nor aggregated)
 -- returns NULL instead, so the caller can ask again with the GROUP BY.
 CREATE FUNCTION @schema@._analyze_query(query text, what text, tolerate_grouping boolean DEFAULT false)
@@ -104,6 +106,17 @@ BEGIN
       SELECT coalesce(jsonb_agg(DISTINCT o.oprcode::oid), '[]')
         FROM regexp_matches(action, ':opno (\d+)', 'g') AS r
         JOIN pg_operator o ON o.oid = r[1]::oid),
+    -- Equalities between two bare columns (join conditions), as source positions in FROM
+    -- (0-based) and attribute numbers: what a join needs indexed.
+    'equalities', (
+      SELECT coalesce(jsonb_agg(DISTINCT jsonb_build_object(
+               'left', e[2]::int - 1 - own_rtes, 'left_attnum', e[3]::int,
+               'right', e[4]::int - 1 - own_rtes, 'right_attnum', e[5]::int)), '[]')
+        FROM regexp_matches(action,
+               '\{OPEXPR :opno (\d+) :opfuncid \d+ :opresulttype \d+ :opretset \w+ :opcollid \d+ :inputcollid \d+ :args \(\{VAR :varno (\d+) :varattno (\d+) [^}]*:varlevelsup 0 [^}]*\} \{VAR :varno (\d+) :varattno (\d+) [^}]*:varlevelsup 0 [^}]*\}\)',
+               'g') AS e
+        JOIN pg_operator o ON o.oid = e[1]::oid
+       WHERE o.oprname = '=' AND e[2] <> e[4]),
     'has_aggs', substring(action FROM ':hasAggs (true|false)') = 'true',
     'has_window', substring(action FROM ':hasWindowFuncs (true|false)') = 'true',
     'has_srf', substring(action FROM ':hasTargetSRFs (true|false)') = 'true',

@@ -14,7 +14,11 @@
 --    from_sql, aggregates,
 --    columns: [{name, expression, type, collation, is_key, implicit, notnull,
 --               reads: [{source, column}]}],
---    key: [names], key_nullable}
+--    key: [names], key_nullable,
+--    groups: [{expr, type, collation, plain, reads}],
+--    joins: [{join, left, left_attnum, right, right_attnum}]}
+-- and per source also join_columns and group_columns (the columns an index should lead
+-- with for the drain to find rows by join condition or group).
 CREATE FUNCTION @schema@._analyze_transform(ast jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -46,6 +50,8 @@ DECLARE
   implicit_name text;
   found_name text;
   resolved_select jsonb := '[]';
+  joins jsonb := '[]';
+  group_specs jsonb := '[]';
   bad record;
 BEGIN
   -- Tables, in order: the FROM source, then each joined table.
@@ -67,8 +73,9 @@ BEGIN
       format('the name %I stands for two tables: give each an alias', bad.alias));
   END IF;
 
-  -- FROM with its join conditions, each checked as it is added; and the same tables
-  -- cross joined, to ask Postgres about one expression at a time.
+  -- FROM with its join conditions, each checked as it is added; and the same tables as a
+  -- comma list (no join conditions, and no range-table entries but the tables'), to ask
+  -- Postgres about one expression at a time.
   from_sql := (sources->0->>'qualified') || ' AS ' || quote_ident(sources->0->>'alias');
   cross_sql := from_sql;
   FOR i IN 1 .. n - 1 LOOP
@@ -79,7 +86,16 @@ BEGIN
       || ' ON (' || (src->>'on') || ')';
     PERFORM @schema@._analyze_query('SELECT 1 FROM ' || from_sql,
       format('in JOIN %s ON %s', src->>'qualified', src->>'on'));
-    cross_sql := cross_sql || ' CROSS JOIN ' || (src->>'qualified') || ' AS ' || quote_ident(src->>'alias');
+    cross_sql := cross_sql || ', ' || (src->>'qualified') || ' AS ' || quote_ident(src->>'alias');
+    -- The join's equi-join columns on either side (for source index gaps).
+    info := @schema@._analyze_query('SELECT 1 FROM ' || cross_sql || ' WHERE (' || (src->>'on') || ')',
+      format('in JOIN %s ON %s', src->>'qualified', src->>'on'));
+    FOR j IN SELECT value FROM jsonb_array_elements(info->'equalities') LOOP
+      IF (j->>'left')::int <= i AND (j->>'right')::int <= i
+         AND ((j->>'left')::int = i OR (j->>'right')::int = i) THEN
+        joins := joins || jsonb_build_array(j || jsonb_build_object('join', i));
+      END IF;
+    END LOOP;
   END LOOP;
 
   IF ast->>'where' IS NOT NULL THEN
@@ -295,6 +311,17 @@ BEGIN
     SELECT 1 FROM jsonb_array_elements(columns) c
      WHERE (c->>'is_key')::boolean AND NOT (c->>'notnull')::boolean);
 
+  -- GROUP BY expressions as the key map stores them: typed, and the bare source column
+  -- each is, if any (for source index gaps).
+  FOR j IN SELECT value FROM jsonb_array_elements(groups) LOOP
+    group_specs := group_specs || jsonb_build_array(jsonb_build_object(
+      'expr', j->>'expr',
+      'type', j->'info'->'columns'->0->>'type',
+      'collation', j->'info'->'columns'->0->'collation',
+      'plain', j->'info'->'plain',
+      'reads', @schema@._reads_by_source(j->'info', sources)));
+  END LOOP;
+
   -- The whole definition, as Postgres sees it.
   full_sql := 'SELECT ' || (
       SELECT string_agg((c->>'expression') || ' AS ' || quote_ident(c->>'name'), ', ' ORDER BY o)
@@ -353,6 +380,19 @@ BEGIN
               OR a.attnum IN (SELECT (r->>'attnum')::int FROM jsonb_array_elements(full_info->'reads') r
                                WHERE (r->>'rel')::oid = (src->>'oid')::oid))
        ORDER BY 1)));
+    sources := jsonb_set(sources, ARRAY[i::text, 'join_columns'], to_jsonb(ARRAY(
+      SELECT DISTINCT a.attname::text
+        FROM jsonb_array_elements(joins) e
+        JOIN pg_attribute a ON a.attrelid = (src->>'oid')::oid
+         AND a.attnum = CASE WHEN (e->>'left')::int = i THEN (e->>'left_attnum')::int
+                             ELSE (e->>'right_attnum')::int END
+       WHERE (e->>'left')::int = i OR (e->>'right')::int = i
+       ORDER BY 1)));
+    sources := jsonb_set(sources, ARRAY[i::text, 'group_columns'], to_jsonb(ARRAY(
+      SELECT DISTINCT r->>'column'
+        FROM jsonb_array_elements(group_specs) g, jsonb_array_elements(g->'reads') r
+       WHERE (r->>'source')::int = i
+       ORDER BY 1)));
     IF NOT (sources->i ? 'target_key_columns') THEN
       sources := jsonb_set(sources, ARRAY[i::text, 'target_key_columns'],
         CASE WHEN aggregates THEN 'null'::jsonb ELSE '[]'::jsonb END);
@@ -371,7 +411,9 @@ BEGIN
     'aggregates', aggregates,
     'columns', columns,
     'key', to_jsonb(key_names),
-    'key_nullable', key_nullable);
+    'key_nullable', key_nullable,
+    'groups', group_specs,
+    'joins', joins);
 END
 $fn$;
 

@@ -82,6 +82,35 @@ BEGIN
 END
 $fn$;
 
+-- The key map of a GROUP BY transform: one row per source row combination (join row)
+-- that passes WHERE, holding every source's key (k<source>_<n>) and its group (g<n>).
+-- When a source row changes, its old groups are read here; the drain keeps it in step.
+-- Indexed by each source's key, to find the rows a changed source row was part of.
+CREATE FUNCTION @schema@._create_key_map(transform_id int, spec jsonb)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  map_sql text := @schema_literal@;
+  src jsonb;
+BEGIN
+  map_sql := quote_ident(map_sql) || '.' || quote_ident('map_' || transform_id);
+  EXECUTE 'CREATE TABLE ' || map_sql || ' (' || (
+    SELECT string_agg(col, ', ' ORDER BY o1, o2) FROM (
+      SELECT (s->>'ordinal')::int AS o1, k.o AS o2,
+             quote_ident(format('k%s_%s', s->>'ordinal', k.o)) || ' ' || k.t AS col
+        FROM jsonb_array_elements(spec->'sources') s,
+             jsonb_array_elements_text(s->'key_types') WITH ORDINALITY AS k(t, o)
+      UNION ALL
+      SELECT 1000000, g.o, quote_ident(format('g%s', g.o)) || ' ' || (g.v->>'type')
+                            || coalesce(' COLLATE ' || (g.v->>'collation'), '')
+        FROM jsonb_array_elements(spec->'groups') WITH ORDINALITY AS g(v, o)) c) || ')';
+  FOR src IN SELECT value FROM jsonb_array_elements(spec->'sources') LOOP
+    EXECUTE 'CREATE INDEX ON ' || map_sql || ' (' || (
+      SELECT string_agg(quote_ident(format('k%s_%s', src->>'ordinal', k.o)), ', ' ORDER BY k.o)
+        FROM jsonb_array_elements_text(src->'key_types') WITH ORDINALITY AS k(t, o)) || ')';
+  END LOOP;
+END
+$fn$;
+
 -- Writes a transform's catalog rows from its spec.
 CREATE FUNCTION @schema@._register(transform_id int, spec jsonb)
 RETURNS void LANGUAGE plpgsql AS $fn$
@@ -89,14 +118,17 @@ BEGIN
   DELETE FROM @schema@.transform_sources WHERE transform_sources.transform_id = _register.transform_id;
   INSERT INTO @schema@.transform_sources (
       transform_id, ordinal, source_oid, source_schema, source_name, alias, join_type,
-      join_condition, key_columns, key_types, target_key_columns, read_columns)
+      join_condition, key_columns, key_types, target_key_columns, read_columns,
+      join_columns, group_columns)
   SELECT _register.transform_id, (s->>'ordinal')::int, (s->>'oid')::oid, s->>'schema', s->>'name',
          s->>'alias', s->>'join_type', s->>'on',
          ARRAY(SELECT jsonb_array_elements_text(s->'key_columns'))::name[],
          ARRAY(SELECT jsonb_array_elements_text(s->'key_types')),
          CASE WHEN jsonb_typeof(s->'target_key_columns') = 'array'
               THEN ARRAY(SELECT jsonb_array_elements_text(s->'target_key_columns'))::name[] END,
-         ARRAY(SELECT jsonb_array_elements_text(s->'read_columns'))::name[]
+         ARRAY(SELECT jsonb_array_elements_text(s->'read_columns'))::name[],
+         ARRAY(SELECT jsonb_array_elements_text(coalesce(s->'join_columns', '[]')))::name[],
+         ARRAY(SELECT jsonb_array_elements_text(coalesce(s->'group_columns', '[]')))::name[]
     FROM jsonb_array_elements(spec->'sources') s;
 END
 $fn$;
@@ -141,6 +173,9 @@ BEGIN
           array_to_string(ARRAY(SELECT quote_ident(s) FROM unnest(current_schemas(false)) AS s), ', '))
   RETURNING id INTO new_id;
   PERFORM @schema@._register(new_id, spec);
+  IF jsonb_array_length(coalesce(spec->'groups', '[]')) > 0 THEN
+    PERFORM @schema@._create_key_map(new_id, spec);
+  END IF;
   INSERT INTO @schema@.transform_columns (transform_id, ordinal, name, expression, type,
                                           collation_name, is_key, implicit, reads)
   SELECT new_id, o::int - 1, c->>'name', c->>'expression', c->>'type', c->>'collation',
@@ -243,6 +278,7 @@ BEGIN
   IF EXISTS (SELECT 1 FROM pg_class WHERE oid = t.target_oid) THEN
     EXECUTE 'DROP TABLE ' || t.target_oid::regclass::text;
   END IF;
+  EXECUTE 'DROP TABLE IF EXISTS ' || quote_ident(@schema_literal@) || '.' || quote_ident('map_' || t.id);
   RETURN jsonb_build_object('kind', 'dropped', 'target', t.target_name);
 END
 $fn$;

@@ -69,6 +69,10 @@ CREATE TABLE @schema@.pipeline (
   cursor_tick bigint,
   -- Backfill progress: the last driving-table key filled, keys done and in all (estimate).
   backfill_position text[],
+  -- A GROUP BY transform backfills in two stages: 'rows' fills its key map chunk by chunk,
+  -- then 'groups' computes every group at once ('repair' re-derives them key by key when
+  -- that fails on a row). Others have 'rows' only. See src/engine/drain/backfill.ts.
+  backfill_stage text NOT NULL DEFAULT 'rows' CHECK (backfill_stage IN ('rows', 'groups', 'repair')),
   backfill_done bigint NOT NULL DEFAULT 0,
   backfill_total bigint,
   backfill_started_at timestamptz,
@@ -144,7 +148,8 @@ CREATE TRIGGER pipeline_for_new_transform AFTER INSERT ON @schema@.transforms
 CREATE FUNCTION @schema@._request_rebuild(transform_id int)
 RETURNS void LANGUAGE sql AS $fn$
   UPDATE @schema@.pipeline
-     SET phase = 'waiting_to_backfill', rebuild = true, open_lo = NULL, open_hi = NULL,
+     SET phase = 'waiting_to_backfill', rebuild = true, backfill_stage = 'rows',
+         open_lo = NULL, open_hi = NULL,
          open_pages = NULL, pages_left = NULL, backfill_position = NULL, backfill_done = 0,
          backfill_total = NULL, build_attempts = 0, build_error = NULL, build_next_at = NULL,
          updated_at = now()

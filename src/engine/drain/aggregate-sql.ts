@@ -1,0 +1,228 @@
+import type { PlanSource, TransformPlan } from './plan.js';
+import {
+  col,
+  keyMatch,
+  list,
+  q,
+  requireSourceIds,
+  selectList,
+  tuple,
+  typedKeys,
+  upsert,
+  writtenColumns,
+} from './sql-parts.js';
+
+/**
+ * Re-derivation of a GROUP BY transform. A changed source row names the groups it
+ * touches: its old groups, read from the key map (every join row that passes WHERE, with
+ * every source's key and its group), and its new groups, computed from the sources now.
+ * Each of those groups is then recomputed whole, with the definition's own expressions,
+ * from the current source state: so any aggregate Postgres has works, and nothing is
+ * patched by deltas. The key map is brought up to date in the same statement.
+ *
+ * Changes are mapped to driving keys (the FROM table's) as for joins: a changed row's old
+ * join rows come from the key map, its new ones from the join; the map rows of those
+ * driving keys are replaced, and the groups of the old and new rows re-derived.
+ *
+ * A grand total (aggregates without GROUP BY) is one row, recomputed on any change.
+ */
+
+/** The key map's column for key `n` (1-based) of source `ordinal`. */
+export function mapKey(ordinal: number, n: number): string {
+  return q(`k${ordinal}_${n}`);
+}
+
+/** The key map's column for GROUP BY expression `n` (1-based). */
+export function mapGroup(n: number): string {
+  return q(`g${n}`);
+}
+
+function mapKeys(source: PlanSource, alias?: string): string[] {
+  return source.keyColumns.map(
+    (_, i) => `${alias ? `${alias}.` : ''}${mapKey(source.ordinal, i + 1)}`,
+  );
+}
+
+function sourceKeys(source: PlanSource): string[] {
+  return source.keyColumns.map((k) => col(source.alias, k));
+}
+
+/** The driving keys whose join rows a change can touch (columns k1..kn). */
+function affectedDrivingKeys(plan: TransformPlan, mapSql: string): string {
+  const sources = requireSourceIds(plan);
+  const driving = sources[0]!;
+  const names = driving.keyColumns.map((_, i) => `k${i + 1}`);
+  const branches = [
+    `SELECT DISTINCT ${list(typedKeys(driving).map((k, i) => `${k} AS ${names[i]}`))}
+       FROM changed c WHERE c.source_id = ${driving.sourceId}`,
+  ];
+  for (const source of sources.slice(1)) {
+    const keys = typedKeys(source);
+    // Join rows it was part of (the key map), and join rows it is part of now.
+    branches.push(`SELECT ${list(mapKeys(driving, 'm'))}
+       FROM ${mapSql} m
+       JOIN changed c ON c.source_id = ${source.sourceId}
+        AND ${mapKeys(source, 'm')
+          .map((k, i) => `${k} = ${keys[i]}`)
+          .join(' AND ')}`);
+    branches.push(`SELECT ${list(sourceKeys(driving))}
+       FROM ${plan.fromSql}
+      WHERE ${tuple(sourceKeys(source))} IN (
+        SELECT ${list(keys)} FROM changed c WHERE c.source_id = ${source.sourceId})`);
+  }
+  return branches.join('\n     UNION\n     ');
+}
+
+function having(plan: TransformPlan): string {
+  return plan.having ? `\n   HAVING (${plan.having})` : '';
+}
+
+function whereAnd(plan: TransformPlan): string {
+  return plan.where ? `(${plan.where}) AND ` : '';
+}
+
+/**
+ * Every affected group, recomputed: groups without a NULL in them are found through
+ * `IN` (index-friendly); groups with one (rare) through a null-safe match, a branch that
+ * runs only when such a group is affected (a one-time filter).
+ */
+function derivedGroups(plan: TransformPlan): string {
+  const exprs = plan.groups.map((g) => `(${g.expression})`);
+  const cols = plan.groups.map((_, i) => mapGroup(i + 1));
+  const anyNull = cols.map((c) => `${c} IS NULL`).join(' OR ');
+  const groupBy = list(plan.groupBy);
+  return `SELECT ${selectList(plan)}
+    FROM ${plan.fromSql}
+   WHERE ${whereAnd(plan)}${tuple(exprs)} IN (SELECT ${list(cols)} FROM groups)
+   GROUP BY ${groupBy}${having(plan)}
+  UNION ALL
+  SELECT ${selectList(plan)}
+    FROM ${plan.fromSql}
+   WHERE (SELECT coalesce(bool_or(${anyNull}), false) FROM groups)
+     AND ${whereAnd(plan)}EXISTS (
+       SELECT 1 FROM groups g
+        WHERE (${cols.map((c) => `g.${c} IS NULL`).join(' OR ')})
+          AND ${cols.map((c, i) => `g.${c} IS NOT DISTINCT FROM ${exprs[i]}`).join(' AND ')})
+   GROUP BY ${groupBy}${having(plan)}`;
+}
+
+function grandTotalSql(plan: TransformPlan, changedSql: string): string {
+  return `WITH changed AS MATERIALIZED (
+  ${changedSql}
+),
+derived AS MATERIALIZED (
+  SELECT * FROM (
+    SELECT ${selectList(plan)}
+      FROM ${plan.fromSql}${plan.where ? `\n     WHERE (${plan.where})` : ''}${having(plan)}) total
+   WHERE EXISTS (SELECT 1 FROM changed)
+),
+upserted AS (
+  ${upsert(plan, 'derived')}
+  RETURNING 1
+),
+removed AS (
+  DELETE FROM ${plan.targetSql}
+   WHERE EXISTS (SELECT 1 FROM changed) AND NOT EXISTS (SELECT 1 FROM derived)
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM changed)::int AS keys,
+       (SELECT count(*) FROM upserted)::int AS upserted,
+       (SELECT count(*) FROM removed)::int AS removed`;
+}
+
+export function aggregateRederiveSql(plan: TransformPlan, changedSql: string): string {
+  if (plan.groups.length === 0 || !plan.mapSql) return grandTotalSql(plan, changedSql);
+  const mapSql = plan.mapSql;
+  const sources = requireSourceIds(plan);
+  const driving = sources[0]!;
+  const affectedCols = driving.keyColumns.map((_, i) => `k${i + 1}`);
+  const groupCols = plan.groups.map((_, i) => mapGroup(i + 1));
+  const mapColumns = [...sources.flatMap((s) => mapKeys(s)), ...groupCols];
+  const drivingInMap = tuple(mapKeys(driving, 'm'));
+  return `WITH changed AS MATERIALIZED (
+  ${changedSql}
+),
+affected AS MATERIALIZED (
+     ${affectedDrivingKeys(plan, mapSql)}
+),
+old_rows AS MATERIALIZED (
+  SELECT ${list(groupCols.map((c) => `m.${c}`))} FROM ${mapSql} m
+   WHERE ${drivingInMap} IN (SELECT ${list(affectedCols)} FROM affected)
+),
+new_rows AS MATERIALIZED (
+  SELECT ${list([
+    ...sources.flatMap((s) => sourceKeys(s).map((k, i) => `${k} AS ${mapKey(s.ordinal, i + 1)}`)),
+    ...plan.groups.map((g, i) => `(${g.expression}) AS ${mapGroup(i + 1)}`),
+  ])}
+    FROM ${plan.fromSql}
+   WHERE ${whereAnd(plan)}${tuple(sourceKeys(driving))} IN (SELECT ${list(affectedCols)} FROM affected)
+),
+map_removed AS (
+  DELETE FROM ${mapSql} m WHERE ${drivingInMap} IN (SELECT ${list(affectedCols)} FROM affected)
+  RETURNING 1
+),
+map_added AS (
+  INSERT INTO ${mapSql} (${list(mapColumns)}) SELECT ${list(mapColumns)} FROM new_rows
+  RETURNING 1
+),
+groups AS MATERIALIZED (
+  SELECT ${list(groupCols)} FROM old_rows
+  UNION
+  SELECT ${list(groupCols)} FROM new_rows
+),
+derived AS MATERIALIZED (
+  ${derivedGroups(plan)}
+),
+upserted AS (
+  ${upsert(plan, 'derived')}
+  RETURNING 1
+),
+gone AS MATERIALIZED (
+  SELECT ${list(groupCols.map((c, i) => `${c} AS ${q(plan.key[i]!)}`))} FROM groups
+  EXCEPT
+  SELECT ${list(plan.key.map((k) => `d.${q(k)}`))} FROM derived d
+),
+removed AS (
+  DELETE FROM ${plan.targetSql} t USING gone g
+   WHERE ${keyMatch(plan, 't', 'g')}
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM affected)::int AS keys,
+       (SELECT count(*) FROM upserted)::int AS upserted,
+       (SELECT count(*) FROM removed)::int AS removed,
+       (SELECT count(*) FROM map_removed)::int AS map_removed,
+       (SELECT count(*) FROM map_added)::int AS map_added`;
+}
+
+/**
+ * Backfill, stage 'rows': fills the key map for driving keys after `$1` up to and
+ * including `$2` (either NULL for an open end).
+ */
+export function mapChunkSql(plan: TransformPlan, bound: (param: string) => string): string {
+  const sources = plan.sources;
+  const driving = sources[0]!;
+  const mapColumns = [
+    ...sources.flatMap((s) => mapKeys(s)),
+    ...plan.groups.map((_, i) => mapGroup(i + 1)),
+  ];
+  const keys = tuple(sourceKeys(driving));
+  return `WITH filled AS (
+  INSERT INTO ${plan.mapSql} (${list(mapColumns)})
+  SELECT ${list([...sources.flatMap((s) => sourceKeys(s)), ...plan.groups.map((g) => `(${g.expression})`)])}
+    FROM ${plan.fromSql}
+   WHERE ${whereAnd(plan)}($1::text[] IS NULL OR ${keys} > ${bound('$1')})
+     AND ($2::text[] IS NULL OR ${keys} <= ${bound('$2')})
+  RETURNING 1
+)
+SELECT count(*)::int AS rows FROM filled`;
+}
+
+/** Backfill, stage 'groups': every group at once, as one aggregate query. */
+export function groupsFillSql(plan: TransformPlan): string {
+  const written = writtenColumns(plan);
+  return `INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
+  SELECT ${selectList(plan)}
+    FROM ${plan.fromSql}${plan.where ? `\n   WHERE (${plan.where})` : ''}${
+      plan.groupBy.length ? `\n   GROUP BY ${list(plan.groupBy)}` : ''
+    }${having(plan)}`;
+}

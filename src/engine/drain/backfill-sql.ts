@@ -1,0 +1,52 @@
+import type { TransformPlan } from './plan.js';
+import { col, list, q, selectList, tuple, typedParam, writtenColumns } from './sql-parts.js';
+
+/** SQL of a backfill: keyset chunks over the FROM (driving) table's key. */
+
+function drivingKeyColumns(plan: TransformPlan): string[] {
+  const driving = plan.sources[0]!;
+  return driving.keyColumns.map((k) => col(driving.alias, k));
+}
+
+/**
+ * The key that ends a backfill chunk of `$2` driving rows after key `$1` (a text[], or
+ * NULL for the first chunk), or no row when fewer remain.
+ */
+export function chunkEndSql(plan: TransformPlan): string {
+  const driving = plan.sources[0]!;
+  const keys = driving.keyColumns.map((k) => col('d', k));
+  const typed = driving.keyTypes.map((type, i) => `(($1::text[])[${i + 1}])::${type}`);
+  return `SELECT ARRAY[${list(keys.map((k) => `${k}::text`))}] AS upto
+    FROM ${driving.table} d
+   WHERE $1::text[] IS NULL OR ${tuple(keys)} > ${tuple(typed)}
+   ORDER BY ${list(keys)}
+  OFFSET $2::int - 1 LIMIT 1`;
+}
+
+/**
+ * Fills the target for driving keys after `$1` up to and including `$2` (either NULL for
+ * an open end). A plain INSERT: the target is empty for what it has not yet filled.
+ */
+export function backfillChunkSql(plan: TransformPlan): string {
+  const driving = plan.sources[0]!;
+  const keys = tuple(drivingKeyColumns(plan));
+  const bound = (param: string) => typedParam(driving, param);
+  const written = writtenColumns(plan);
+  return `WITH filled AS (
+  INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
+  SELECT ${selectList(plan)}
+    FROM ${plan.fromSql}
+   WHERE ${plan.where ? `(${plan.where}) AND ` : ''}($1::text[] IS NULL OR ${keys} > ${bound('$1')})
+     AND ($2::text[] IS NULL OR ${keys} <= ${bound('$2')})
+  RETURNING 1
+)
+SELECT count(*)::int AS rows FROM filled`;
+}
+
+/** How many driving rows lie after `$1` (the last, short, chunk counts its own). */
+export function drivingRowsAfterSql(plan: TransformPlan): string {
+  const driving = plan.sources[0]!;
+  const keys = tuple(driving.keyColumns.map((k) => col('d', k)));
+  const typed = tuple(driving.keyTypes.map((type, i) => `(($1::text[])[${i + 1}])::${type}`));
+  return `SELECT count(*)::bigint AS n FROM ${driving.table} d WHERE $1::text[] IS NULL OR ${keys} > ${typed}`;
+}

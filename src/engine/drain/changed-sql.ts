@@ -1,0 +1,48 @@
+import type { TransformPlan } from './plan.js';
+import { q, requireSourceIds } from './sql-parts.js';
+
+/**
+ * The changed keys of one ledger range (after tick `$1`'s snapshot, up to tick `$2`'s),
+ * for this transform's sources, less the keys held back from it (a key changed twice
+ * appears twice; consumers dedupe on typed keys, far cheaper than on text[]). A page narrows it to a
+ * block range (`$3`..`$4`, end exclusive, as tids) of one ledger generation, read by TID
+ * range alone: the fence (OFFSET 0) keeps the planner from preferring the xid index,
+ * whose estimates for a young ledger are far off, and scanning the whole range per page.
+ * With `buckets`, it keeps the keys whose hash falls in bucket `$5` (`$3` unpaged).
+ */
+export function changedFromLedger(
+  schema: string,
+  plan: TransformPlan,
+  generation: number | null,
+  buckets = 1,
+): string {
+  const s = q(schema);
+  const ids = requireSourceIds(plan).map((src) => src.sourceId);
+  const from =
+    generation === null
+      ? `${s}.ledger l`
+      : `(SELECT * FROM ${s}.${q(`ledger_${generation}`)} WHERE ctid >= $3::tid AND ctid < $4::tid OFFSET 0) l`;
+  const bucketParam = generation === null ? '$3' : '$5';
+  const bucket =
+    buckets > 1
+      ? `\n     AND (hashtext(l.key::text) & 2147483647) % ${buckets} = ${bucketParam}::int`
+      : '';
+  const held = plan.hasHeldKeys
+    ? `
+     AND NOT EXISTS (SELECT 1 FROM ${s}.held_keys h
+                      WHERE h.transform_id = ${plan.id} AND h.source_id = l.source_id AND h.key = l.key)`
+    : '';
+  return `SELECT l.source_id, l.key
+    FROM ${from}
+   WHERE l.source_id IN (${[...new Set(ids)].join(', ')})
+     AND l.xid >= pg_snapshot_xmin($1::pg_snapshot) AND l.xid < pg_snapshot_xmax($2::pg_snapshot)
+     AND pg_visible_in_snapshot(l.xid, $2::pg_snapshot)
+     AND NOT pg_visible_in_snapshot(l.xid, $1::pg_snapshot)
+     AND l.key IS NOT NULL${held}${bucket}`;
+}
+
+/** Changed keys given explicitly as `$1`: a JSON array of `{"s": source_id, "k": [text, ...]}`. */
+export function changedFromList(): string {
+  return `SELECT (e->>'s')::int AS source_id, ARRAY(SELECT jsonb_array_elements_text(e->'k')) AS key
+    FROM jsonb_array_elements($1::jsonb) e`;
+}

@@ -1,0 +1,245 @@
+import type postgres from 'postgres';
+import { afterAll, describe, expect, it } from 'vitest';
+import { freshDatabase } from './support/database.js';
+import { differences } from './support/oracle.js';
+import {
+  killAllWorkerProcesses,
+  startWorkerProcess,
+  stopWorkerProcess,
+} from './support/processes.js';
+import { migratedTrellis } from './support/trellis.js';
+import { prng } from './support/workload.js';
+
+afterAll(killAllWorkerProcesses);
+
+const SCHEMA = `
+  CREATE TABLE regions (code text PRIMARY KEY, label text NOT NULL);
+  CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL, region_code text, tier int NOT NULL);
+  CREATE TABLE orders (id int PRIMARY KEY, customer_id int, amount numeric NOT NULL, status text NOT NULL, qty int NOT NULL);
+  CREATE INDEX ON orders (customer_id);
+  CREATE INDEX ON orders (status);
+  CREATE INDEX ON customers (region_code);
+  CREATE INDEX ON customers (tier);
+  CREATE AGGREGATE product_of(numeric) (sfunc = numeric_mul, stype = numeric, initcond = '1');
+  INSERT INTO regions SELECT 'r' || g, 'Region ' || g FROM generate_series(1, 8) g;
+  INSERT INTO customers SELECT g, 'c' || g, CASE WHEN g % 5 = 0 THEN NULL ELSE 'r' || (1 + g % 10) END, g % 4
+    FROM generate_series(1, 300) g;
+  INSERT INTO orders SELECT g, CASE WHEN g % 50 = 0 THEN NULL ELSE 1 + g % 330 END, g % 97,
+                            (ARRAY['open', 'paid', 'void'])[1 + g % 3], g % 6
+    FROM generate_series(1, 6000) g;`;
+
+/** One transform of each shape issue #5 names. */
+const TRANSFORMS: Record<string, string> = {
+  multi_agg: `TRANSFORM multi_agg FROM orders SELECT customer_id, sum(amount) AS total, count(*) AS n,
+                avg(amount) AS mean, min(amount) AS low, max(amount) AS high GROUP BY customer_id`,
+  fancy_agg: `TRANSFORM fancy_agg FROM orders SELECT status, count(DISTINCT customer_id) AS buyers,
+                sum(amount) FILTER (WHERE qty > 2) AS big_total,
+                string_agg(id::text, ',' ORDER BY id) AS ids,
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) AS median,
+                product_of(1 + qty / 100.0) AS growth
+              GROUP BY status HAVING count(*) > 3`,
+  by_bucket: `TRANSFORM by_bucket FROM orders SELECT amount::int / 10 AS bucket, count(*) AS n
+              WHERE status <> 'void' GROUP BY amount::int / 10`,
+  grand_total: `TRANSFORM grand_total FROM orders SELECT sum(amount) AS total, count(*) AS n`,
+  inner_join: `TRANSFORM inner_join FROM orders o JOIN customers c ON c.id = o.customer_id
+                SELECT o.amount, c.name WHERE o.status <> 'void'`,
+  left_join: `TRANSFORM left_join FROM customers c LEFT JOIN orders o ON o.customer_id = c.id AND o.qty > 1
+                SELECT c.name, o.amount`,
+  join_agg: `TRANSFORM join_agg FROM orders o JOIN customers c ON c.id = o.customer_id
+               SELECT c.tier, sum(o.amount) AS total, count(*) AS n GROUP BY c.tier`,
+  three_way: `TRANSFORM three_way FROM orders o JOIN customers c ON c.id = o.customer_id
+                LEFT JOIN regions r ON r.code = c.region_code
+                SELECT o.id AS order_id, c.name, r.label`,
+  region_agg: `TRANSFORM region_agg FROM orders o JOIN customers c ON c.id = o.customer_id
+                 LEFT JOIN regions r ON r.code = c.region_code
+                 SELECT r.label, count(*) AS n, sum(o.amount) AS total GROUP BY r.label`,
+};
+
+/** Concurrent writes touching every side of every join, and every grouping column. */
+async function workload(sql: postgres.Sql, seed: number, durationMs: number): Promise<number> {
+  const random = prng(seed);
+  const pick = (n: number) => 1 + Math.floor(random() * n);
+  let nextOrder = 7000;
+  let nextCustomer = 400;
+  let committed = 0;
+  const deadline = Date.now() + durationMs;
+  const ops: Array<(tx: postgres.Sql | postgres.TransactionSql) => Promise<unknown>> = [
+    (tx) =>
+      tx`INSERT INTO orders VALUES (${nextOrder++}, ${pick(420)}, ${pick(200)}, 'open', ${pick(5)})`,
+    (tx) => tx`UPDATE orders SET customer_id = ${pick(420)} WHERE id = ${pick(nextOrder)}`,
+    (tx) =>
+      tx`UPDATE orders SET status = ${['open', 'paid', 'void'][pick(3) - 1]!}, qty = ${pick(5)} WHERE id = ${pick(nextOrder)}`,
+    (tx) =>
+      tx`UPDATE orders SET amount = amount + ${pick(40) - 20} WHERE id BETWEEN ${pick(nextOrder)} AND ${pick(nextOrder) + 40}`,
+    (tx) => tx`DELETE FROM orders WHERE id = ${pick(nextOrder)}`,
+    (tx) => tx`UPDATE orders SET id = ${nextOrder++} WHERE id = ${pick(nextOrder)}`,
+    (tx) =>
+      tx`INSERT INTO customers VALUES (${nextCustomer++}, ${`n${pick(99)}`}, ${`r${pick(10)}`}, ${pick(4)})`,
+    (tx) =>
+      tx`UPDATE customers SET tier = ${pick(4)}, name = name || '+' WHERE id = ${pick(nextCustomer)}`,
+    (tx) =>
+      tx`UPDATE customers SET region_code = ${random() < 0.2 ? null : `r${pick(10)}`} WHERE id = ${pick(nextCustomer)}`,
+    (tx) => tx`DELETE FROM customers WHERE id = ${pick(nextCustomer)}`,
+    (tx) => tx`UPDATE customers SET id = ${nextCustomer++} WHERE id = ${pick(nextCustomer)}`,
+    (tx) => tx`UPDATE regions SET label = label || '*' WHERE code = ${`r${pick(10)}`}`,
+    (tx) => tx`DELETE FROM regions WHERE code = ${`r${pick(10)}`}`,
+    (tx) => tx`INSERT INTO regions VALUES (${`r${pick(12)}`}, 'again') ON CONFLICT DO NOTHING`,
+  ];
+  const op = () => ops[Math.floor(random() * ops.length)]!;
+  const client = async () => {
+    while (Date.now() < deadline) {
+      const roll = random();
+      try {
+        if (roll < 0.1) {
+          await sql
+            .begin(async (tx) => {
+              for (let i = 0; i < 3; i += 1) await op()(tx);
+              throw new Error('rollback');
+            })
+            .catch((e: Error) => {
+              if (e.message !== 'rollback') throw e;
+            });
+        } else if (roll < 0.25) {
+          await sql.begin(async (tx) => {
+            for (let i = 0; i < 3; i += 1) await op()(tx);
+          });
+          committed += 3;
+        } else {
+          await op()(sql);
+          committed += 1;
+        }
+      } catch (error) {
+        const code = (error as { code?: string }).code;
+        if (!code || !['40P01', '23505', '40001'].includes(code)) throw error;
+      }
+    }
+  };
+  await Promise.all([client(), client(), client(), client()]);
+  return committed;
+}
+
+describe.each([101, 202])('GROUP BY and JOIN under concurrent writes (seed %i)', (seed) => {
+  it('leaves every target equal to its recompute', async () => {
+    const db = await freshDatabase();
+    await db.sql.unsafe(SCHEMA);
+    await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+    const other = await startWorkerProcess(db.url, { drainThreads: 1, staging: false });
+    try {
+      for (const statement of Object.values(TRANSFORMS)) await trellis.apply(statement);
+      expect(await workload(db.sql, seed, 3_500)).toBeGreaterThan(20);
+      const token = await trellis.watermarkToken();
+      for (const target of Object.keys(TRANSFORMS)) {
+        await trellis.awaitConverged(target, token, { timeoutMs: 25_000 });
+      }
+      for (const target of Object.keys(TRANSFORMS)) {
+        expect({ target, ...(await differences(db.sql, target)) }).toEqual({
+          target,
+          missing: [],
+          extra: [],
+        });
+        expect((await trellis.status(target)).heldKeys).toBe(0);
+      }
+    } finally {
+      await stopWorkerProcess(other);
+    }
+  });
+});
+
+describe('GROUP BY and JOIN specifics', () => {
+  it('shows a left join’s unmatched rows appear and disappear, and a grand total is one row', async () => {
+    const db = await freshDatabase();
+    await db.sql.unsafe(SCHEMA);
+    await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+    await trellis.apply(TRANSFORMS.left_join!);
+    await trellis.apply(TRANSFORMS.grand_total!);
+    const converge = async () => {
+      const token = await trellis.watermarkToken();
+      for (const target of ['left_join', 'grand_total']) {
+        await trellis.awaitConverged(target, token, { timeoutMs: 20_000 });
+        expect(await differences(db.sql, target)).toEqual({ missing: [], extra: [] });
+      }
+    };
+    await converge();
+    await db.sql`INSERT INTO customers VALUES (9000, 'lonely', NULL, 1)`;
+    await converge();
+    let rows = await db.sql`SELECT amount FROM left_join WHERE name = 'lonely'`;
+    expect(rows.map((r) => r.amount)).toEqual([null]);
+    await db.sql`INSERT INTO orders VALUES (90000, 9000, 12, 'open', 3)`;
+    await converge();
+    rows = await db.sql`SELECT amount FROM left_join WHERE name = 'lonely'`;
+    expect(rows.map((r) => r.amount)).toEqual(['12']);
+    await db.sql`DELETE FROM orders WHERE id = 90000`;
+    await converge();
+    rows = await db.sql`SELECT amount FROM left_join WHERE name = 'lonely'`;
+    expect(rows.map((r) => r.amount)).toEqual([null]);
+    expect(await db.sql`SELECT count(*)::int AS n FROM grand_total`).toEqual([{ n: 1 }]);
+    await db.sql`DELETE FROM orders`;
+    await converge();
+    expect(await db.sql`SELECT total, n::int FROM grand_total`).toEqual([{ total: null, n: 0 }]);
+  });
+});
+
+describe('source index gaps', () => {
+  it('reports each index a GROUP BY or JOIN needs and lacks, by role, with its fix', async () => {
+    const db = await freshDatabase();
+    await db.sql.unsafe(`
+      CREATE TABLE customers (id int PRIMARY KEY, name text, tier int);
+      CREATE TABLE orders (id int PRIMARY KEY, customer_id int, status text, amount numeric);`);
+    await using trellis = await migratedTrellis(db);
+    await trellis.apply(
+      'TRANSFORM by_status FROM orders SELECT status, count(*) AS n GROUP BY status',
+    );
+    await trellis.apply(
+      'TRANSFORM order_names FROM orders o JOIN customers c ON c.id = o.customer_id SELECT o.amount, c.name',
+    );
+    await trellis.apply(
+      'TRANSFORM customer_orders FROM customers c LEFT JOIN orders o ON o.customer_id = c.id SELECT c.name, o.amount WITHOUT SOURCE INDEX',
+    );
+    await trellis.apply('TRANSFORM plain FROM orders SELECT amount');
+
+    expect((await trellis.status('by_status')).sourceIndexGaps).toEqual([
+      {
+        table: 'public.orders',
+        columns: ['status'],
+        role: 'group_by',
+        optedOut: false,
+        fix: 'CREATE INDEX CONCURRENTLY ON public.orders (status)',
+      },
+    ]);
+    // orders is the FROM side of the join; customers.id is its primary key (no gap).
+    expect((await trellis.status('order_names')).sourceIndexGaps).toEqual([
+      {
+        table: 'public.orders',
+        columns: ['customer_id'],
+        role: 'join_from',
+        optedOut: false,
+        fix: 'CREATE INDEX CONCURRENTLY ON public.orders (customer_id)',
+      },
+    ]);
+    // orders is the joined side here; the transform opted out.
+    expect((await trellis.status('customer_orders')).sourceIndexGaps).toEqual([
+      {
+        table: 'public.orders',
+        columns: ['customer_id'],
+        role: 'join_joined',
+        optedOut: true,
+        fix: 'CREATE INDEX CONCURRENTLY ON public.orders (customer_id)',
+      },
+    ]);
+    expect((await trellis.status('plain')).sourceIndexGaps).toEqual([]);
+
+    await trellis.apply('ALTER TRANSFORM customer_orders RESET WITHOUT SOURCE INDEX');
+    expect((await trellis.status('customer_orders')).sourceIndexGaps[0]?.optedOut).toBe(false);
+
+    // Running the fix closes the gap, for every transform that had it.
+    await db.sql.unsafe((await trellis.status('order_names')).sourceIndexGaps[0]!.fix);
+    expect((await trellis.status('order_names')).sourceIndexGaps).toEqual([]);
+    expect((await trellis.status('customer_orders')).sourceIndexGaps).toEqual([]);
+    await db.sql.unsafe((await trellis.status('by_status')).sourceIndexGaps[0]!.fix);
+    expect((await trellis.status('by_status')).sourceIndexGaps).toEqual([]);
+    // Trellis itself never created an index on a user table.
+    const [row] =
+      await db.sql`SELECT count(*)::int AS n FROM pg_indexes WHERE tablename IN ('orders', 'customers')`;
+    expect(row?.n).toBe(4);
+  });
+});
