@@ -6,6 +6,7 @@ import { LEDGER_ROTATION } from '../src/engine/staging/ledger-maintenance.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { differences } from './support/oracle.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
+import { ACCOUNTS_DDL, runWorkload, seedAccounts } from './support/workload.js';
 
 // The staging worker as an operator sees it (issue #4): capture that waits for a lock
 // without blocking the app and says who holds it, a standby that takes over, a ledger
@@ -88,6 +89,8 @@ describe('capture on a busy table', () => {
       INSERT INTO parts SELECT g, 'p' || g, g % 11 FROM generate_series(1, 300) g;
       CREATE TABLE tools (id int PRIMARY KEY, label text NOT NULL, weight int NOT NULL);
       INSERT INTO tools SELECT g, 't' || g, g % 5 FROM generate_series(1, 100) g;
+      CREATE TABLE bins (id int PRIMARY KEY, size int NOT NULL);
+      INSERT INTO bins SELECT g, g * 10 FROM generate_series(1, 50) g;
     `);
     api = await migratedTrellis(db);
     worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
@@ -155,6 +158,12 @@ describe('capture on a busy table', () => {
       ];
       expect(n).toBe(8);
 
+      // A transform over another table is not held up by this one's wait.
+      await api.apply('TRANSFORM bin_sizes FROM bins SELECT size');
+      await waitForStatus(api, 'bin_sizes', 'live', 10_000);
+      await converge(db, api, 'bin_sizes');
+      expect((await api.status('part_names')).status).toBe('waiting_to_backfill');
+
       // One blocker ends: still waiting, since the same moment, on the other alone.
       await inserter.commit();
       await waitFor(async () => {
@@ -177,6 +186,26 @@ describe('capture on a busy table', () => {
     await converge(db, api, 'part_names');
     const rows = await db.sql`SELECT id FROM part_names WHERE id = 1001 OR id >= 2000 ORDER BY id`;
     expect(rows.map((r) => r.id)).toEqual([1001, 2000, 2001, 2002, 2003, 2004, 2005, 2006, 2007]);
+  });
+
+  it('installs and widens capture on a table being written to, losing no change', async () => {
+    await db.sql.unsafe(ACCOUNTS_DDL);
+    await db.sql.unsafe(seedAccounts(5_000));
+    const writes = runWorkload(db.sql, {
+      seed: 4,
+      clients: 3,
+      durationMs: 4_000,
+      initialRows: 5_000,
+    });
+    await sleep(500);
+    // Installed while writers (some in multi-statement transactions) hold the table...
+    await api.apply("TRANSFORM acct_owners FROM accounts SELECT owner WHERE status = 'active'");
+    await waitForStatus(api, 'acct_owners', 'live');
+    // ...and widened to a column no transform read before.
+    await api.apply('TRANSFORM acct_balances FROM accounts SELECT owner, balance');
+    expect(await writes).toBeGreaterThan(50);
+    await converge(db, api, 'acct_owners');
+    await converge(db, api, 'acct_balances');
   });
 
   it('installs capture triggers ENABLE ALWAYS, so replication-mode writes are captured', async () => {

@@ -138,9 +138,9 @@ export class CaptureReconciler {
 
   /**
    * Runs a capture change in its own transaction. Install takes the source's lock (with a
-   * short lock_timeout); widen and narrow replace a function only. After a change that
-   * captures more, the snapshot's xmax is recorded: a backfill may only start from a
-   * tick every writer running the older trigger code has finished before.
+   * short lock_timeout); widen and narrow replace a function only. After a widen, the
+   * snapshot's xmax is recorded: a backfill may only start from a tick every writer
+   * running the older trigger code has finished before.
    */
   private async change(
     session: Session,
@@ -171,7 +171,12 @@ export class CaptureReconciler {
       return;
     }
     this.retryAt.delete(row.oid);
-    if (operation !== 'narrow') {
+    // Not after an install: its lock already waited out every transaction that wrote the
+    // table without the triggers, and later writers fire them. Recording the xmax there
+    // made every backfill start in the instance wait for the oldest transaction running
+    // anywhere on the server (one blocking this very install included), with nothing in
+    // status() to say so.
+    if (operation === 'widen') {
       await session.query(
         `UPDATE ${s}.sources SET ready_xmax = pg_snapshot_xmax(pg_current_snapshot()) WHERE id = $1`,
         [row.id],
