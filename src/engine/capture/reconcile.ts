@@ -173,9 +173,9 @@ export class CaptureReconciler {
     this.retryAt.delete(row.oid);
     // Not after an install: its lock already waited out every transaction that wrote the
     // table without the triggers, and later writers fire them. Recording the xmax there
-    // made every backfill start in the instance wait for the oldest transaction running
-    // anywhere on the server (one blocking this very install included), with nothing in
-    // status() to say so.
+    // held a new transform's backfill until the oldest transaction running anywhere on the
+    // server had ended (one blocking another table's install, say), with nothing in
+    // status() to say so (as ADR 0005 has it, only widen needs this).
     if (operation === 'widen') {
       await session.query(
         `UPDATE ${s}.sources SET ready_xmax = pg_snapshot_xmax(pg_current_snapshot()) WHERE id = $1`,
