@@ -48,6 +48,8 @@ interface InstalledRow {
 export class CaptureReconciler {
   /** Per source oid: when to try again after a lock wait. */
   private readonly retryAt = new Map<string, number>();
+  /** Per source oid: lock waits in a row (the pause between attempts grows with them). */
+  private readonly waits = new Map<string, number>();
 
   constructor(
     private readonly schema: string,
@@ -171,6 +173,7 @@ export class CaptureReconciler {
       return;
     }
     this.retryAt.delete(row.oid);
+    this.waits.delete(row.oid);
     // Not after an install: its lock already waited out every transaction that wrote the
     // table without the triggers, and later writers fire them. Recording the xmax there
     // held a new transform's backfill until the oldest transaction running anywhere on the
@@ -204,6 +207,7 @@ export class CaptureReconciler {
       return;
     }
     this.retryAt.delete(row.oid);
+    this.waits.delete(row.oid);
     this.log.info({ table: row.qualified }, 'capture uninstalled');
   }
 
@@ -213,8 +217,11 @@ export class CaptureReconciler {
     operation: 'install' | 'widen' | 'uninstall',
   ): Promise<void> {
     const s = quoteIdent(this.schema);
-    const attempts = (this.retryAt.has(row.oid) ? 1 : 0) + 1;
-    this.retryAt.set(row.oid, Date.now() + Math.min(2_000, 250 * attempts));
+    // Each attempt queues the app's writers behind it for up to the lock timeout: back off
+    // (0.25 s, 0.5 s, 1 s, then every 2 s) so a long wait stalls them rarely.
+    const attempts = (this.waits.get(row.oid) ?? 0) + 1;
+    this.waits.set(row.oid, attempts);
+    this.retryAt.set(row.oid, Date.now() + Math.min(2_000, 125 * 2 ** attempts));
     await session.query(
       `UPDATE ${s}.sources
           SET wait = jsonb_build_object('operation', $2::text, 'lock_mode', $3::text,
