@@ -163,6 +163,45 @@ describe('the live pipeline', () => {
     expect((await trellis.status('ratio_values')).heldKeys).toBe(0);
   });
 
+  it('captures writes made straight to a partition, including partitions created later', async () => {
+    await db.sql.unsafe(`
+      CREATE TABLE measurements (id int, site text, value numeric, PRIMARY KEY (id, site)) PARTITION BY LIST (site);
+      CREATE TABLE measurements_a PARTITION OF measurements FOR VALUES IN ('a');
+      CREATE TABLE measurements_b PARTITION OF measurements FOR VALUES IN ('b');
+      INSERT INTO measurements SELECT g, CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM generate_series(1, 100) g;
+    `);
+    await trellis.apply(
+      'TRANSFORM doubled_measurements FROM measurements SELECT value * 2 AS doubled',
+    );
+    await converge('doubled_measurements');
+    await db.sql.unsafe(`
+      UPDATE measurements_a SET value = value + 1000 WHERE id < 20;
+      DELETE FROM measurements_b WHERE id > 90;
+      INSERT INTO measurements_b VALUES (501, 'b', 5);
+    `);
+    await converge('doubled_measurements');
+    await db.sql`CREATE TABLE measurements_c PARTITION OF measurements FOR VALUES IN ('c')`;
+    await waitFor(
+      async () =>
+        (
+          await db.sql`SELECT count(*)::int AS n FROM pg_trigger WHERE tgrelid = 'measurements_c'::regclass AND NOT tgisinternal`
+        )[0]!.n === 4,
+      'capture on the new partition',
+    );
+    await db.sql`INSERT INTO measurements_c VALUES (700, 'c', 7), (701, 'c', 8)`;
+    await db.sql`INSERT INTO measurements VALUES (702, 'c', 9)`;
+    await converge('doubled_measurements');
+    await trellis.apply('DROP TRANSFORM doubled_measurements');
+    await waitFor(
+      async () =>
+        (
+          await db.sql`SELECT count(*)::int AS n FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+                        WHERE c.relname LIKE 'measurements%' AND NOT t.tgisinternal`
+        )[0]!.n === 0,
+      'capture to be removed from every partition',
+    );
+  });
+
   it('removes capture from a table nothing reads any more', async () => {
     const triggers = async () =>
       Number(

@@ -9,6 +9,7 @@ import {
   captureTriggersSql,
   dropFunctionsSql,
   dropTriggersSql,
+  triggerName,
 } from './trigger-sql.js';
 
 /** The lock capture DDL takes on a source: it conflicts with every writer. */
@@ -25,6 +26,8 @@ interface DesiredRow {
   key_columns: string[];
   key_types: string[];
   columns: CapturedColumn[];
+  partitions: string[];
+  uncaptured: string[];
 }
 
 interface InstalledRow {
@@ -76,10 +79,26 @@ export class CaptureReconciler {
                   AND a.attname IN (SELECT unnest(ts.read_columns) FROM ${s}.transform_sources ts
                                      WHERE ts.source_oid = d.source_oid)
                   AND NOT a.attname = ANY ((SELECT ts.key_columns FROM ${s}.transform_sources ts
-                                             WHERE ts.source_oid = d.source_oid LIMIT 1)::name[])), '[]') AS columns
+                                             WHERE ts.source_oid = d.source_oid LIMIT 1)::name[])), '[]') AS columns,
+              -- A partitioned source's partitions (at every level): statement triggers on
+              -- the parent do not fire for statements run on a partition, so each gets
+              -- the same capture; and those that lack it yet (created or attached since).
+              ARRAY(SELECT quote_ident(pn.nspname) || '.' || quote_ident(pc.relname)
+                      FROM pg_partition_tree(d.source_oid) pt
+                      JOIN pg_class pc ON pc.oid = pt.relid
+                      JOIN pg_namespace pn ON pn.oid = pc.relnamespace
+                     WHERE pt.relid <> d.source_oid) AS partitions,
+              ARRAY(SELECT quote_ident(pn.nspname) || '.' || quote_ident(pc.relname)
+                      FROM pg_partition_tree(d.source_oid) pt
+                      JOIN pg_class pc ON pc.oid = pt.relid
+                      JOIN pg_namespace pn ON pn.oid = pc.relnamespace
+                     WHERE pt.relid <> d.source_oid
+                       AND NOT EXISTS (SELECT 1 FROM pg_trigger tg
+                                        WHERE tg.tgrelid = pt.relid AND tg.tgname = $1)) AS uncaptured
          FROM (SELECT DISTINCT source_oid FROM ${s}.transform_sources) d
          LEFT JOIN pg_class c ON c.oid = d.source_oid
          LEFT JOIN pg_namespace n ON n.oid = c.relnamespace`,
+      [triggerName(this.schema, 'insert')],
     );
     const installed = await session.query<InstalledRow>(
       `SELECT src.id, src.source_oid::text AS oid, src.qualified, src.key_columns, src.key_types,
@@ -119,9 +138,27 @@ export class CaptureReconciler {
       if (!row.installed) {
         await this.change(session, row, 'install', spec, async () => {
           for (const sql of captureFunctionsSql(spec)) await session.query(sql);
-          for (const sql of dropTriggersSql(spec)) await session.query(sql);
-          for (const sql of captureTriggersSql(spec)) await session.query(sql);
+          for (const table of [want.qualified!, ...want.partitions]) {
+            for (const sql of dropTriggersSql({ ...spec, table })) await session.query(sql);
+            for (const sql of captureTriggersSql({ ...spec, table })) await session.query(sql);
+          }
         });
+      } else if (want.uncaptured.length > 0) {
+        await this.change(
+          session,
+          row,
+          'install',
+          { ...spec, table: want.uncaptured[0]! },
+          async () => {
+            for (const table of want.uncaptured.slice(1)) {
+              await session.query(`LOCK TABLE ${table} IN ${CAPTURE_LOCK_MODE} MODE`);
+            }
+            for (const table of want.uncaptured) {
+              for (const sql of dropTriggersSql({ ...spec, table })) await session.query(sql);
+              for (const sql of captureTriggersSql({ ...spec, table })) await session.query(sql);
+            }
+          },
+        );
       } else if (wanted.join('\0') !== have.join('\0')) {
         // Only the UPDATE trigger's function changes: no lock on the source is needed.
         const widens = wanted.some((c) => !have.includes(c));
@@ -195,8 +232,19 @@ export class CaptureReconciler {
       await session.transaction(async () => {
         if (row.present && row.table_sql) {
           await session.query(`SET LOCAL lock_timeout = '${LOCK_TIMEOUT_MS}ms'`);
+          // Locks the partitions too (LOCK TABLE recurses), whose triggers go with the parent's.
           await session.query(`LOCK TABLE ${row.table_sql} IN ${CAPTURE_LOCK_MODE} MODE`);
-          for (const sql of dropTriggersSql(spec)) await session.query(sql);
+          const partitions = await session.query<{ name: string }>(
+            `SELECT quote_ident(pn.nspname) || '.' || quote_ident(pc.relname) AS name
+               FROM pg_partition_tree($1::oid) pt
+               JOIN pg_class pc ON pc.oid = pt.relid JOIN pg_namespace pn ON pn.oid = pc.relnamespace`,
+            [row.oid],
+          );
+          // pg_partition_tree lists a partitioned table itself too, a plain table not at all.
+          const tables = new Set([row.table_sql, ...partitions.map((p) => p.name)]);
+          for (const table of tables) {
+            for (const sql of dropTriggersSql({ ...spec, table })) await session.query(sql);
+          }
         }
         for (const sql of dropFunctionsSql(spec)) await session.query(sql);
         await session.query(`DELETE FROM ${s}.sources WHERE id = $1`, [row.id]);
