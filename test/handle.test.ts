@@ -1,3 +1,4 @@
+import { format, inspect } from 'node:util';
 import type postgres from 'postgres';
 import { describe, expect, it } from 'vitest';
 import { DEFAULTS, Trellis, TrellisError } from '../src/engine/index.js';
@@ -158,6 +159,7 @@ describe('options', () => {
       staging: false,
       drainThreads: 0,
       callTimeoutMs: 30_000,
+      applicationName: 'trellis-pg',
     });
     expect(DEFAULTS.callTimeoutMs).toBe(30_000);
 
@@ -168,6 +170,7 @@ describe('options', () => {
       targetSchema: 'derived',
       pool: { max: 3 },
       callTimeoutMs: 12_000,
+      applicationName: 'billing-api',
       ...quiet,
     });
     expect(await custom.config()).toEqual({
@@ -177,11 +180,52 @@ describe('options', () => {
       staging: false,
       drainThreads: 0,
       callTimeoutMs: 12_000,
+      applicationName: 'billing-api',
     });
     // What config() returns is a copy: changing it changes nothing.
     const seen = await custom.config();
     seen.pool.max = 99;
     expect((await custom.config()).pool.max).toBe(3);
+  });
+
+  it('prints only safe fields when inspected or serialised: never the url or its password', async () => {
+    const db = await freshDatabase();
+    {
+      await using migrator = await Trellis.connect({ url: db.url, ...quiet });
+      await migrator.migrate();
+    }
+    // The suite's server trusts local connections, so it ignores the password; the handle
+    // still holds the url, and with it the password, in its options and its pool.
+    const secret = 'pw-that-must-not-leak-7f3a';
+    const url = new URL(db.url);
+    url.password = secret;
+    await using trellis = await Trellis.connect({
+      url: url.toString(),
+      staging: true,
+      drainThreads: 1,
+      ...quiet,
+    });
+    await trellis.definitions();
+    const printed = [
+      inspect(trellis, { depth: 10 }),
+      inspect(trellis, { depth: 10, showHidden: true }),
+      inspect({ handle: trellis }, { depth: 10 }),
+      format('%o', trellis),
+      JSON.stringify({ handle: trellis }),
+    ];
+    for (const text of printed) {
+      expect(text).not.toContain(secret);
+      expect(text).toContain(trellis.instance);
+    }
+    expect(inspect(trellis, { breakLength: Number.POSITIVE_INFINITY })).toBe(
+      `Trellis { instance: '${db.name}/trellis', targetSchema: 'public', staging: true, drainThreads: 1 }`,
+    );
+    expect(JSON.parse(JSON.stringify(trellis))).toEqual({
+      instance: `${db.name}/trellis`,
+      targetSchema: 'public',
+      staging: true,
+      drainThreads: 1,
+    });
   });
 
   it('refuses invalid options with validation errors, before connecting', async () => {

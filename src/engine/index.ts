@@ -15,4 +15,4 @@ export { consoleLogger } from './logger.js';
 export { type ConnectOptions, DEFAULTS } from './options.js';
 export type { MigrateResult } from './schema/migrator.js';
 export type { ApplyResult } from './statements/apply.js';
-export { Trellis, type TrellisConfig } from './trellis.js';
+export { Trellis, type TrellisConfig, type TrellisSummary } from './trellis.js';

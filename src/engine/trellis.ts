@@ -1,3 +1,4 @@
+import { type InspectOptionsStylized, inspect } from 'node:util';
 import { CallRunner } from './calls.js';
 import { type Definition, readDefinitions } from './catalog/definitions.js';
 import { readStatus } from './catalog/status.js';
@@ -39,6 +40,16 @@ export interface TrellisConfig {
   staging: boolean;
   drainThreads: number;
   callTimeoutMs: number;
+  /** `application_name` of the handle's sessions (workers append their role). */
+  applicationName: string;
+}
+
+/** What a handle shows of itself when a logger prints it: nothing secret (never the url). */
+export interface TrellisSummary {
+  instance: string;
+  targetSchema: string;
+  staging: boolean;
+  drainThreads: number;
 }
 
 /**
@@ -264,7 +275,34 @@ export class Trellis implements AsyncDisposable {
       staging: o.staging,
       drainThreads: o.drainThreads,
       callTimeoutMs: o.callTimeoutMs,
+      applicationName: o.applicationName,
     };
+  }
+
+  /**
+   * What `JSON.stringify` (and so a JSON logger such as pino) writes for the handle: the
+   * safe fields only. The url, which may hold a password, never appears.
+   */
+  toJSON(): TrellisSummary {
+    return {
+      instance: this.instance,
+      targetSchema: this.options.targetSchema,
+      staging: this.options.staging,
+      drainThreads: this.options.drainThreads,
+    };
+  }
+
+  /**
+   * What `util.inspect` (console.log, most loggers) prints for the handle, e.g.
+   * `Trellis { instance: 'app/trellis', targetSchema: 'public', staging: true, drainThreads: 2 }`:
+   * the safe fields only, never the options, pool or connection config behind them.
+   */
+  [inspect.custom](
+    _depth: number,
+    options: InspectOptionsStylized,
+    inspectValue: typeof inspect = inspect,
+  ): string {
+    return `Trellis ${inspectValue(this.toJSON(), options)}`;
   }
 
   /**
