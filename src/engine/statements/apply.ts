@@ -42,6 +42,18 @@ export async function applyStatement(
   if (typeof statement !== 'string') {
     throw new TrellisError('validation', 'a statement must be a string');
   }
+  // Postgres text cannot hold NUL: the server would refuse the parameter itself, with an
+  // internal error rather than a statement one. Refused here the way the grammar refuses
+  // any other character it cannot read, at its (1-based, code point) position.
+  const nul = statement.indexOf('\0');
+  if (nul >= 0) {
+    const position = [...statement.slice(0, nul)].length + 1;
+    throw new TrellisError(
+      'parse',
+      `unexpected character: expected a token, found "\\u0000" at character ${position}`,
+      { position },
+    );
+  }
   const fn = transformOnly ? 'define' : 'apply';
   const [row] = await session.query<{ result: unknown }>(
     `SELECT ${quoteIdent(schema)}.${fn}($1) AS result`,

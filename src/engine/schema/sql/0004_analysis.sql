@@ -51,7 +51,12 @@ BEGIN
         RETURN NULL;
       END IF;
       PERFORM @schema@._fail('TRV01', what || ': ' || SQLERRM);
-    WHEN syntax_error_or_access_rule_violation OR data_exception OR feature_not_supported THEN
+    -- Also invalid_schema_name (3F000: a schema-qualified function, type or regnamespace
+    -- literal naming no schema, as in `o.c(1)` or `1::nope.t`) and program_limit_exceeded
+    -- (54xxx: nesting too deep, too many output columns): both say what is wrong with the
+    -- statement, and would otherwise leak as internal `database` errors.
+    WHEN syntax_error_or_access_rule_violation OR data_exception OR feature_not_supported
+         OR invalid_schema_name OR program_limit_exceeded THEN
       PERFORM @schema@._fail('TRV01', what || ': ' || SQLERRM);
   END;
   view_oid := 'pg_temp.trellis_analysis'::regclass;

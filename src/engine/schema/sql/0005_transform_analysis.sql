@@ -53,6 +53,9 @@ DECLARE
   joins jsonb := '[]';
   group_specs jsonb := '[]';
   bad record;
+  -- Names Postgres reserves for system columns: no target column can have one (CREATE
+  -- TABLE would fail with an internal error), so they are refused, or never chosen.
+  system_columns text[] := ARRAY['tableoid', 'xmin', 'cmin', 'xmax', 'cmax', 'ctid'];
 BEGIN
   -- Tables, in order: the FROM source, then each joined table.
   sources := jsonb_build_array(
@@ -152,6 +155,11 @@ BEGIN
     IF octet_length(name) > 63 THEN
       PERFORM @schema@._fail('TRV01', format('column name %s is longer than 63 bytes', name));
     END IF;
+    IF name = ANY (system_columns) THEN
+      PERFORM @schema@._fail('TRV01', format(
+        'SELECT item %s (%s) would be a column named %I, a name Postgres reserves for a system column: choose another name',
+        k, expr, name));
+    END IF;
     IF (info->>'has_window')::boolean THEN
       PERFORM @schema@._fail('TRV01', format(
         'SELECT item %s (%s) uses a window function: not supported in a transform (a row''s value would depend on other rows)', k, expr));
@@ -191,7 +199,7 @@ BEGIN
   END IF;
 
   -- Output columns, in SELECT order.
-  taken := ARRAY(SELECT x->>'name' FROM jsonb_array_elements(items) x);
+  taken := ARRAY(SELECT x->>'name' FROM jsonb_array_elements(items) x) || system_columns;
   FOR item IN SELECT value FROM jsonb_array_elements(items) LOOP
     columns := columns || jsonb_build_array(jsonb_build_object(
       'name', item->>'name', 'expression', item->>'expr',

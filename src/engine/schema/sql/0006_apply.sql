@@ -63,7 +63,23 @@ BEGIN
     END IF;
     ddl := ddl || ', UNIQUE NULLS NOT DISTINCT (' || keys || ')';
   END IF;
-  EXECUTE ddl || ')';
+  BEGIN
+    EXECUTE ddl || ')';
+  EXCEPTION
+    WHEN insufficient_privilege OR query_canceled OR lock_not_available THEN
+      RAISE;
+    -- A key column of a type without a btree operator class (GROUP BY xmin groups by xid,
+    -- which only hashes): there is no primary key or unique constraint to build on it.
+    WHEN undefined_object THEN
+      PERFORM @schema@._fail('TRV01', format(
+        'the target''s key (%s) cannot be indexed: %s', keys, SQLERRM),
+        'group by an expression of a type that sorts, e.g. cast it to text');
+    -- The analysis let it through, but Postgres will not create the table (too many
+    -- columns, say): a validation error naming the target, not an internal one.
+    WHEN syntax_error_or_access_rule_violation OR program_limit_exceeded OR feature_not_supported
+         OR data_exception THEN
+      PERFORM @schema@._fail('TRV01', format('the target %s cannot be created: %s', qualified, SQLERRM));
+  END;
   IF keys IS NULL THEN
     -- A grand total: one row at most.
     EXECUTE 'CREATE UNIQUE INDEX ON ' || qualified || ' ((true))';
@@ -158,6 +174,17 @@ BEGIN
   IF to_regclass(quote_ident(tschema) || '.' || quote_ident(tname)) IS NOT NULL THEN
     PERFORM @schema@._fail('TRV01', format(
       'the target %I.%I would clash with an existing relation of that name: choose another target name',
+      tschema, tname));
+  END IF;
+  -- A table brings a row type of its name, so a type of that name (an enum, a domain...)
+  -- is a clash too; but not an array type Postgres made for another type (CREATE TABLE
+  -- renames it out of the way).
+  IF EXISTS (SELECT 1 FROM pg_type ty JOIN pg_namespace n ON n.oid = ty.typnamespace
+              WHERE n.nspname = tschema AND ty.typname = tname
+                AND NOT EXISTS (SELECT 1 FROM pg_type el
+                                 WHERE el.oid = ty.typelem AND el.typarray = ty.oid)) THEN
+    PERFORM @schema@._fail('TRV01', format(
+      'the target %I.%I would clash with an existing type of that name: choose another target name',
       tschema, tname));
   END IF;
 
@@ -261,11 +288,24 @@ BEGIN
 END
 $fn$;
 
+-- Raises a conflict for a DROP of `what` (a target, or target.column) that objects of the
+-- app's depend on (a view, say): Trellis never drops what it did not create, so the app
+-- must drop or change them first. `dependents` is the DROP's error detail, which lists them.
+CREATE FUNCTION @schema@._fail_dependents(what text, dependents text)
+RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+  PERFORM @schema@._fail('TRC01', format(
+    '%s is used by objects Trellis did not create (%s): drop or change them first',
+    what, replace(coalesce(dependents, 'see pg_depend'), E'\n', '; ')));
+END
+$fn$;
+
 CREATE FUNCTION @schema@._drop(ast jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
   t @schema@.transforms := @schema@._transform_named(ast);
   reader text;
+  dependents text;
 BEGIN
   SELECT r.target_name INTO reader
     FROM @schema@.transform_sources s JOIN @schema@.transforms r ON r.id = s.transform_id
@@ -276,7 +316,12 @@ BEGIN
   END IF;
   DELETE FROM @schema@.transforms WHERE id = t.id;
   IF EXISTS (SELECT 1 FROM pg_class WHERE oid = t.target_oid) THEN
-    EXECUTE 'DROP TABLE ' || t.target_oid::regclass::text;
+    BEGIN
+      EXECUTE 'DROP TABLE ' || t.target_oid::regclass::text;
+    EXCEPTION WHEN dependent_objects_still_exist THEN
+      GET STACKED DIAGNOSTICS dependents = PG_EXCEPTION_DETAIL;
+      PERFORM @schema@._fail_dependents(t.target_name, dependents);
+    END;
   END IF;
   EXECUTE 'DROP TABLE IF EXISTS ' || quote_ident(@schema_literal@) || '.' || quote_ident('map_' || t.id);
   RETURN jsonb_build_object('kind', 'dropped', 'target', t.target_name);
@@ -319,8 +364,13 @@ BEGIN
       CASE WHEN t.aggregates THEN 'stop aggregating' ELSE 'aggregate' END));
   END IF;
   SELECT c INTO col FROM jsonb_array_elements(spec->'columns') c WHERE c->>'name' = ast->>'name';
-  EXECUTE 'ALTER TABLE ' || t.target_oid::regclass::text || ' ADD COLUMN ' || quote_ident(col->>'name')
-    || ' ' || (col->>'type') || coalesce(' COLLATE ' || (col->>'collation'), '');
+  BEGIN
+    EXECUTE 'ALTER TABLE ' || t.target_oid::regclass::text || ' ADD COLUMN ' || quote_ident(col->>'name')
+      || ' ' || (col->>'type') || coalesce(' COLLATE ' || (col->>'collation'), '');
+  EXCEPTION WHEN program_limit_exceeded THEN
+    -- Tables can have at most 1600 columns.
+    PERFORM @schema@._fail('TRV01', format('column %I cannot be added to %I: %s', col->>'name', t.target_name, SQLERRM));
+  END;
   INSERT INTO @schema@.transform_columns (transform_id, ordinal, name, expression, type,
                                           collation_name, is_key, implicit, reads)
   VALUES (t.id, (SELECT max(ordinal) + 1 FROM @schema@.transform_columns WHERE transform_id = t.id),
@@ -343,6 +393,7 @@ DECLARE
   col @schema@.transform_columns;
   reader text;
   new_ast jsonb;
+  dependents text;
 BEGIN
   SELECT * INTO col FROM @schema@.transform_columns c WHERE c.transform_id = t.id AND c.name = ast->>'name';
   IF NOT FOUND THEN
@@ -365,7 +416,12 @@ BEGIN
     PERFORM @schema@._fail('TRV01', format(
       '%I is the last column of transform %I''s SELECT list: drop the transform instead', col.name, t.target_name));
   END IF;
-  EXECUTE 'ALTER TABLE ' || t.target_oid::regclass::text || ' DROP COLUMN ' || quote_ident(col.name);
+  BEGIN
+    EXECUTE 'ALTER TABLE ' || t.target_oid::regclass::text || ' DROP COLUMN ' || quote_ident(col.name);
+  EXCEPTION WHEN dependent_objects_still_exist THEN
+    GET STACKED DIAGNOSTICS dependents = PG_EXCEPTION_DETAIL;
+    PERFORM @schema@._fail_dependents(t.target_name || '.' || col.name, dependents);
+  END;
   DELETE FROM @schema@.transform_columns WHERE transform_id = t.id AND name = col.name;
   PERFORM @schema@._restate(t, new_ast);
   RETURN jsonb_build_object('kind', 'altered', 'target', t.target_name);
