@@ -622,11 +622,11 @@ describe('valid TRANSFORM statements', () => {
             }
           },
         ),
-        { numRuns: runs(100) },
+        { numRuns: runs(80) },
       );
       await expectConsistent();
     },
-    timeoutFor(100),
+    timeoutFor(80),
   );
 });
 
