@@ -6,6 +6,7 @@ export const quiet = { debug() {}, info() {}, warn() {}, error() {} };
 
 export interface BenchDb {
   server: TestPostgres;
+  name: string;
   url: string;
   sql: postgres.Sql;
 }
@@ -22,8 +23,28 @@ export async function benchServer(): Promise<TestPostgres> {
 }
 
 export async function benchDatabase(server: TestPostgres): Promise<BenchDb> {
-  const { url } = await server.createDatabase();
-  return { server, url, sql: postgres(url, { max: 10, onnotice: () => undefined }) };
+  const { name, url } = await server.createDatabase();
+  return { server, name, url, sql: postgres(url, { max: 10, onnotice: () => undefined }) };
+}
+
+export async function dropBenchDatabase(db: BenchDb): Promise<void> {
+  await db.sql.end({ timeout: 5 });
+  await db.server.dropDatabase(db.name);
+}
+
+/**
+ * Flushes dirty pages before a measurement, so each one starts from the same state (and
+ * pays the same full-page writes). Needs a superuser or pg_checkpoint: skipped without.
+ */
+export async function checkpoint(db: BenchDb): Promise<void> {
+  await db.sql.unsafe('CHECKPOINT').catch(() => undefined);
+}
+
+/** How long `work` takes, in ms. */
+export async function timed(work: () => Promise<unknown>): Promise<number> {
+  const started = performance.now();
+  await work();
+  return performance.now() - started;
 }
 
 /** Migrates and connects a handle (workers as asked). */
@@ -54,8 +75,11 @@ export async function converge(
   }
 }
 
-export function seconds(ms: number): string {
-  return `${(ms / 1000).toFixed(2)} s`;
+export function median(values: number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = sorted.length >> 1;
+  if (sorted.length === 0) return Number.NaN;
+  return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
 }
 
 export function percentile(sorted: number[], p: number): number {

@@ -1,0 +1,5 @@
+import { drain } from './drain-throughput.js';
+import type { Scenario } from './scenario.js';
+
+/** Every scenario `npm run bench` runs, in order. A new scenario: a file, and a line here. */
+export const SCENARIOS: Scenario[] = [drain];
