@@ -1,7 +1,8 @@
 import { bulkInsert } from './bulk-insert.js';
 import { drain } from './drain-throughput.js';
+import { freshness } from './freshness.js';
 import type { Scenario } from './scenario.js';
 import { writeThroughput } from './write-throughput.js';
 
 /** Every scenario `npm run bench` runs, in order. A new scenario: a file, and a line here. */
-export const SCENARIOS: Scenario[] = [writeThroughput, bulkInsert, drain];
+export const SCENARIOS: Scenario[] = [writeThroughput, bulkInsert, freshness, drain];
