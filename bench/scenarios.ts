@@ -1,3 +1,4 @@
+import { backfill } from './backfill.js';
 import { bulkInsert } from './bulk-insert.js';
 import { drain } from './drain-throughput.js';
 import { freshness } from './freshness.js';
@@ -5,4 +6,4 @@ import type { Scenario } from './scenario.js';
 import { writeThroughput } from './write-throughput.js';
 
 /** Every scenario `npm run bench` runs, in order. A new scenario: a file, and a line here. */
-export const SCENARIOS: Scenario[] = [writeThroughput, bulkInsert, freshness, drain];
+export const SCENARIOS: Scenario[] = [writeThroughput, bulkInsert, freshness, drain, backfill];
