@@ -79,8 +79,12 @@ for (const f of failures) console.log(`\n${f.scenario}: FAILED (${f.error.split(
 
 const finishedAt = new Date();
 let commit: string | null = null;
+let engineChanged: boolean | null = null;
 try {
   commit = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { encoding: 'utf8' }).trim();
+  // Figures from uncommitted engine code are not the commit's figures.
+  engineChanged =
+    execFileSync('git', ['status', '--porcelain', '--', 'src'], { encoding: 'utf8' }).trim() !== '';
 } catch {
   // not a git checkout
 }
@@ -94,6 +98,7 @@ await writeFile(
       finishedAt,
       seconds: (finishedAt.getTime() - startedAt.getTime()) / 1000,
       commit,
+      engineChanged,
       machine: {
         cores: cpus().length,
         cpu: cpus()[0]?.model ?? null,
