@@ -2,7 +2,6 @@ import type postgres from 'postgres';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
 import { LOCK_CLASS } from '../src/engine/internal/advisory-locks.js';
-import { LEDGER_ROTATION } from '../src/engine/staging/ledger-maintenance.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { differences } from './support/oracle.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
@@ -49,7 +48,7 @@ async function ledgerRowsOf(
     const [row] = await tx`SELECT pg_current_xact_id()::text AS xid`;
     return row!.xid as string;
   });
-  const [row] = await sql`SELECT count(*)::int AS n FROM trellis.ledger WHERE xid = ${xid}::xid8`;
+  const [row] = await sql`SELECT count(*)::int AS n FROM trellis.ledger WHERE xid = ${xid}::bigint`;
   return row!.n as number;
 }
 
@@ -366,32 +365,46 @@ describe('ledger rotation', () => {
   let db: TestDatabase;
   let api: Trellis;
   let worker: Trellis;
-  const rotateAfterMs = LEDGER_ROTATION.afterMs;
 
-  interface Generation {
+  interface Partition {
     gen: number;
-    state: 'current' | 'retired' | 'free';
     rows: number;
     /** Changes when the partition is truncated (and only then). */
     relfilenode: string;
   }
 
-  /** Each generation's state, row count and storage file, in one snapshot. */
-  async function generations(): Promise<Generation[]> {
-    return db.sql<Generation[]>`
-      SELECT g.gen::int, g.state,
-             (CASE g.gen WHEN 0 THEN (SELECT count(*) FROM trellis.ledger_0)
-                         WHEN 1 THEN (SELECT count(*) FROM trellis.ledger_1)
-                         ELSE (SELECT count(*) FROM trellis.ledger_2) END)::int AS rows,
+  /** Each generation's row count and storage file, in one snapshot. */
+  async function partitions(): Promise<Partition[]> {
+    return db.sql<Partition[]>`
+      SELECT g::int AS gen,
+             (CASE g WHEN 0 THEN (SELECT count(*) FROM trellis.ledger_0)
+                     WHEN 1 THEN (SELECT count(*) FROM trellis.ledger_1)
+                     ELSE (SELECT count(*) FROM trellis.ledger_2) END)::int AS rows,
              c.relfilenode::text AS relfilenode
-        FROM trellis.generations g
-        JOIN pg_class c ON c.relnamespace = 'trellis'::regnamespace AND c.relname = 'ledger_' || g.gen
-       ORDER BY g.gen`;
+        FROM generate_series(0, 2) g
+        JOIN pg_class c ON c.relnamespace = 'trellis'::regnamespace AND c.relname = 'ledger_' || g
+       ORDER BY g`;
   }
 
+  /** The generation this session's next transaction writes to. */
   async function currentGeneration(): Promise<number> {
-    const [row] = await db.sql`SELECT last_value::int AS gen FROM trellis.ledger_generation`;
+    const [row] = await db.sql`
+      SELECT trellis.ledger_generation(pg_snapshot_xmax(pg_current_snapshot())::text::bigint)::int AS gen`;
     return row!.gen as number;
+  }
+
+  /**
+   * Moves the xid counter on by a whole epoch (65,536 xids): transactions after it write
+   * the next generation. Subtransactions that each write take an xid apiece.
+   */
+  async function nextEpoch(): Promise<void> {
+    await db.sql.unsafe(`
+      DO $$ BEGIN
+        FOR i IN 1..66000 LOOP
+          BEGIN INSERT INTO xid_burner VALUES (i); EXCEPTION WHEN others THEN NULL; END;
+        END LOOP;
+      END $$`);
+    await db.sql`TRUNCATE xid_burner`;
   }
 
   async function ledgerDeletes(): Promise<number> {
@@ -402,10 +415,10 @@ describe('ledger rotation', () => {
   }
 
   beforeAll(async () => {
-    LEDGER_ROTATION.afterMs = 300;
     db = await freshDatabase();
     await db.sql.unsafe(`
       CREATE TABLE events (id int PRIMARY KEY, v int NOT NULL);
+      CREATE UNLOGGED TABLE xid_burner (n int);
       INSERT INTO events SELECT g, 0 FROM generate_series(1, 100) g;
     `);
     api = await migratedTrellis(db);
@@ -415,113 +428,69 @@ describe('ledger rotation', () => {
   });
 
   afterAll(async () => {
-    LEDGER_ROTATION.afterMs = rotateAfterMs;
     await worker?.shutdown();
     await api?.shutdown();
   });
 
-  it('rotates generations under continuous writes and reclaims them by TRUNCATE', async () => {
-    const files = new Map((await generations()).map((g) => [g.gen, g.relfilenode]));
-    const seenCurrent = new Set<number>([await currentGeneration()]);
-    /** Generations seen retired with rows, then free: what happened to their storage. */
-    const freed: Array<{ gen: number; rows: number; truncated: boolean }> = [];
-    const last = new Map<number, Generation>();
+  it('moves writes on to the next generation each epoch and reclaims passed ones by TRUNCATE', async () => {
+    const before = new Map((await partitions()).map((p) => [p.gen, p.relfilenode]));
+    const first = await currentGeneration();
+    await db.sql`UPDATE events SET v = v + 1 WHERE id <= 30`;
+    expect((await partitions())[first]!.rows).toBeGreaterThanOrEqual(30);
 
-    let writing = true;
-    let writes = 0;
-    const writer = (async () => {
-      const deadline = Date.now() + 4_000;
-      while (Date.now() < deadline) {
-        await db.sql`UPDATE events SET v = v + 1 WHERE id = ${1 + (writes % 100)}`;
-        writes += 1;
-      }
-      writing = false;
-    })();
-    const observe = async () => {
-      seenCurrent.add(await currentGeneration());
-      for (const g of await generations()) {
-        const before = last.get(g.gen);
-        if (g.state === 'free' && before?.state === 'retired' && before.rows > 0) {
-          freed.push({
-            gen: g.gen,
-            rows: before.rows,
-            truncated: g.relfilenode !== before.relfilenode,
-          });
-        }
-        last.set(g.gen, g);
-      }
-    };
-    while (writing) {
-      await observe();
-      await sleep(100);
-    }
-    await writer;
-
-    // The generation written to moved on, and retired ones were emptied and freed.
-    await waitFor(async () => {
-      await observe();
-      return seenCurrent.size >= 2 && freed.length >= 1;
-    }, 'a generation to rotate, retire and be freed');
-    // Once writes stop and every cursor passes them, all captured rows are reclaimed.
-    await waitFor(async () => {
-      await observe();
-      const [row] = await db.sql`SELECT count(*)::int AS n FROM trellis.ledger`;
-      return row!.n === 0;
-    }, 'the ledger to be emptied');
-    expect(writes).toBeGreaterThan(0);
-
-    // By TRUNCATE: every generation freed got new storage, and not one row was deleted.
-    expect(freed.filter((f) => !f.truncated)).toEqual([]);
-    const after = await generations();
-    expect(after.filter((g) => g.relfilenode !== files.get(g.gen)).length).toBeGreaterThan(0);
-    expect(await ledgerDeletes()).toBe(0);
+    await nextEpoch();
+    const second = await currentGeneration();
+    expect(second).toBe((first + 1) % 3);
+    await db.sql`UPDATE events SET v = v + 1 WHERE id > 30`;
+    expect((await partitions())[second]!.rows).toBeGreaterThanOrEqual(70);
     await converge(db, api, 'event_values');
+
+    // Every cursor has passed the first epoch's rows: that generation is truncated.
+    await waitFor(async () => {
+      const p = (await partitions())[first]!;
+      return p.rows === 0 && p.relfilenode !== before.get(first);
+    }, `generation ${first} to be truncated`);
+    // The current epoch's generation is never truncated, whatever the cursors.
+    expect((await partitions())[second]!.rows).toBeGreaterThanOrEqual(70);
+
+    await nextEpoch();
+    await db.sql`UPDATE events SET v = v + 1 WHERE id = 1`;
+    await converge(db, api, 'event_values');
+    await waitFor(
+      async () => (await partitions())[second]!.rows === 0,
+      `generation ${second} to be truncated`,
+    );
+    // By TRUNCATE: not one ledger row was deleted.
+    expect(await ledgerDeletes()).toBe(0);
   });
 
-  it('keeps a retired generation while a paused transform still needs it, and frees it after RESUME', async () => {
+  it('keeps a generation a paused transform still needs, and frees it after RESUME', async () => {
     await api.apply('TRANSFORM event_doubled FROM events SELECT v * 2 AS doubled');
     await waitForStatus(api, 'event_doubled', 'live');
     await converge(db, api, 'event_doubled');
     await api.apply('PAUSE TRANSFORM event_doubled');
 
-    const { xid, gen } = await db.sql.begin(async (tx) => {
-      await tx`UPDATE events SET v = v + 100 WHERE id <= 20`;
-      const [row] = await tx`
-        SELECT pg_current_xact_id()::text AS xid, min(gen)::int AS gen
-          FROM trellis.ledger WHERE xid = pg_current_xact_id()`;
-      return row as { xid: string; gen: number };
-    });
-    const rowsOfOurs = async () =>
-      Number(
-        (await db.sql`SELECT count(*)::int AS n FROM trellis.ledger WHERE xid = ${xid}::xid8`)[0]!
-          .n,
-      );
-    expect(await rowsOfOurs()).toBe(20);
+    const gen = await currentGeneration();
+    await db.sql`UPDATE events SET v = v + 100 WHERE id <= 20`;
+    const held = (await partitions())[gen]!;
+    expect(held.rows).toBeGreaterThanOrEqual(20);
 
-    // The live transform moves on; the generation holding these changes is retired...
+    // The epoch moves on and the live transform passes these rows...
+    await nextEpoch();
+    await db.sql`UPDATE events SET v = v + 1 WHERE id = 99`;
     await converge(db, api, 'event_values');
-    await waitFor(
-      async () => (await generations())[gen]!.state === 'retired',
-      `generation ${gen} to be retired`,
-    );
-    const retired = (await generations())[gen]!;
-    // ...and stays, rows and storage, through several maintenance passes while paused.
+    // ...but the generation stays, rows and storage, through maintenance passes while paused.
     await sleep(3_000);
-    expect((await generations())[gen]).toMatchObject({
-      state: 'retired',
-      relfilenode: retired.relfilenode,
-    });
-    expect(await rowsOfOurs()).toBe(20);
+    expect((await partitions())[gen]).toMatchObject({ relfilenode: held.relfilenode });
+    expect((await partitions())[gen]!.rows).toBeGreaterThanOrEqual(20);
     expect((await api.status('event_doubled')).status).toBe('paused');
 
     await api.apply('RESUME TRANSFORM event_doubled');
     await converge(db, api, 'event_doubled');
-    await waitFor(
-      async () =>
-        (await rowsOfOurs()) === 0 &&
-        (await generations())[gen]!.relfilenode !== retired.relfilenode,
-      `generation ${gen} to be truncated once the resumed transform passed it`,
-    );
+    await waitFor(async () => {
+      const p = (await partitions())[gen]!;
+      return p.rows === 0 && p.relfilenode !== held.relfilenode;
+    }, `generation ${gen} to be truncated once the resumed transform passed it`);
     expect(await ledgerDeletes()).toBe(0);
   });
 });

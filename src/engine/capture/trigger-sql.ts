@@ -84,29 +84,27 @@ function changed(column: CapturedColumn): string {
 /**
  * The ledger INSERT each trigger runs: one statement per triggering statement, reading
  * only the transition table, so a writer never waits on anything but its own insert.
+ * `x` is the transaction's id and `g` its ledger generation (declared by the function).
  */
 function captureBody(spec: CaptureSpec, event: CaptureEvent): string {
   const s = quoteIdent(spec.schema);
-  const generation = `(SELECT last_value FROM ${s}.ledger_generation)::smallint`;
   const insert = `INSERT INTO ${s}.ledger (gen, source_id, xid, key)`;
   const first = quoteIdent(spec.keyColumns[0]!);
   switch (event) {
     case 'insert':
       return `${insert}
-  SELECT ${generation}, ${spec.sourceId}, pg_current_xact_id(), ${keyArray(spec, 'n')}
-    FROM trellis_new n;`;
+  SELECT g, ${spec.sourceId}, x, ${keyArray(spec, 'n')} FROM trellis_new n;`;
     case 'delete':
       return `${insert}
-  SELECT ${generation}, ${spec.sourceId}, pg_current_xact_id(), ${keyArray(spec, 'o')}
-    FROM trellis_old o;`;
+  SELECT g, ${spec.sourceId}, x, ${keyArray(spec, 'o')} FROM trellis_old o;`;
     case 'truncate':
-      return `${insert} VALUES (${generation}, ${spec.sourceId}, pg_current_xact_id(), NULL);`;
+      return `${insert} VALUES (g, ${spec.sourceId}, x, NULL);`;
     case 'update': {
       // Old and new rows pair up by key. A row whose key changed shows up as a new key
       // without an old row and an old key without a new one: both are captured.
       const differs = spec.captured.length ? ` OR ${spec.captured.map(changed).join(' OR ')}` : '';
       return `${insert}
-  SELECT ${generation}, ${spec.sourceId}, pg_current_xact_id(), x.key FROM (
+  SELECT g, ${spec.sourceId}, x, y.key FROM (
     SELECT ${keyArray(spec, 'n')} AS key
       FROM trellis_new n LEFT JOIN trellis_old o ON ${keyJoin(spec, 'o', 'n')}
      WHERE o.${first} IS NULL${differs}
@@ -114,7 +112,7 @@ function captureBody(spec: CaptureSpec, event: CaptureEvent): string {
     SELECT ${keyArray(spec, 'o')}
       FROM trellis_old o LEFT JOIN trellis_new n ON ${keyJoin(spec, 'o', 'n')}
      WHERE n.${first} IS NULL
-  ) x;`;
+  ) y;`;
     }
   }
 }
@@ -124,9 +122,14 @@ export function captureFunctionsSql(spec: CaptureSpec, events = CAPTURE_EVENTS):
   const pinned = spec.keyTypes.every(settingFree)
     ? ''
     : `\nSET datestyle = 'ISO, YMD' SET intervalstyle = 'postgres' SET extra_float_digits = 3 SET bytea_output = 'hex'`;
+  // The transaction's id and its ledger generation, once per statement.
+  const s = quoteIdent(spec.schema);
   return events.map(
     (event) => `CREATE OR REPLACE FUNCTION ${functionName(spec, event)}()
 RETURNS trigger LANGUAGE plpgsql${pinned} AS $trellis_capture$
+DECLARE
+  x bigint := pg_current_xact_id()::text::bigint;
+  g smallint := ${s}.ledger_generation(x);
 BEGIN
   ${captureBody(spec, event)}
   RETURN NULL;

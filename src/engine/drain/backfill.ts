@@ -11,7 +11,7 @@ import { typedParam } from './sql-parts.js';
 import { enterTransformWork } from './work-settings.js';
 
 /** Driving rows per backfill chunk (one transaction each). */
-export const CHUNK_ROWS = 50_000;
+export const CHUNK_ROWS = 100_000;
 
 /** A build failing this many times in a row for no row's fault pauses the transform. */
 export const BUILD_ATTEMPTS_BEFORE_PAUSE = 5;
@@ -67,9 +67,13 @@ export async function backfillChunk(
 
     await session.query('SAVEPOINT trellis_chunk');
     try {
-      if (claim.rebuild && claim.backfill_position === null && claim.backfill_stage === 'rows') {
+      const starting = claim.backfill_position === null && claim.backfill_stage === 'rows';
+      if (starting && claim.rebuild) {
         await session.query(`TRUNCATE ${plan.targetSql}`);
         if (plan.mapSql) await session.query(`TRUNCATE ${plan.mapSql}`);
+      }
+      if (starting && Number(claim.backfill_done) === 0) {
+        await deferIndexes(session, schema, claim.transform_id, plan);
       }
       let stage = claim.backfill_stage;
       if (stage === 'rows' && plan.aggregates && !plan.mapSql) stage = 'groups';
@@ -99,9 +103,12 @@ export async function backfillChunk(
           next = 'repair';
         }
       } else {
+        // Re-derivation upserts: it needs the key back.
+        await restoreIndexes(session, schema, claim.transform_id);
         step = await repairChunk(session, schema, plan, claim.backfill_position, log);
         done = !step.upto;
       }
+      if (done) await restoreIndexes(session, schema, claim.transform_id);
       await session.query(
         `UPDATE ${s}.pipeline
             SET backfill_position = $2, backfill_done = backfill_done + $3, rebuild = false,
@@ -154,9 +161,67 @@ async function rowsChunk(
   } catch (error) {
     await session.query('ROLLBACK TO SAVEPOINT trellis_fill');
     if (!isRowError(error)) throw error;
+    // Re-derivation upserts: it needs the key back (for the rest of this build).
+    await restoreIndexes(session, schema, plan.id);
     await applyChunkBisecting(session, schema, plan, position, step.upto, log);
   }
   return step;
+}
+
+/**
+ * At the start of a build into an empty target: drops the target's and key map's key
+ * constraint and indexes, keeping what re-creates them. Inserting into a table without
+ * indexes and building each index once at the end is far cheaper than maintaining them
+ * row by row. Nothing else writes the target while it is backfilling.
+ */
+async function deferIndexes(
+  session: Session,
+  schema: string,
+  transformId: number,
+  plan: TransformPlan,
+): Promise<void> {
+  const tables = [plan.targetSql, ...(plan.mapSql ? [plan.mapSql] : [])];
+  const [empty] = await session.query<{ empty: boolean }>(
+    `SELECT NOT EXISTS (SELECT 1 FROM ${plan.targetSql}) AS empty`,
+  );
+  if (!empty?.empty) return;
+  const indexes = await session.query<{ create: string; drop: string }>(
+    `SELECT CASE WHEN con.oid IS NOT NULL
+                 THEN format('ALTER TABLE %s ADD CONSTRAINT %I %s', i.indrelid::regclass, con.conname,
+                             pg_get_constraintdef(con.oid))
+                 ELSE pg_get_indexdef(i.indexrelid) END AS create,
+            CASE WHEN con.oid IS NOT NULL
+                 THEN format('ALTER TABLE %s DROP CONSTRAINT %I', i.indrelid::regclass, con.conname)
+                 ELSE format('DROP INDEX %s', i.indexrelid::regclass) END AS drop
+       FROM pg_index i
+       LEFT JOIN pg_constraint con ON con.conindid = i.indexrelid AND con.contype IN ('p', 'u')
+      WHERE i.indrelid = ANY ($1::regclass[])`,
+    [tables],
+  );
+  if (indexes.length === 0) return;
+  for (const index of indexes) await session.query(index.drop);
+  await session.query(
+    `UPDATE ${quoteIdent(schema)}.pipeline SET deferred_ddl = $2 WHERE transform_id = $1`,
+    [transformId, indexes.map((i) => i.create)],
+  );
+}
+
+/** Re-creates what deferIndexes dropped (nothing when nothing was). */
+async function restoreIndexes(
+  session: Session,
+  schema: string,
+  transformId: number,
+): Promise<void> {
+  const s = quoteIdent(schema);
+  const [row] = await session.query<{ ddl: string[] | null }>(
+    `SELECT deferred_ddl AS ddl FROM ${s}.pipeline WHERE transform_id = $1`,
+    [transformId],
+  );
+  if (!row?.ddl) return;
+  for (const ddl of row.ddl) await session.query(ddl);
+  await session.query(`UPDATE ${s}.pipeline SET deferred_ddl = NULL WHERE transform_id = $1`, [
+    transformId,
+  ]);
 }
 
 /** Stage 'repair': re-derives one chunk of driving keys through the bisecting path. */

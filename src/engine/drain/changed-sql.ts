@@ -2,6 +2,18 @@ import type { TransformPlan } from './plan.js';
 import { q, requireSourceIds } from './sql-parts.js';
 
 /**
+ * Ledger rows (xid column `xid`) of the range after snapshot `lo` up to snapshot `hi`:
+ * those of transactions `hi` sees and `lo` does not. The xid bounds let the ledger's
+ * BRIN index skip the rest; visibility decides.
+ */
+export function inRange(xid: string, lo: string, hi: string): string {
+  return `${xid} >= pg_snapshot_xmin(${lo}::pg_snapshot)::text::bigint
+     AND ${xid} < pg_snapshot_xmax(${hi}::pg_snapshot)::text::bigint
+     AND pg_visible_in_snapshot(${xid}::text::xid8, ${hi}::pg_snapshot)
+     AND NOT pg_visible_in_snapshot(${xid}::text::xid8, ${lo}::pg_snapshot)`;
+}
+
+/**
  * The changed keys of one ledger range (after tick `$1`'s snapshot, up to tick `$2`'s),
  * for this transform's sources, less the keys held back from it (a key changed twice
  * appears twice; consumers dedupe on typed keys, far cheaper than on text[]). A page narrows it to a
@@ -35,9 +47,7 @@ export function changedFromLedger(
   return `SELECT l.source_id, l.key
     FROM ${from}
    WHERE l.source_id IN (${[...new Set(ids)].join(', ')})
-     AND l.xid >= pg_snapshot_xmin($1::pg_snapshot) AND l.xid < pg_snapshot_xmax($2::pg_snapshot)
-     AND pg_visible_in_snapshot(l.xid, $2::pg_snapshot)
-     AND NOT pg_visible_in_snapshot(l.xid, $1::pg_snapshot)
+     AND ${inRange('l.xid', '$1', '$2')}
      AND l.key IS NOT NULL${held}${bucket}`;
 }
 

@@ -5,7 +5,7 @@ import type { Logger } from '../logger.js';
 import { WorkerLoop } from '../workers/worker-loop.js';
 import { backfillChunk } from './backfill.js';
 import { applyPage } from './pages.js';
-import { openRange } from './ranges.js';
+import { hasDrainWork, openRange } from './ranges.js';
 
 /** Idle polling: starts fast after work, slows to this while there is none. */
 const MAX_IDLE_MS = 50;
@@ -54,14 +54,23 @@ export class DrainLoop {
   }
 
   private async step(session: Session): Promise<number> {
-    const worked =
-      (await applyPage(session, this.schema, this.log)) ||
-      (await openRange(session, this.schema)) ||
-      (await backfillChunk(session, this.schema, this.log));
-    if (worked) {
-      this.idleMs = 1;
-      return 0;
-    }
+    if (this.idleMs > 1 && !(await hasDrainWork(session, this.schema))) return this.idle();
+    if (await applyPage(session, this.schema, this.log)) return this.busy();
+    const opened = await openRange(session, this.schema);
+    if (opened === 'opened') return this.busy();
+    // Moving a cursor over an empty range is cheap; keepalive ticks make many of them.
+    if (opened === 'advanced') return 0;
+    if (await backfillChunk(session, this.schema, this.log)) return this.busy();
+    return this.idle();
+  }
+
+  private busy(): number {
+    this.idleMs = 1;
+    return 0;
+  }
+
+  /** Idle polling: starts fast after work, slows down while there is none. */
+  private idle(): number {
     this.idleMs = Math.min(MAX_IDLE_MS, this.idleMs * 2);
     return this.idleMs;
   }

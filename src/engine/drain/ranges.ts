@@ -1,5 +1,6 @@
 import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
+import { inRange } from './changed-sql.js';
 
 /** Ledger rows per drain page: big enough to amortise a statement, small enough to share. */
 export const PAGE_ROWS = 20_000;
@@ -22,9 +23,12 @@ interface Candidate {
  * ledger blocks, so each page reads only its own), and for a single-table transform
  * further by key hash into BUCKETS, whose pages can be applied at once. A range with no changes moves the
  * cursor at once; one holding a TRUNCATE of a source sends the transform to be rebuilt.
- * Returns false when no transform needed it.
+ * Says whether it opened a range (work to do), only advanced a cursor over an empty range
+ * (keepalive ticks make those often), or found nothing to do.
  */
-export async function openRange(session: Session, schema: string): Promise<boolean> {
+export type OpenRangeResult = 'none' | 'advanced' | 'opened';
+
+export async function openRange(session: Session, schema: string): Promise<OpenRangeResult> {
   const s = quoteIdent(schema);
   return session.transaction(async () => {
     const [c] = await session.query<Candidate>(
@@ -44,11 +48,8 @@ export async function openRange(session: Session, schema: string): Promise<boole
         LIMIT 1
           FOR UPDATE OF pl SKIP LOCKED`,
     );
-    if (!c) return false;
-    const range = `l.source_id = ANY ($1::int[])
-        AND l.xid >= pg_snapshot_xmin($2::pg_snapshot) AND l.xid < pg_snapshot_xmax($3::pg_snapshot)
-        AND pg_visible_in_snapshot(l.xid, $3::pg_snapshot)
-        AND NOT pg_visible_in_snapshot(l.xid, $2::pg_snapshot)`;
+    if (!c) return 'none';
+    const range = `l.source_id = ANY ($1::int[]) AND ${inRange('l.xid', '$2', '$3')}`;
     const params = [c.source_ids, c.lo_snap, c.hi_snap];
     const [stats] = await session.query<{ n: string; truncated: boolean | null }>(
       `SELECT count(*) AS n, bool_or(l.key IS NULL) AS truncated FROM ${s}.ledger l WHERE ${range}`,
@@ -58,11 +59,11 @@ export async function openRange(session: Session, schema: string): Promise<boole
     if (stats?.truncated) {
       // A TRUNCATE leaves no keys to re-derive: build the target again from its sources.
       await session.query(`SELECT ${s}._request_rebuild($1)`, [c.transform_id]);
-      return true;
+      return 'opened';
     }
     if (rows === 0) {
       await advanceCursor(session, schema, c.transform_id, c.hi_seq);
-      return true;
+      return 'advanced';
     }
     let pages: Array<{ gen: number | null; lo: number | null; hi: number | null }>;
     // Keys of a single-table transform map one to one to target rows: split by key hash,
@@ -109,7 +110,7 @@ export async function openRange(session: Session, schema: string): Promise<boole
         WHERE transform_id = $1`,
       [c.transform_id, c.hi_seq, pages.length * buckets],
     );
-    return true;
+    return 'opened';
   });
 }
 
@@ -132,4 +133,23 @@ export async function advanceCursor(
       WHERE transform_id = $1`,
     [transformId, hi],
   );
+}
+
+/**
+ * Whether any drain work is waiting: an open page, a transform behind the newest tick,
+ * or a backfill. One cheap query, outside any transaction, for an idle loop to poll.
+ */
+export async function hasDrainWork(session: Session, schema: string): Promise<boolean> {
+  const s = quoteIdent(schema);
+  const [row] = await session.query<{ work: boolean }>(
+    `SELECT EXISTS (SELECT 1 FROM ${s}.pages p JOIN ${s}.transforms t ON t.id = p.transform_id
+                     WHERE t.paused_at IS NULL AND (p.not_before IS NULL OR p.not_before <= now()))
+         OR EXISTS (SELECT 1 FROM ${s}.pipeline p JOIN ${s}.transforms t ON t.id = p.transform_id
+                     WHERE t.paused_at IS NULL
+                       AND ((p.phase IN ('catching_up', 'live') AND p.open_lo IS NULL
+                             AND p.cursor_tick < (SELECT max(seq) FROM ${s}.ticks))
+                            OR (p.phase = 'backfilling'
+                                AND (p.build_next_at IS NULL OR p.build_next_at <= now())))) AS work`,
+  );
+  return row?.work === true;
 }

@@ -1,13 +1,11 @@
 import type { Session } from '../db/session.js';
-import { quoteIdent, quoteLiteral } from '../identifiers.js';
+import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { SQLSTATE, sqlstateOf } from '../sqlstate.js';
 
-/**
- * How long a ledger generation takes writes before the next one takes over. Not an
- * option: an engine setting, which this package's own tests shorten.
- */
-export const LEDGER_ROTATION = { afterMs: 30_000 };
+/** Ledger generations; a row's is `(xid >> EPOCH_BITS) % GENERATIONS` (ledger_generation()). */
+export const GENERATIONS = 3;
+export const EPOCH_BITS = 16;
 
 /**
  * The oldest tick some transform still reads from: its cursor (or the newest tick when no
@@ -18,78 +16,58 @@ const OLDEST_NEEDED_TICK = (s: string) => `coalesce(
   (SELECT max(seq) FROM ${s}.ticks))`;
 
 /**
- * Keeps the ledger small without DELETE: writes rotate through three generations, and a
- * generation is TRUNCATEd once every transaction that could write it has ended and every
- * cursor has moved past them. Old ticks are pruned. Each step is its own short transaction.
+ * Keeps the ledger small without DELETE, and prunes old ticks. Each step is its own short
+ * transaction.
+ *
+ * Rows go to generation `(xid >> 16) % 3`, so transactions move on to the next generation
+ * every 65,536 xids. A generation other than the current epoch's holds only rows of
+ * epochs that have ended; once the oldest tick any transform still reads from has an xmin
+ * past the end of the latest of them, every transaction that wrote there has ended and
+ * every cursor has passed its rows: the partition is TRUNCATEd. A paused transform holds
+ * its cursor, and with it truncation; so does a long-running transaction.
  */
 export async function maintainLedger(session: Session, schema: string, log: Logger): Promise<void> {
   const s = quoteIdent(schema);
-  await retireCurrent(session, s, log);
-  await truncateRetired(session, schema, log);
+  const [state] = await session.query<{ next_xid: string; oldest_xmin: string | null }>(
+    `SELECT pg_snapshot_xmax(pg_current_snapshot())::text AS next_xid,
+            (SELECT pg_snapshot_xmin(snap)::text FROM ${s}.ticks WHERE seq = ${OLDEST_NEEDED_TICK(s)}) AS oldest_xmin`,
+  );
+  if (state?.oldest_xmin != null) {
+    const epoch = BigInt(state.next_xid) >> BigInt(EPOCH_BITS);
+    const oldestXmin = BigInt(state.oldest_xmin);
+    for (let gen = 0; gen < GENERATIONS; gen += 1) {
+      const generation = BigInt(gen);
+      if (epoch % BigInt(GENERATIONS) === generation) continue;
+      // The latest epoch that wrote to this generation, and the first xid after it.
+      const latest = epoch - ((epoch - generation) % BigInt(GENERATIONS));
+      const end = (latest + 1n) << BigInt(EPOCH_BITS);
+      if (oldestXmin >= end) await truncateGeneration(session, schema, gen, log);
+    }
+  }
   await session.query(
     `DELETE FROM ${s}.ticks WHERE seq < ${OLDEST_NEEDED_TICK(s)} AND seq < (SELECT max(seq) FROM ${s}.ticks)`,
   );
 }
 
-async function retireCurrent(session: Session, s: string, log: Logger): Promise<void> {
-  const seq = quoteLiteral(`${s}.ledger_generation`);
-  await session.transaction(async () => {
-    // Writers read the current generation from the sequence; the table follows it. A crash
-    // between the two steps below is mended here on the next pass.
-    const [state] = await session.query<{ current: number; marked: number | null }>(
-      `SELECT (SELECT last_value FROM ${s}.ledger_generation)::int AS current,
-              (SELECT gen FROM ${s}.generations WHERE state = 'current' FOR UPDATE) AS marked`,
-    );
-    if (!state) return;
-    if (state.marked !== null && state.marked !== state.current) {
-      await retire(session, s, state.marked, state.current);
-      return;
-    }
-    const [due] = await session.query<{ due: boolean }>(
-      `SELECT (SELECT since FROM ${s}.generations WHERE gen = $1) < now() - make_interval(secs => $2::float8 / 1000)
-              AND (SELECT state FROM ${s}.generations WHERE gen = ($1 + 1) % 3) = 'free' AS due`,
-      [state.current, LEDGER_ROTATION.afterMs],
-    );
-    if (!due?.due) return;
-    const next = (state.current + 1) % 3;
-    await session.query(`SELECT setval(${seq}::regclass, $1, true)`, [next]);
-    await retire(session, s, state.current, next);
-    log.debug({ from: state.current, to: next }, 'ledger generation rotated');
-  });
-}
-
-/** Marks `old` retired as of now: transactions with xids below this snapshot's xmax may still write it. */
-async function retire(session: Session, s: string, old: number, next: number): Promise<void> {
-  await session.query(
-    `UPDATE ${s}.generations
-        SET state = CASE WHEN gen = $1 THEN 'retired' ELSE 'current' END, since = now(),
-            retired_xmax = CASE WHEN gen = $1 THEN pg_snapshot_xmax(pg_current_snapshot()) END
-      WHERE gen IN ($1, $2)`,
-    [old, next],
+async function truncateGeneration(
+  session: Session,
+  schema: string,
+  gen: number,
+  log: Logger,
+): Promise<void> {
+  const partition = `${quoteIdent(schema)}.${quoteIdent(`ledger_${gen}`)}`;
+  const [rows] = await session.query<{ any: boolean }>(
+    `SELECT EXISTS (SELECT 1 FROM ${partition}) AS any`,
   );
-}
-
-async function truncateRetired(session: Session, schema: string, log: Logger): Promise<void> {
-  const s = quoteIdent(schema);
-  const [ready] = await session.query<{ gen: number | null }>(
-    `SELECT g.gen FROM ${s}.generations g
-      WHERE g.state = 'retired'
-        AND g.retired_xmax <= (SELECT pg_snapshot_xmin(snap) FROM ${s}.ticks WHERE seq = ${OLDEST_NEEDED_TICK(s)})
-      LIMIT 1`,
-  );
-  if (ready?.gen == null) return;
+  if (!rows?.any) return;
   try {
     await session.transaction(async () => {
       // Drains read the ledger through its parent and so lock every partition for a moment:
       // wait briefly, and try again on a later pass rather than queue writers behind us.
       await session.query(`SET LOCAL lock_timeout = '100ms'`);
-      await session.query(`TRUNCATE ${s}.${quoteIdent(`ledger_${ready.gen}`)}`);
-      await session.query(
-        `UPDATE ${s}.generations SET state = 'free', since = now(), retired_xmax = NULL WHERE gen = $1`,
-        [ready.gen],
-      );
+      await session.query(`TRUNCATE ${partition}`);
     });
-    log.debug({ gen: ready.gen }, 'ledger generation truncated');
+    log.debug({ gen }, 'ledger generation truncated');
   } catch (error) {
     if (sqlstateOf(error) !== SQLSTATE.lockNotAvailable) throw error;
   }

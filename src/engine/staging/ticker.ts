@@ -15,15 +15,18 @@ export const KEEPALIVE_TICK_MS = 250;
  */
 export async function tick(session: Session, schema: string): Promise<number | null> {
   const s = quoteIdent(schema);
+  // Scalar subqueries, not a join with the last tick: the bounds must be known to the
+  // planner for the ledger's BRIN index to skip what the last tick already covered.
   const [row] = await session.query<{ seq: string | null }>(
-    `WITH last AS (SELECT seq, snap, at FROM ${s}.ticks ORDER BY seq DESC LIMIT 1)
-     INSERT INTO ${s}.ticks (seq, snap)
+    `INSERT INTO ${s}.ticks (seq, snap)
      SELECT nextval('${s.replaceAll("'", "''")}.tick_seq'), pg_current_snapshot()
-      WHERE NOT EXISTS (SELECT 1 FROM last)
-         OR (SELECT at FROM last) < clock_timestamp() - make_interval(secs => $1::float8 / 1000)
-         OR EXISTS (SELECT 1 FROM ${s}.ledger l, last
-                     WHERE l.xid >= pg_snapshot_xmin(last.snap)
-                       AND NOT pg_visible_in_snapshot(l.xid, last.snap))
+      WHERE NOT EXISTS (SELECT 1 FROM ${s}.ticks)
+         OR (SELECT max(at) FROM ${s}.ticks) < clock_timestamp() - make_interval(secs => $1::float8 / 1000)
+         OR EXISTS (
+              SELECT 1 FROM ${s}.ledger l
+               WHERE l.xid >= (SELECT pg_snapshot_xmin(snap)::text::bigint FROM ${s}.ticks ORDER BY seq DESC LIMIT 1)
+                 AND NOT pg_visible_in_snapshot(l.xid::text::xid8,
+                       (SELECT snap FROM ${s}.ticks ORDER BY seq DESC LIMIT 1)))
      RETURNING seq`,
     [KEEPALIVE_TICK_MS],
   );

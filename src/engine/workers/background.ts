@@ -32,9 +32,6 @@ export class Background {
       statementTimeoutMs: 300_000,
       connectTimeoutMs: options.connectTimeoutMs,
       settings: {
-        // Drain statements are re-planned for their parameters: a generic plan for a
-        // "key IN (...)" re-derivation can be orders of magnitude slower.
-        plan_cache_mode: 'force_custom_plan',
         idle_in_transaction_session_timeout: '60000',
         work_mem: '64MB',
       },

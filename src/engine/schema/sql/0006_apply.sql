@@ -280,9 +280,8 @@ BEGIN
     WITH released AS (
       DELETE FROM @schema@.held_keys h WHERE h.transform_id = t.id RETURNING h.source_id, h.key)
     INSERT INTO @schema@.ledger (gen, source_id, xid, key)
-    SELECT (SELECT last_value FROM @schema@.ledger_generation)::smallint, r.source_id,
-           pg_current_xact_id(), r.key
-      FROM released r;
+    SELECT @schema@.ledger_generation(x.xid), r.source_id, x.xid, r.key
+      FROM released r, (SELECT pg_current_xact_id()::text::bigint AS xid) x;
   END IF;
   RETURN jsonb_build_object('kind', 'resumed', 'addresses', to_jsonb(addresses));
 END

@@ -22,31 +22,31 @@ CREATE TABLE @schema@.sources (
 );
 
 -- The ledger: (source, key, xid) for every captured change, nothing else. A NULL key marks
--- a TRUNCATE of the source. Partitioned by generation: writes go to the current one,
--- and a generation every cursor has passed is TRUNCATEd (no DELETE, no bloat).
-CREATE SEQUENCE @schema@.ledger_generation MINVALUE 0 MAXVALUE 2 START 0 CYCLE;
-
+-- a TRUNCATE of the source. xid is the writing transaction's id (pg_current_xact_id() as a
+-- bigint, so a BRIN index can range over it: rows arrive roughly in xid order, and a
+-- BRIN index costs writers next to nothing, where a btree costs every captured row).
+--
+-- Partitioned into three generations by xid epoch: gen = (xid >> 16) % 3, a pure function
+-- of the transaction, so a trigger needs no lookup to know where to write. A generation
+-- whose rows every cursor has passed is TRUNCATEd (no DELETE, no bloat); the current
+-- epoch's never is. See src/engine/staging/ledger-maintenance.ts.
 CREATE TABLE @schema@.ledger (
   gen smallint NOT NULL,
   source_id int NOT NULL,
-  xid xid8 NOT NULL,
+  xid bigint NOT NULL,
   key text[]
 ) PARTITION BY LIST (gen);
 CREATE TABLE @schema@.ledger_0 PARTITION OF @schema@.ledger FOR VALUES IN (0);
 CREATE TABLE @schema@.ledger_1 PARTITION OF @schema@.ledger FOR VALUES IN (1);
 CREATE TABLE @schema@.ledger_2 PARTITION OF @schema@.ledger FOR VALUES IN (2);
-CREATE INDEX ledger_by_xid ON @schema@.ledger (xid);
+CREATE INDEX ledger_by_xid ON @schema@.ledger USING brin (xid)
+  WITH (pages_per_range = 16, autosummarize = on);
 
--- Each generation's lifecycle: current (written to), retired (written to no more once
--- every transaction that could still write it has ended: those with xids below
--- retired_xmax), free (truncated, ready to be current again).
-CREATE TABLE @schema@.generations (
-  gen smallint PRIMARY KEY,
-  state text NOT NULL CHECK (state IN ('current', 'retired', 'free')),
-  since timestamptz NOT NULL DEFAULT now(),
-  retired_xmax xid8
-);
-INSERT INTO @schema@.generations (gen, state) VALUES (0, 'current'), (1, 'free'), (2, 'free');
+-- The generation a transaction's ledger rows go to.
+CREATE FUNCTION @schema@.ledger_generation(xid bigint)
+RETURNS smallint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+  SELECT ((xid >> 16) % 3)::smallint
+$fn$;
 
 -- Ticks seal segments: a tick records pg_current_snapshot(); the segment after tick A up
 -- to tick B holds the ledger rows whose transactions B sees and A does not, so a
@@ -74,6 +74,10 @@ CREATE TABLE @schema@.pipeline (
   -- that fails on a row). Others have 'rows' only. See src/engine/drain/backfill.ts.
   backfill_stage text NOT NULL DEFAULT 'rows' CHECK (backfill_stage IN ('rows', 'groups', 'repair')),
   backfill_done bigint NOT NULL DEFAULT 0,
+  -- A build into an empty target drops the target's (and key map's) indexes and key
+  -- constraint, and adds them back when it is done: one index build instead of index
+  -- inserts row by row. What re-creates them waits here meanwhile.
+  deferred_ddl text[],
   backfill_total bigint,
   backfill_started_at timestamptz,
   live_since timestamptz,
