@@ -35,7 +35,7 @@ async function expectConverged(
 }
 
 /** I6: a crash at any point loses no change. */
-describe('crashes', () => {
+describe('crashes', { timeout: 120_000 }, () => {
   it('loses nothing when a draining process is killed -9 in the middle of a page', async () => {
     const db = await freshDatabase();
     await prepare(db, 20_000);

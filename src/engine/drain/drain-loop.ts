@@ -5,6 +5,7 @@ import type { Logger } from '../logger.js';
 import { WorkerLoop } from '../workers/worker-loop.js';
 import { backfillChunk } from './backfill.js';
 import { applyPage } from './pages.js';
+import { PlanCache } from './plan-cache.js';
 import { hasDrainWork, openRange } from './ranges.js';
 
 /** Idle polling: starts fast after work, slows to this while there is none. */
@@ -20,6 +21,7 @@ const MAX_IDLE_MS = 50;
 export class DrainLoop {
   private readonly loop: WorkerLoop;
   private idleMs = 1;
+  private readonly plans: PlanCache;
 
   constructor(
     pool: ConnectionPool,
@@ -28,6 +30,7 @@ export class DrainLoop {
     signal: AbortSignal,
     index: number,
   ) {
+    this.plans = new PlanCache(schema);
     this.loop = new WorkerLoop({
       name: `drain loop ${index}`,
       pool,
@@ -55,8 +58,8 @@ export class DrainLoop {
 
   private async step(session: Session): Promise<number> {
     if (this.idleMs > 1 && !(await hasDrainWork(session, this.schema))) return this.idle();
-    if (await applyPage(session, this.schema, this.log)) return this.busy();
-    const opened = await openRange(session, this.schema);
+    if (await applyPage(session, this.schema, this.plans, this.log)) return this.busy();
+    const opened = await openRange(session, this.schema, this.plans, this.log);
     if (opened === 'opened') return this.busy();
     // Moving a cursor over an empty range is cheap; keepalive ticks make many of them.
     if (opened === 'advanced') return 0;

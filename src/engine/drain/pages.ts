@@ -4,8 +4,9 @@ import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
 import { applyKeysBisecting, type ChangedKey } from './apply-keys.js';
 import { changedFromLedger } from './changed-sql.js';
-import { loadPlan } from './plan.js';
-import { advanceCursor } from './ranges.js';
+import { advanceCursor } from './cursor.js';
+import type { TransformPlan } from './plan.js';
+import type { PlanCache } from './plan-cache.js';
 import { rederiveSql } from './rederive-sql.js';
 import { backoffMs, isRowError } from './row-errors.js';
 import { enterTransformWork } from './work-settings.js';
@@ -34,7 +35,12 @@ interface Claim {
  * and applied at once they would lock the same target rows in different orders. Pages of
  * different buckets hold different keys and apply in parallel.
  */
-export async function applyPage(session: Session, schema: string, log: Logger): Promise<boolean> {
+export async function applyPage(
+  session: Session,
+  schema: string,
+  plans: PlanCache,
+  log: Logger,
+): Promise<boolean> {
   const s = quoteIdent(schema);
   return session.transaction(async () => {
     const [claim] = await session.query<Claim>(
@@ -52,38 +58,17 @@ export async function applyPage(session: Session, schema: string, log: Logger): 
           FOR UPDATE OF p, slot SKIP LOCKED`,
     );
     if (!claim) return false;
-    const plan = await loadPlan(session, schema, claim.transform_id);
+    const plan = await plans.load(session, claim.transform_id);
     await enterTransformWork(session, schema, plan);
     const changed = changedFromLedger(schema, plan, claim.gen, claim.buckets);
     const params: unknown[] = [claim.lo_snap, claim.hi_snap];
     if (claim.gen !== null) params.push(`(${claim.blk_lo},0)`, `(${claim.blk_hi},0)`);
     if (claim.buckets > 1) params.push(claim.bucket);
 
-    await session.query('SAVEPOINT trellis_page');
-    try {
-      await session.query(rederiveSql(plan, changed), params);
-      await session.query('RELEASE SAVEPOINT trellis_page');
-    } catch (error) {
-      await session.query('ROLLBACK TO SAVEPOINT trellis_page');
-      let recovered = false;
-      if (isRowError(error)) {
-        try {
-          const keys = await session.query<{ s: number; k: string[] }>(
-            `SELECT DISTINCT source_id AS s, key AS k FROM (${changed}) c ORDER BY 1, 2`,
-            params,
-          );
-          await applyKeysBisecting(session, schema, plan, keys as ChangedKey[], log);
-          recovered = true;
-        } catch (bisectError) {
-          await session.query('ROLLBACK TO SAVEPOINT trellis_page');
-          await recordPageFailure(session, schema, claim, bisectError, log, plan.target);
-          return true;
-        }
-      }
-      if (!recovered) {
-        await recordPageFailure(session, schema, claim, error, log, plan.target);
-        return true;
-      }
+    const failure = await applyChanged(session, schema, plan, changed, params, log);
+    if (failure !== null) {
+      await recordPageFailure(session, schema, claim, failure, log, plan.target);
+      return true;
     }
 
     await session.query(`DELETE FROM ${s}.pages WHERE transform_id = $1 AND page = $2`, [
@@ -100,6 +85,43 @@ export async function applyPage(session: Session, schema: string, log: Logger): 
     }
     return true;
   });
+}
+
+/**
+ * Re-derives the keys `changed` yields (the body of a `changed` CTE, with its `params`)
+ * inside the current transaction. A failure some rows explain is bisected to those rows,
+ * which are held; the rest is applied. Returns null when applied, or the error no row
+ * explains (everything this call did is then rolled back).
+ */
+export async function applyChanged(
+  session: Session,
+  schema: string,
+  plan: TransformPlan,
+  changed: string,
+  params: unknown[],
+  log: Logger,
+): Promise<unknown | null> {
+  await session.query('SAVEPOINT trellis_page');
+  try {
+    await session.query(rederiveSql(plan, changed), params);
+    await session.query('RELEASE SAVEPOINT trellis_page');
+    return null;
+  } catch (error) {
+    await session.query('ROLLBACK TO SAVEPOINT trellis_page');
+    if (!isRowError(error)) return error;
+    try {
+      const keys = await session.query<{ s: number; k: string[] }>(
+        `SELECT DISTINCT source_id AS s, key AS k FROM (${changed}) c ORDER BY 1, 2`,
+        params,
+      );
+      await applyKeysBisecting(session, schema, plan, keys as ChangedKey[], log);
+      await session.query('RELEASE SAVEPOINT trellis_page');
+      return null;
+    } catch (bisectError) {
+      await session.query('ROLLBACK TO SAVEPOINT trellis_page');
+      return bisectError;
+    }
+  }
 }
 
 async function recordPageFailure(

@@ -1,6 +1,11 @@
 import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
-import { inRange } from './changed-sql.js';
+import type { Logger } from '../logger.js';
+import { changedFromLedger, inRange } from './changed-sql.js';
+import { advanceCursor } from './cursor.js';
+import { applyChanged } from './pages.js';
+import type { PlanCache } from './plan-cache.js';
+import { enterTransformWork } from './work-settings.js';
 
 /** Ledger rows per drain page: big enough to amortise a statement, small enough to share. */
 export const PAGE_ROWS = 20_000;
@@ -28,7 +33,12 @@ interface Candidate {
  */
 export type OpenRangeResult = 'none' | 'advanced' | 'opened';
 
-export async function openRange(session: Session, schema: string): Promise<OpenRangeResult> {
+export async function openRange(
+  session: Session,
+  schema: string,
+  plans: PlanCache,
+  log: Logger,
+): Promise<OpenRangeResult> {
   const s = quoteIdent(schema);
   return session.transaction(async () => {
     const [c] = await session.query<Candidate>(
@@ -64,6 +74,25 @@ export async function openRange(session: Session, schema: string): Promise<OpenR
     if (rows === 0) {
       await advanceCursor(session, schema, c.transform_id, c.hi_seq);
       return 'advanced';
+    }
+    if (rows <= PAGE_ROWS) {
+      // A small range (the common case when live) is applied at once, in this transaction:
+      // no page to write, claim and delete. If it fails for no row's fault, it becomes a
+      // page after all, which is retried with backoff and reported.
+      const plan = await plans.load(session, c.transform_id);
+      await enterTransformWork(session, schema, plan);
+      const failure = await applyChanged(
+        session,
+        schema,
+        plan,
+        changedFromLedger(schema, plan, null),
+        [c.lo_snap, c.hi_snap],
+        log,
+      );
+      if (failure === null) {
+        await advanceCursor(session, schema, c.transform_id, c.hi_seq);
+        return 'opened';
+      }
     }
     let pages: Array<{ gen: number | null; lo: number | null; hi: number | null }>;
     // Keys of a single-table transform map one to one to target rows: split by key hash,
@@ -112,27 +141,6 @@ export async function openRange(session: Session, schema: string): Promise<OpenR
     );
     return 'opened';
   });
-}
-
-/**
- * The transform has applied every change up to tick `hi`: its cursor moves there. A
- * transform catching up is live from then on.
- */
-export async function advanceCursor(
-  session: Session,
-  schema: string,
-  transformId: number,
-  hi: string | number,
-): Promise<void> {
-  await session.query(
-    `UPDATE ${quoteIdent(schema)}.pipeline
-        SET cursor_tick = $2, open_lo = NULL, open_hi = NULL, open_pages = NULL, pages_left = NULL,
-            live_since = CASE WHEN phase = 'catching_up' THEN now() ELSE live_since END,
-            phase = CASE WHEN phase = 'catching_up' THEN 'live' ELSE phase END,
-            updated_at = now()
-      WHERE transform_id = $1`,
-    [transformId, hi],
-  );
 }
 
 /**
