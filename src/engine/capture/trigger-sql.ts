@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import { quoteIdent } from '../identifiers.js';
+import { EPOCH_BITS, GENERATIONS } from '../internal/ledger.js';
 
 /** One captured column of a source, as the UPDATE trigger compares it. */
 export interface CapturedColumn {
@@ -74,6 +75,17 @@ function keyJoin(spec: CaptureSpec, left: string, right: string): string {
     .join(' AND ');
 }
 
+/** Several captured columns compared at once (text where a type has no `=`). */
+function rowChanged(columns: CapturedColumn[]): string {
+  const side = (alias: string) =>
+    columns
+      .map((c) =>
+        c.comparable ? `${alias}.${quoteIdent(c.name)}` : `${alias}.${quoteIdent(c.name)}::text`,
+      )
+      .join(', ');
+  return `(${side('o')}) IS DISTINCT FROM (${side('n')})`;
+}
+
 function changed(column: CapturedColumn): string {
   const c = quoteIdent(column.name);
   return column.comparable
@@ -86,9 +98,10 @@ function changed(column: CapturedColumn): string {
  * only the transition table, so a writer never waits on anything but its own insert.
  * `x` is the transaction's id and `g` its ledger generation (declared by the function).
  */
-function captureBody(spec: CaptureSpec, event: CaptureEvent): string {
+function captureBody(spec: CaptureSpec, event: CaptureEvent, gen: number): string {
   const s = quoteIdent(spec.schema);
-  const insert = `INSERT INTO ${s}.ledger (gen, source_id, xid, key)`;
+  // Straight into the generation's partition: routing through the parent costs more.
+  const insert = `INSERT INTO ${s}.${quoteIdent(`ledger_${gen}`)} (gen, source_id, xid, key)`;
   const first = quoteIdent(spec.keyColumns[0]!);
   switch (event) {
     case 'insert':
@@ -100,19 +113,17 @@ function captureBody(spec: CaptureSpec, event: CaptureEvent): string {
     case 'truncate':
       return `${insert} VALUES (g, ${spec.sourceId}, x, NULL);`;
     case 'update': {
-      // Old and new rows pair up by key. A row whose key changed shows up as a new key
-      // without an old row and an old key without a new one: both are captured.
-      const differs = spec.captured.length ? ` OR ${spec.captured.map(changed).join(' OR ')}` : '';
+      // Old and new rows pair up by key, in one full join of the transition tables. A row
+      // whose key changed shows up on both sides unpaired: both keys are captured. A pair
+      // whose captured columns are all unchanged captures nothing.
+      const differs = spec.captured.length
+        ? ` OR ${spec.captured.length === 1 ? changed(spec.captured[0]!) : rowChanged(spec.captured)}`
+        : '';
       return `${insert}
-  SELECT g, ${spec.sourceId}, x, y.key FROM (
-    SELECT ${keyArray(spec, 'n')} AS key
-      FROM trellis_new n LEFT JOIN trellis_old o ON ${keyJoin(spec, 'o', 'n')}
-     WHERE o.${first} IS NULL${differs}
-    UNION ALL
-    SELECT ${keyArray(spec, 'o')}
-      FROM trellis_old o LEFT JOIN trellis_new n ON ${keyJoin(spec, 'o', 'n')}
-     WHERE n.${first} IS NULL
-  ) y;`;
+  SELECT g, ${spec.sourceId}, x,
+         CASE WHEN n.${first} IS NULL THEN ${keyArray(spec, 'o')} ELSE ${keyArray(spec, 'n')} END
+    FROM trellis_old o FULL JOIN trellis_new n ON ${keyJoin(spec, 'o', 'n')}
+   WHERE o.${first} IS NULL OR n.${first} IS NULL${differs};`;
     }
   }
 }
@@ -122,16 +133,25 @@ export function captureFunctionsSql(spec: CaptureSpec, events = CAPTURE_EVENTS):
   const pinned = spec.keyTypes.every(settingFree)
     ? ''
     : `\nSET datestyle = 'ISO, YMD' SET intervalstyle = 'postgres' SET extra_float_digits = 3 SET bytea_output = 'hex'`;
-  // The transaction's id and its ledger generation, once per statement.
+  // The transaction's id and its ledger generation, once per statement; then one static
+  // INSERT per generation (each keeps its cached plan).
   const s = quoteIdent(spec.schema);
+  const branches = (event: CaptureEvent) =>
+    Array.from(
+      { length: GENERATIONS },
+      (_, gen) =>
+        `${gen === 0 ? 'IF' : 'ELSIF'} g = ${gen} THEN\n    ${captureBody(spec, event, gen)}`,
+    ).join('\n  ');
   return events.map(
     (event) => `CREATE OR REPLACE FUNCTION ${functionName(spec, event)}()
 RETURNS trigger LANGUAGE plpgsql${pinned} AS $trellis_capture$
 DECLARE
   x bigint := pg_current_xact_id()::text::bigint;
-  g smallint := ${s}.ledger_generation(x);
+  -- ${s}.ledger_generation(x), inlined: the function call costs more than the arithmetic.
+  g smallint := ((x >> ${EPOCH_BITS}) % ${GENERATIONS})::smallint;
 BEGIN
-  ${captureBody(spec, event)}
+  ${branches(event)}
+  END IF;
   RETURN NULL;
 END
 $trellis_capture$`,

@@ -1,11 +1,8 @@
 import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
+import { EPOCH_BITS, GENERATIONS } from '../internal/ledger.js';
 import type { Logger } from '../logger.js';
 import { SQLSTATE, sqlstateOf } from '../sqlstate.js';
-
-/** Ledger generations; a row's is `(xid >> EPOCH_BITS) % GENERATIONS` (ledger_generation()). */
-export const GENERATIONS = 3;
-export const EPOCH_BITS = 16;
 
 /**
  * The oldest tick some transform still reads from: its cursor (or the newest tick when no

@@ -1,0 +1,7 @@
+/**
+ * The ledger's generations: a row goes to `(xid >> EPOCH_BITS) % GENERATIONS`. The SQL
+ * function `<schema>.ledger_generation()` (0007_pipeline.sql) computes the same, and the
+ * capture triggers inline it; the three must agree.
+ */
+export const GENERATIONS = 3;
+export const EPOCH_BITS = 16;
