@@ -89,6 +89,48 @@ describe('the live pipeline', () => {
     await converge('chain_base');
   });
 
+  it('builds a chain and its upstream together over a table of several backfill chunks', async () => {
+    await db.sql.unsafe(`
+      CREATE TABLE ledger_lines (id int PRIMARY KEY, amount int NOT NULL);
+      INSERT INTO ledger_lines SELECT g, g % 1000 FROM generate_series(1, 250000) g;
+    `);
+    // Defined in one migration: the upstream's build runs while the chain drains what it
+    // writes, looking its rows up by key all along.
+    await db.sql.begin(async (tx) => {
+      await tx`SELECT trellis.apply('TRANSFORM big_lines FROM ledger_lines SELECT amount WHERE amount >= 500')`;
+      await tx`SELECT trellis.apply('TRANSFORM big_lines_top FROM big_lines SELECT amount WHERE amount >= 900')`;
+    });
+    await db.sql`UPDATE ledger_lines SET amount = 950 WHERE id % 1000 = 1`;
+    await converge('big_lines');
+    await converge('big_lines_top');
+  });
+
+  it('gives a target its key back mid-build when a transform is defined over it', async () => {
+    await trellis.apply('TRANSFORM mid_build FROM ledger_lines SELECT amount');
+    await waitFor(async () => {
+      const s = await trellis.status('mid_build');
+      return s.status === 'backfilling' && (s.backfill?.keysDone ?? 0) > 0;
+    }, 'the first backfill chunk of mid_build');
+    // Stop the build between chunks: hold its pipeline row while pausing it.
+    await db.sql.begin(async (tx) => {
+      await tx`SELECT 1 FROM trellis.pipeline p JOIN trellis.transforms t ON t.id = p.transform_id
+                WHERE t.target_name = 'mid_build' FOR UPDATE OF p`;
+      await tx`SELECT trellis.apply('PAUSE TRANSFORM mid_build')`;
+    });
+    const primaryKeys = async () => {
+      const [row] = await db.sql`
+        SELECT count(*)::int AS n FROM pg_index WHERE indrelid = 'mid_build'::regclass AND indisprimary`;
+      return row!.n as number;
+    };
+    expect((await trellis.status('mid_build')).backfill?.keysDone).toBeLessThan(250_000);
+    expect(await primaryKeys()).toBe(0); // deferred to the end of the build
+    await trellis.apply('TRANSFORM mid_build_top FROM mid_build SELECT amount WHERE amount < 10');
+    expect(await primaryKeys()).toBe(1);
+    await trellis.apply('RESUME TRANSFORM mid_build');
+    await converge('mid_build');
+    await converge('mid_build_top');
+  });
+
   it('flows a TRUNCATE of a source through, down the chain', async () => {
     await db.sql.unsafe(`
       CREATE TABLE gadgets (id int PRIMARY KEY, label text);

@@ -181,20 +181,28 @@ async function deferIndexes(
   plan: TransformPlan,
 ): Promise<void> {
   const tables = [plan.targetSql, ...(plan.mapSql ? [plan.mapSql] : [])];
-  const [empty] = await session.query<{ empty: boolean }>(
-    `SELECT NOT EXISTS (SELECT 1 FROM ${plan.targetSql}) AS empty`,
+  // A target another transform reads keeps its key: that transform's drain looks its rows
+  // up by it while this build runs (a define over it later puts the key back first).
+  const [eligible] = await session.query<{ ok: boolean }>(
+    `SELECT NOT EXISTS (SELECT 1 FROM ${plan.targetSql})
+            AND NOT EXISTS (SELECT 1 FROM ${quoteIdent(schema)}.transform_sources
+                             WHERE source_oid = $1::regclass) AS ok`,
+    [plan.targetSql],
   );
-  if (!empty?.empty) return;
+  if (!eligible?.ok) return;
+  // Names qualified in full: the DDL may run in another session with another search_path.
   const indexes = await session.query<{ create: string; drop: string }>(
     `SELECT CASE WHEN con.oid IS NOT NULL
-                 THEN format('ALTER TABLE %s ADD CONSTRAINT %I %s', i.indrelid::regclass, con.conname,
-                             pg_get_constraintdef(con.oid))
+                 THEN format('ALTER TABLE %I.%I ADD CONSTRAINT %I %s', n.nspname, c.relname,
+                             con.conname, pg_get_constraintdef(con.oid))
                  ELSE pg_get_indexdef(i.indexrelid) END AS create,
             CASE WHEN con.oid IS NOT NULL
                  THEN format('ALTER TABLE %s DROP CONSTRAINT %I', i.indrelid::regclass, con.conname)
                  ELSE format('DROP INDEX %s', i.indexrelid::regclass) END AS drop
        FROM pg_index i
-       LEFT JOIN pg_constraint con ON con.conindid = i.indexrelid AND con.contype IN ('p', 'u')
+       JOIN pg_class c ON c.oid = i.indrelid
+       JOIN pg_namespace n ON n.oid = c.relnamespace
+      LEFT JOIN pg_constraint con ON con.conindid = i.indexrelid AND con.contype IN ('p', 'u')
       WHERE i.indrelid = ANY ($1::regclass[])`,
     [tables],
   );

@@ -163,6 +163,9 @@ BEGIN
   IF r.nspname = @schema_literal@ THEN
     PERFORM @schema@._fail('TRV01', format('%s %s is one of Trellis''s own tables', role, written));
   END IF;
+  -- Another transform's target in the middle of its build may be without its key (see
+  -- _restore_deferred_ddl in 0007_pipeline.sql, which exists by the time this runs).
+  PERFORM @schema@._restore_deferred_ddl(rel);
   SELECT array_agg(a.attname ORDER BY k.i), array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY k.i)
     INTO keys, key_types
     FROM pg_index x

@@ -93,6 +93,27 @@ CREATE TABLE @schema@.pipeline (
   updated_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- A build that deferred its target's key (deferred_ddl above) puts it back now: a transform
+-- being defined over that target needs its key, and will look rows up by it. Waits for the
+-- chunk being filled (it holds the pipeline row).
+CREATE FUNCTION @schema@._restore_deferred_ddl(target oid)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  building int;
+  ddl text;
+BEGIN
+  SELECT p.transform_id INTO building
+    FROM @schema@.pipeline p JOIN @schema@.transforms t ON t.id = p.transform_id
+   WHERE t.target_oid = target AND p.deferred_ddl IS NOT NULL
+     FOR UPDATE OF p;
+  IF building IS NULL THEN RETURN; END IF;
+  FOR ddl IN SELECT unnest(deferred_ddl) FROM @schema@.pipeline WHERE transform_id = building LOOP
+    EXECUTE ddl;
+  END LOOP;
+  UPDATE @schema@.pipeline SET deferred_ddl = NULL WHERE transform_id = building;
+END
+$fn$;
+
 -- Pages of an open range not yet applied. A drain claims one with FOR UPDATE SKIP LOCKED
 -- and deletes it in the transaction that applies it; a claim dies with its session.
 CREATE TABLE @schema@.pages (
