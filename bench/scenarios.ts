@@ -2,8 +2,16 @@ import { backfill } from './backfill.js';
 import { bulkInsert } from './bulk-insert.js';
 import { drain } from './drain-throughput.js';
 import { freshness } from './freshness.js';
+import { groupBy } from './group-by.js';
 import type { Scenario } from './scenario.js';
 import { writeThroughput } from './write-throughput.js';
 
 /** Every scenario `npm run bench` runs, in order. A new scenario: a file, and a line here. */
-export const SCENARIOS: Scenario[] = [writeThroughput, bulkInsert, freshness, drain, backfill];
+export const SCENARIOS: Scenario[] = [
+  writeThroughput,
+  bulkInsert,
+  freshness,
+  drain,
+  backfill,
+  groupBy,
+];

@@ -1,19 +1,9 @@
-import { runLoad, type Workload } from './load.js';
-import { type Figure, figure, type Scenario } from './scenario.js';
-import { checkpoint, converge, median, timed, trellisOn } from './support.js';
+import type { Workload } from './load.js';
+import type { Scenario } from './scenario.js';
+import { trellisOn } from './support.js';
+import { compareWrites } from './write-comparison.js';
 
 const ROWS = 100_000;
-const CLIENTS = [1, 8];
-/**
- * Two runs of each variant, ABCCBA, so drift and order effects cancel:
- * - bare: the table no transform reads;
- * - capture: the table a live transform reads, its capture triggers firing, with the
- *   workers stopped (the write path itself: what capture costs a writer);
- * - pipeline: the same, with the staging worker and two drain loops running on the same
- *   two cores, re-deriving every write as it commits.
- */
-const ORDER = ['bare', 'capture', 'pipeline', 'pipeline', 'capture', 'bare'] as const;
-type Variant = (typeof ORDER)[number];
 
 function table(name: string): string {
   return `
@@ -25,7 +15,7 @@ function table(name: string): string {
     ANALYZE ${name};`;
 }
 
-const workloads: Record<'INSERT' | 'UPDATE', (table: string) => Workload> = {
+const workloads: Record<string, (table: string) => Workload> = {
   INSERT: (t) => ({
     pgbench: `\\set a random(1, 1000000)\nINSERT INTO ${t} (a, b) VALUES (:a, 'inserted');\n`,
     node: (sql) =>
@@ -39,10 +29,8 @@ const workloads: Record<'INSERT' | 'UPDATE', (table: string) => Workload> = {
 };
 
 /**
- * Single-row INSERT and UPDATE throughput on a table a live projection reads (capture
- * triggers, staging worker and two drain loops running) against the same table bare, in
- * the same database, alternating (ORDER); each figure is the median of its three runs.
- * After each captured run the drain catches up (untimed) before the next run starts.
+ * Single-row INSERT and UPDATE throughput on a table a live projection reads against the
+ * same table bare, in the same database (see compareWrites for the variants and order).
  */
 export const writeThroughput: Scenario = {
   name: 'write',
@@ -50,68 +38,25 @@ export const writeThroughput: Scenario = {
   async run({ db, seconds, log }) {
     await db.sql.unsafe(table('w_bare') + table('w_captured'));
     const api = await trellisOn(db.url);
-    let workers = await trellisOn(db.url, { staging: true, drainThreads: 2 });
-    let running = true;
-    const figures: Figure[] = [];
     try {
       await api.apply('TRANSFORM w_view FROM w_captured SELECT a AS a, b AS b');
-      await converge(workers, 'w_view');
-      for (const op of ['INSERT', 'UPDATE'] as const) {
-        for (const clients of CLIENTS) {
-          const tps: Record<Variant, number[]> = { bare: [], capture: [], pipeline: [] };
-          const catchUpMs: number[] = [];
-          let tool = '';
-          for (const variant of ORDER) {
-            // Workers run only for the pipeline runs; the ledger the capture runs fill is
-            // drained (untimed) before the next pipeline run.
-            if (variant === 'pipeline' && !running) {
-              workers = await trellisOn(db.url, { staging: true, drainThreads: 2 });
-              running = true;
-              catchUpMs.push(await timed(() => converge(workers, 'w_view')));
-            } else if (variant !== 'pipeline' && running) {
-              catchUpMs.push(await timed(() => converge(workers, 'w_view')));
-              await workers.shutdown();
-              running = false;
-            }
-            await checkpoint(db);
-            const result = await runLoad(
-              db.url,
-              workloads[op](variant === 'bare' ? 'w_bare' : 'w_captured'),
-              clients,
-              seconds,
-            );
-            tool = result.tool;
-            tps[variant].push(result.tps);
-            log(`${op} ${clients} client(s) ${variant}: ${result.tps.toFixed(0)} tps`);
-          }
-          const name = `${op} ${clients === 1 ? '1 client' : `${clients} clients`}`;
-          figures.push(
-            figure({
-              scenario: 'write',
-              figure: `${name}, capture`,
-              value: median(tps.capture),
-              unit: 'ops/s',
-              baseline: { label: 'bare', value: median(tps.bare) },
-              ...(clients === 8
-                ? { target: { of: 'ratio', op: '>=', threshold: 0.9, text: '≥ 0.90× bare' } }
-                : {}),
-              detail: { samples: tps, seconds, tool },
-            }),
-            figure({
-              scenario: 'write',
-              figure: `${name}, + pipeline on the same cores`,
-              value: median(tps.pipeline),
-              unit: 'ops/s',
-              baseline: { label: 'bare', value: median(tps.bare) },
-              detail: { samples: tps, seconds, tool, drainCatchUpMs: catchUpMs },
-            }),
-          );
-        }
-      }
+      return await compareWrites({
+        db,
+        seconds,
+        log,
+        scenario: 'write',
+        bareTable: 'w_bare',
+        capturedTable: 'w_captured',
+        target: 'w_view',
+        workloads,
+        clients: [1, 8],
+        targetFor: (clients) =>
+          clients === 8
+            ? { of: 'ratio', op: '>=', threshold: 0.9, text: '≥ 0.90× bare' }
+            : undefined,
+      });
     } finally {
-      await workers.shutdown();
       await api.shutdown();
     }
-    return figures;
   },
 };

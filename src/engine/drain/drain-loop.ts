@@ -12,6 +12,12 @@ import { hasDrainWork, openRange } from './ranges.js';
 const MAX_IDLE_MS = 50;
 
 /**
+ * A loop busy with live ranges still gives backfills a turn this often: ranges come with
+ * every tick, and without turns a build would wait for a quiet moment that may not come.
+ */
+const BACKFILL_TURN_MS = 100;
+
+/**
  * One drain loop: applies open pages, opens ranges for transforms that are behind, and
  * fills backfilling targets chunk by chunk. Any number of loops in any number of
  * processes share the work through row locks (FOR UPDATE SKIP LOCKED); each holds a
@@ -21,6 +27,7 @@ const MAX_IDLE_MS = 50;
 export class DrainLoop {
   private readonly loop: WorkerLoop;
   private idleMs = 1;
+  private nextBackfillTurn = 0;
   private readonly plans: PlanCache;
 
   constructor(
@@ -58,13 +65,21 @@ export class DrainLoop {
 
   private async step(session: Session): Promise<number> {
     if (this.idleMs > 1 && !(await hasDrainWork(session, this.schema))) return this.idle();
+    if (Date.now() >= this.nextBackfillTurn && (await this.backfill(session))) return this.busy();
     if (await applyPage(session, this.schema, this.plans, this.log)) return this.busy();
     const opened = await openRange(session, this.schema, this.plans, this.log);
     if (opened === 'opened') return this.busy();
     // Moving a cursor over an empty range is cheap; keepalive ticks make many of them.
     if (opened === 'advanced') return 0;
-    if (await backfillChunk(session, this.schema, this.log)) return this.busy();
+    if (await this.backfill(session)) return this.busy();
     return this.idle();
+  }
+
+  /** One backfill chunk, if any target is backfilling; the next turn comes after other work. */
+  private async backfill(session: Session): Promise<boolean> {
+    const filled = await backfillChunk(session, this.schema, this.log);
+    this.nextBackfillTurn = Date.now() + BACKFILL_TURN_MS;
+    return filled;
   }
 
   private busy(): number {

@@ -6,6 +6,7 @@ import type { Logger } from '../logger.js';
 import { WorkerLoop } from '../workers/worker-loop.js';
 import { startBackfills } from './backfill-start.js';
 import { maintainLedger } from './ledger-maintenance.js';
+import { summarizeLedger } from './ledger-summaries.js';
 import { tick } from './ticker.js';
 
 export interface StagingTimings {
@@ -78,7 +79,9 @@ export class StagingWorker {
       this.nextReconcile = 0;
       this.log.info({ pid: row.pid }, 'staging worker elected');
     }
-    await tick(session, this.schema);
+    if ((await tick(session, this.schema)) !== null) {
+      await summarizeLedger(session, this.schema, this.log);
+    }
     const now = Date.now();
     if (now >= this.nextReconcile) {
       this.nextReconcile = now + this.timings.reconcileMs;
