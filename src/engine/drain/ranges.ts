@@ -59,6 +59,9 @@ export async function openRange(
           FOR UPDATE OF pl SKIP LOCKED`,
     );
     if (!c) return 'none';
+    // The range's bounds decide whether the ledger's BRIN index pays: plan for them (a
+    // generic plan, without them, would read the whole ledger).
+    await session.query("SELECT set_config('plan_cache_mode', 'force_custom_plan', true)");
     const range = `l.source_id = ANY ($1::int[]) AND ${inRange('l.xid', '$2', '$3')}`;
     const params = [c.source_ids, c.lo_snap, c.hi_snap];
     const [stats] = await session.query<{ n: string; truncated: boolean | null }>(
