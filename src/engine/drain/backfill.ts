@@ -108,7 +108,10 @@ export async function backfillChunk(
         step = await repairChunk(session, schema, plan, claim.backfill_position, log);
         done = !step.upto;
       }
-      if (done) await restoreIndexes(session, schema, claim.transform_id);
+      if (done) {
+        await restoreIndexes(session, schema, claim.transform_id);
+        await analyzeBuilt(session, plan);
+      }
       await session.query(
         `UPDATE ${s}.pipeline
             SET backfill_position = $2, backfill_done = backfill_done + $3, rebuild = false,
@@ -230,6 +233,17 @@ async function restoreIndexes(
   await session.query(`UPDATE ${s}.pipeline SET deferred_ddl = NULL WHERE transform_id = $1`, [
     transformId,
   ]);
+}
+
+/**
+ * Statistics for a freshly built target and key map: until autovacuum gets to them, the
+ * planner would take them for the empty tables they were, and re-derive groups by
+ * reading whole source tables. (A role that does not own them gets a warning, not an
+ * error, and autovacuum does it later.)
+ */
+async function analyzeBuilt(session: Session, plan: TransformPlan): Promise<void> {
+  await session.query(`ANALYZE ${plan.targetSql}`);
+  if (plan.mapSql) await session.query(`ANALYZE ${plan.mapSql}`);
 }
 
 /** Stage 'repair': re-derives one chunk of driving keys through the bisecting path. */
