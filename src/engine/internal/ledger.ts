@@ -5,3 +5,6 @@
  */
 export const GENERATIONS = 3;
 export const EPOCH_BITS = 16;
+
+/** Heap pages per range of the ledger's BRIN index on xid (0007_pipeline.sql). */
+export const LEDGER_PAGES_PER_RANGE = 16;

@@ -6,7 +6,7 @@ import type { Logger } from '../logger.js';
 import { WorkerLoop } from '../workers/worker-loop.js';
 import { startBackfills } from './backfill-start.js';
 import { maintainLedger } from './ledger-maintenance.js';
-import { summarizeLedger } from './ledger-summaries.js';
+import { LedgerSummaries } from './ledger-summaries.js';
 import { tick } from './ticker.js';
 
 export interface StagingTimings {
@@ -39,6 +39,7 @@ export class StagingWorker {
   private nextReconcile = 0;
   private nextMaintenance = 0;
   private readonly capture: CaptureReconciler;
+  private readonly summaries: LedgerSummaries;
 
   constructor(
     pool: ConnectionPool,
@@ -48,6 +49,7 @@ export class StagingWorker {
     private readonly timings: StagingTimings = STAGING_TIMINGS,
   ) {
     this.capture = new CaptureReconciler(schema, log);
+    this.summaries = new LedgerSummaries(schema, log);
     this.loop = new WorkerLoop({
       name: 'staging worker',
       pool,
@@ -80,7 +82,7 @@ export class StagingWorker {
       this.log.info({ pid: row.pid }, 'staging worker elected');
     }
     if ((await tick(session, this.schema)) !== null) {
-      await summarizeLedger(session, this.schema, this.log);
+      await this.summaries.summarize(session);
     }
     const now = Date.now();
     if (now >= this.nextReconcile) {
