@@ -93,25 +93,27 @@ function changed(column: CapturedColumn): string {
     : `o.${c}::text IS DISTINCT FROM n.${c}::text`;
 }
 
+/** Keys per ledger row: a bulk write pays a ledger row per this many changed rows. */
+export const KEYS_PER_LEDGER_ROW = 100;
+
 /**
- * The ledger INSERT each trigger runs: one statement per triggering statement, reading
- * only the transition table, so a writer never waits on anything but its own insert.
- * `x` is the transaction's id and `g` its ledger generation (declared by the function).
+ * A key as one text, as the ledger stores it: a one-column key's text form, a wider
+ * key's text[] in its text form (decoded by the drain: src/engine/drain/changed-sql.ts).
  */
-function captureBody(spec: CaptureSpec, event: CaptureEvent, gen: number): string {
-  const s = quoteIdent(spec.schema);
-  // Straight into the generation's partition: routing through the parent costs more.
-  const insert = `INSERT INTO ${s}.${quoteIdent(`ledger_${gen}`)} (gen, source_id, xid, key)`;
+function encodedKey(spec: CaptureSpec, alias: string): string {
+  return spec.keyColumns.length === 1
+    ? `${alias}.${quoteIdent(spec.keyColumns[0]!)}::text`
+    : `${keyArray(spec, alias)}::text`;
+}
+
+/** The changed keys of one triggering statement, as rows of one column `k`. */
+function changedKeys(spec: CaptureSpec, event: 'insert' | 'update' | 'delete'): string {
   const first = quoteIdent(spec.keyColumns[0]!);
   switch (event) {
     case 'insert':
-      return `${insert}
-  SELECT g, ${spec.sourceId}, x, ${keyArray(spec, 'n')} FROM trellis_new n;`;
+      return `SELECT ${encodedKey(spec, 'n')} AS k FROM trellis_new n`;
     case 'delete':
-      return `${insert}
-  SELECT g, ${spec.sourceId}, x, ${keyArray(spec, 'o')} FROM trellis_old o;`;
-    case 'truncate':
-      return `${insert} VALUES (g, ${spec.sourceId}, x, NULL);`;
+      return `SELECT ${encodedKey(spec, 'o')} AS k FROM trellis_old o`;
     case 'update': {
       // Old and new rows pair up by key, in one full join of the transition tables. A row
       // whose key changed shows up on both sides unpaired: both keys are captured. A pair
@@ -119,13 +121,30 @@ function captureBody(spec: CaptureSpec, event: CaptureEvent, gen: number): strin
       const differs = spec.captured.length
         ? ` OR ${spec.captured.length === 1 ? changed(spec.captured[0]!) : rowChanged(spec.captured)}`
         : '';
-      return `${insert}
-  SELECT g, ${spec.sourceId}, x,
-         CASE WHEN n.${first} IS NULL THEN ${keyArray(spec, 'o')} ELSE ${keyArray(spec, 'n')} END
+      return `SELECT CASE WHEN n.${first} IS NULL THEN ${encodedKey(spec, 'o')} ELSE ${encodedKey(spec, 'n')} END AS k
     FROM trellis_old o FULL JOIN trellis_new n ON ${keyJoin(spec, 'o', 'n')}
-   WHERE o.${first} IS NULL OR n.${first} IS NULL${differs};`;
+   WHERE o.${first} IS NULL OR n.${first} IS NULL${differs}`;
     }
   }
+}
+
+/**
+ * The ledger INSERT of one generation: the statement's keys (`ks`, collected once) in one
+ * ledger row, or for a big statement in rows of KEYS_PER_LEDGER_ROW keys (so the drain
+ * can page through it). `x` is the transaction's id and `g` its generation.
+ */
+function captureBody(spec: CaptureSpec, event: CaptureEvent, gen: number): string {
+  const s = quoteIdent(spec.schema);
+  // Straight into the generation's partition: routing through the parent costs more.
+  const insert = `INSERT INTO ${s}.${quoteIdent(`ledger_${gen}`)} (gen, source_id, xid, keys)`;
+  if (event === 'truncate') return `${insert} VALUES (g, ${spec.sourceId}, x, NULL);`;
+  const n = KEYS_PER_LEDGER_ROW;
+  return `IF cardinality(ks) <= ${n} THEN
+      ${insert} VALUES (g, ${spec.sourceId}, x, ks);
+    ELSE
+      ${insert}
+      SELECT g, ${spec.sourceId}, x, ks[i:i + ${n - 1}] FROM generate_series(1, cardinality(ks), ${n}) i;
+    END IF;`;
 }
 
 /** CREATE OR REPLACE of the four trigger functions (no lock on the source). */
@@ -133,8 +152,8 @@ export function captureFunctionsSql(spec: CaptureSpec, events = CAPTURE_EVENTS):
   const pinned = spec.keyTypes.every(settingFree)
     ? ''
     : `\nSET datestyle = 'ISO, YMD' SET intervalstyle = 'postgres' SET extra_float_digits = 3 SET bytea_output = 'hex'`;
-  // The transaction's id and its ledger generation, once per statement; then one static
-  // INSERT per generation (each keeps its cached plan).
+  // The transaction's id, its ledger generation and the changed keys, once per statement;
+  // then static INSERTs per generation (each keeps its cached plan).
   const s = quoteIdent(spec.schema);
   const branches = (event: CaptureEvent) =>
     Array.from(
@@ -149,7 +168,17 @@ DECLARE
   x bigint := pg_current_xact_id()::text::bigint;
   -- ${s}.ledger_generation(x), inlined: the function call costs more than the arithmetic.
   g smallint := ((x >> ${EPOCH_BITS}) % ${GENERATIONS})::smallint;
-BEGIN
+  ks text[];
+BEGIN${
+      event === 'truncate'
+        ? ''
+        : `
+  -- The statement's changed keys, read from the transition tables once.
+  ks := (SELECT array_agg(k) FROM (${changedKeys(spec, event)}) c);
+  IF ks IS NULL THEN
+    RETURN NULL;
+  END IF;`
+    }
   ${branches(event)}
   END IF;
   RETURN NULL;

@@ -195,34 +195,35 @@ SELECT (SELECT count(*) FROM affected)::int AS keys,
 }
 
 /**
- * Backfill, stage 'rows': fills the key map for driving keys after `$1` up to and
- * including `$2` (either NULL for an open end).
+ * Backfill of a GROUP BY transform (stage 'groups'): every group at once, as one aggregate
+ * query, and the key map filled in the same statement. One statement, one snapshot: the
+ * map must name every group the target holds, as it was when the target was computed. (A
+ * map filled in earlier chunks would name the groups of older states: a group the target
+ * got from a later state, and that changed again, would never be re-derived away.)
+ * Returns the join rows mapped as `rows`.
  */
-export function mapChunkSql(plan: TransformPlan, bound: (param: string) => string): string {
-  const sources = plan.sources;
-  const driving = sources[0]!;
-  const mapColumns = [
-    ...sources.flatMap((s) => mapKeys(s)),
-    ...plan.groups.map((_, i) => mapGroup(i + 1)),
-  ];
-  const keys = tuple(sourceKeys(driving));
-  return `WITH filled AS (
-  INSERT INTO ${plan.mapSql} (${list(mapColumns)})
-  SELECT ${list([...sources.flatMap((s) => sourceKeys(s)), ...plan.groups.map((g) => `(${g.expression})`)])}
-    FROM ${plan.fromSql}
-   WHERE ${whereAnd(plan)}($1::text[] IS NULL OR ${keys} > ${bound('$1')})
-     AND ($2::text[] IS NULL OR ${keys} <= ${bound('$2')})
-  RETURNING 1
-)
-SELECT count(*)::int AS rows FROM filled`;
-}
-
-/** Backfill, stage 'groups': every group at once, as one aggregate query. */
 export function groupsFillSql(plan: TransformPlan): string {
   const written = writtenColumns(plan);
-  return `INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
+  const fill = `INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
   SELECT ${selectList(plan)}
     FROM ${plan.fromSql}${plan.where ? `\n   WHERE (${plan.where})` : ''}${
       plan.groupBy.length ? `\n   GROUP BY ${list(plan.groupBy)}` : ''
     }${having(plan)}`;
+  if (!plan.mapSql) return `WITH filled AS (${fill} RETURNING 1) SELECT 0 AS rows`;
+  const sources = plan.sources;
+  const mapColumns = [
+    ...sources.flatMap((s) => mapKeys(s)),
+    ...plan.groups.map((_, i) => mapGroup(i + 1)),
+  ];
+  return `WITH mapped AS (
+  INSERT INTO ${plan.mapSql} (${list(mapColumns)})
+  SELECT ${list([...sources.flatMap((s) => sourceKeys(s)), ...plan.groups.map((g) => `(${g.expression})`)])}
+    FROM ${plan.fromSql}${plan.where ? `\n   WHERE (${plan.where})` : ''}
+  RETURNING 1
+),
+filled AS (
+  ${fill}
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM mapped)::int AS rows, (SELECT count(*) FROM filled)::int AS groups`;
 }

@@ -2,7 +2,7 @@ import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
-import { groupsFillSql, mapChunkSql } from './aggregate-sql.js';
+import { groupsFillSql } from './aggregate-sql.js';
 import { applyKeysBisecting } from './apply-keys.js';
 import { backfillChunkSql, chunkEndSql, drivingRowsAfterSql } from './backfill-sql.js';
 import { loadPlan, type TransformPlan } from './plan.js';
@@ -34,9 +34,9 @@ interface Step {
 /**
  * Fills one chunk of a backfilling target, recording progress with it in the same
  * transaction (so a crash repeats at most the chunk). Stages:
- * - 'rows': chunks in key order of the FROM (driving) table. A projection or join fills
- *   the target; a GROUP BY transform fills its key map.
- * - 'groups' (GROUP BY, and grand totals): every group at once, as one aggregate query.
+ * - 'rows' (projections, filters, joins): chunks in key order of the FROM (driving) table.
+ * - 'groups' (GROUP BY, and grand totals): every group at once, as one aggregate query,
+ *   with the key map filled in the same statement (see groupsFillSql).
  * - 'repair': when that query fails on a row, the groups are re-derived instead by chunks
  *   of driving keys through the drain's bisecting path, so the failing rows are held.
  * The last step moves the transform on to catching_up. A row that fails is held, as in
@@ -76,21 +76,20 @@ export async function backfillChunk(
         await deferIndexes(session, schema, claim.transform_id, plan);
       }
       let stage = claim.backfill_stage;
-      if (stage === 'rows' && plan.aggregates && !plan.mapSql) stage = 'groups';
+      // An aggregate's target (and key map) is filled in one statement: see groupsFillSql.
+      if (stage === 'rows' && plan.aggregates) stage = 'groups';
       let step: Step;
       let next: Claim['backfill_stage'] = stage;
       let done = false;
       if (stage === 'rows') {
         step = await rowsChunk(session, schema, plan, claim.backfill_position, log);
-        if (!step.upto) {
-          if (plan.aggregates) next = 'groups';
-          else done = true;
-        }
+        done = !step.upto;
       } else if (stage === 'groups') {
         step = { upto: null, rows: 0 };
         try {
           await session.query('SAVEPOINT trellis_groups');
-          await session.query(groupsFillSql(plan));
+          const [filled] = await session.query<{ rows: number }>(groupsFillSql(plan));
+          step = { upto: null, rows: filled?.rows ?? 0 };
           await session.query('RELEASE SAVEPOINT trellis_groups');
           done = true;
         } catch (error) {
@@ -153,13 +152,9 @@ async function rowsChunk(
   log: Logger,
 ): Promise<Step> {
   const step = await nextChunk(session, plan, position);
-  const driving = plan.sources[0]!;
-  const fill = plan.aggregates
-    ? mapChunkSql(plan, (param) => typedParam(driving, param))
-    : backfillChunkSql(plan);
   try {
     await session.query('SAVEPOINT trellis_fill');
-    await session.query(fill, [position, step.upto]);
+    await session.query(backfillChunkSql(plan), [position, step.upto]);
     await session.query('RELEASE SAVEPOINT trellis_fill');
   } catch (error) {
     await session.query('ROLLBACK TO SAVEPOINT trellis_fill');

@@ -14,6 +14,20 @@ export function inRange(xid: string, lo: string, hi: string): string {
 }
 
 /**
+ * The key of ledger key `k` (see 0007_pipeline.sql) as the text[] of its columns: a
+ * one-column key is stored as its text, a wider one as its text[]'s text form.
+ */
+function decodedKey(plan: TransformPlan, k: string): string {
+  const wide = requireSourceIds(plan)
+    .filter((src) => src.keyColumns.length > 1)
+    .map((src) => src.sourceId);
+  const one = `ARRAY[${k}]`;
+  return wide.length
+    ? `CASE WHEN l.source_id IN (${[...new Set(wide)].join(', ')}) THEN ${k}::text[] ELSE ${one} END`
+    : one;
+}
+
+/**
  * The changed keys of one ledger range (after tick `$1`'s snapshot, up to tick `$2`'s),
  * for this transform's sources, less the keys held back from it (a key changed twice
  * appears twice; consumers dedupe on typed keys, far cheaper than on text[]). A page narrows it to a
@@ -21,6 +35,7 @@ export function inRange(xid: string, lo: string, hi: string): string {
  * range alone: the fence (OFFSET 0) keeps the planner from preferring the xid index,
  * whose estimates for a young ledger are far off, and scanning the whole range per page.
  * With `buckets`, it keeps the keys whose hash falls in bucket `$5` (`$3` unpaged).
+ * A TRUNCATE's ledger row (NULL keys) yields no key.
  */
 export function changedFromLedger(
   schema: string,
@@ -35,20 +50,23 @@ export function changedFromLedger(
       ? `${s}.ledger l`
       : `(SELECT * FROM ${s}.${q(`ledger_${generation}`)} WHERE ctid >= $3::tid AND ctid < $4::tid OFFSET 0) l`;
   const bucketParam = generation === null ? '$3' : '$5';
-  const bucket =
-    buckets > 1
-      ? `\n     AND (hashtext(l.key::text) & 2147483647) % ${buckets} = ${bucketParam}::int`
-      : '';
-  const held = plan.hasHeldKeys
-    ? `
-     AND NOT EXISTS (SELECT 1 FROM ${s}.held_keys h
-                      WHERE h.transform_id = ${plan.id} AND h.source_id = l.source_id AND h.key = l.key)`
-    : '';
-  return `SELECT l.source_id, l.key
-    FROM ${from}
-   WHERE l.source_id IN (${[...new Set(ids)].join(', ')})
-     AND ${inRange('l.xid', '$1', '$2')}
-     AND l.key IS NOT NULL${held}${bucket}`;
+  const filters = [
+    ...(plan.hasHeldKeys
+      ? [
+          `NOT EXISTS (SELECT 1 FROM ${s}.held_keys h
+                      WHERE h.transform_id = ${plan.id} AND h.source_id = c.source_id AND h.key = c.key)`,
+        ]
+      : []),
+    ...(buckets > 1
+      ? [`(hashtext(c.key::text) & 2147483647) % ${buckets} = ${bucketParam}::int`]
+      : []),
+  ];
+  const where = filters.length ? `\n   WHERE ${filters.join('\n     AND ')}` : '';
+  return `SELECT c.source_id, c.key
+    FROM (SELECT l.source_id, ${decodedKey(plan, 'u.k')} AS key
+            FROM ${from} CROSS JOIN LATERAL unnest(l.keys) AS u(k)
+           WHERE l.source_id IN (${[...new Set(ids)].join(', ')})
+             AND ${inRange('l.xid', '$1', '$2')}) c${where}`;
 }
 
 /** Changed keys given explicitly as `$1`: a JSON array of `{"s": source_id, "k": [text, ...]}`. */

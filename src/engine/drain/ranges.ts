@@ -7,7 +7,7 @@ import { applyChanged } from './pages.js';
 import type { PlanCache } from './plan-cache.js';
 import { enterTransformWork } from './work-settings.js';
 
-/** Ledger rows per drain page: big enough to amortise a statement, small enough to share. */
+/** Changed keys per drain page: big enough to amortise a statement, small enough to share. */
 export const PAGE_ROWS = 20_000;
 
 /** Key-hash buckets a big range of a single-table transform is split into. */
@@ -24,7 +24,7 @@ interface Candidate {
 
 /**
  * Opens the next ledger range for one transform that is behind: everything after its
- * cursor up to the newest tick, split into pages of about PAGE_ROWS ledger rows (by
+ * cursor up to the newest tick, split into pages of about PAGE_ROWS changed keys (by
  * ledger blocks, so each page reads only its own), and for a single-table transform
  * further by key hash into BUCKETS, whose pages can be applied at once. A range with no changes moves the
  * cursor at once; one holding a TRUNCATE of a source sends the transform to be rebuilt.
@@ -65,7 +65,8 @@ export async function openRange(
     const range = `l.source_id = ANY ($1::int[]) AND ${inRange('l.xid', '$2', '$3')}`;
     const params = [c.source_ids, c.lo_snap, c.hi_snap];
     const [stats] = await session.query<{ n: string; truncated: boolean | null }>(
-      `SELECT count(*) AS n, bool_or(l.key IS NULL) AS truncated FROM ${s}.ledger l WHERE ${range}`,
+      `SELECT coalesce(sum(cardinality(l.keys)), 0) AS n, bool_or(l.keys IS NULL) AS truncated
+         FROM ${s}.ledger l WHERE ${range}`,
       params,
     );
     const rows = Number(stats?.n ?? 0);
@@ -105,7 +106,7 @@ export async function openRange(
       pages = [{ gen: null, lo: null, hi: null }];
     } else {
       const blocks = await session.query<{ gen: number; blk: string; n: string }>(
-        `SELECT l.gen, (l.ctid::text::point)[0]::bigint AS blk, count(*) AS n
+        `SELECT l.gen, (l.ctid::text::point)[0]::bigint AS blk, sum(cardinality(l.keys)) AS n
            FROM ${s}.ledger l WHERE ${range}
           GROUP BY 1, 2 ORDER BY 1, 2`,
         params,

@@ -279,8 +279,9 @@ BEGIN
   IF ast->>'column' IS NULL THEN
     WITH released AS (
       DELETE FROM @schema@.held_keys h WHERE h.transform_id = t.id RETURNING h.source_id, h.key)
-    INSERT INTO @schema@.ledger (gen, source_id, xid, key)
-    SELECT @schema@.ledger_generation(x.xid), r.source_id, x.xid, r.key
+    INSERT INTO @schema@.ledger (gen, source_id, xid, keys)
+    SELECT @schema@.ledger_generation(x.xid), r.source_id, x.xid,
+           ARRAY[CASE WHEN cardinality(r.key) = 1 THEN r.key[1] ELSE r.key::text END]
       FROM released r, (SELECT pg_current_xact_id()::text::bigint AS xid) x;
   END IF;
   RETURN jsonb_build_object('kind', 'resumed', 'addresses', to_jsonb(addresses));

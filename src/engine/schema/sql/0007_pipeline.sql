@@ -21,10 +21,14 @@ CREATE TABLE @schema@.sources (
   wait jsonb
 );
 
--- The ledger: (source, key, xid) for every captured change, nothing else. A NULL key marks
--- a TRUNCATE of the source. xid is the writing transaction's id (pg_current_xact_id() as a
--- bigint, so a BRIN index can range over it: rows arrive roughly in xid order, and a
--- BRIN index costs writers next to nothing, where a btree costs every captured row).
+-- The ledger: (source, keys, xid) for every captured change, nothing else. A row holds the
+-- keys of up to 100 rows one statement changed (one row per key would make a bulk write
+-- pay a ledger row per row). Each key is one text: a one-column key's own text form, a
+-- wider key's text[] in its text form ('{1,abc}'); see src/engine/capture/trigger-sql.ts.
+-- NULL keys mark a TRUNCATE of the source. xid is the writing transaction's id
+-- (pg_current_xact_id() as a bigint, so a BRIN index can range over it: rows arrive
+-- roughly in xid order, and a BRIN index costs writers next to nothing, where a btree
+-- costs every captured row).
 --
 -- Partitioned into three generations by xid epoch: gen = (xid >> 16) % 3, a pure function
 -- of the transaction, so a trigger needs no lookup to know where to write. A generation
@@ -34,7 +38,7 @@ CREATE TABLE @schema@.ledger (
   gen smallint NOT NULL,
   source_id int NOT NULL,
   xid bigint NOT NULL,
-  key text[]
+  keys text[]
 ) PARTITION BY LIST (gen);
 CREATE TABLE @schema@.ledger_0 PARTITION OF @schema@.ledger FOR VALUES IN (0);
 CREATE TABLE @schema@.ledger_1 PARTITION OF @schema@.ledger FOR VALUES IN (1);
@@ -69,9 +73,9 @@ CREATE TABLE @schema@.pipeline (
   cursor_tick bigint,
   -- Backfill progress: the last driving-table key filled, keys done and in all (estimate).
   backfill_position text[],
-  -- A GROUP BY transform backfills in two stages: 'rows' fills its key map chunk by chunk,
-  -- then 'groups' computes every group at once ('repair' re-derives them key by key when
-  -- that fails on a row). Others have 'rows' only. See src/engine/drain/backfill.ts.
+  -- A projection or join backfills in 'rows' chunks; a GROUP BY transform in one 'groups'
+  -- statement that fills its key map too ('repair' re-derives its groups key by key when
+  -- that fails on a row). See src/engine/drain/backfill.ts.
   backfill_stage text NOT NULL DEFAULT 'rows' CHECK (backfill_stage IN ('rows', 'groups', 'repair')),
   backfill_done bigint NOT NULL DEFAULT 0,
   -- A build into an empty target drops the target's (and key map's) indexes and key
