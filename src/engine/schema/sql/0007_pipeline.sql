@@ -22,8 +22,8 @@ CREATE TABLE @schema@.sources (
 );
 
 -- The ledger: (source, keys, xid) for every captured change, nothing else. A row holds the
--- keys of up to 100 rows one statement changed (one row per key would make a bulk write
--- pay a ledger row per row). Each key is one text: a one-column key's own text form, a
+-- keys of every row one statement changed (one row per key would make a bulk write pay a
+-- ledger row per row). Each key is one text: a one-column key's own text form, a
 -- wider key's text[] in its text form ('{1,abc}'); see src/engine/capture/trigger-sql.ts.
 -- NULL keys mark a TRUNCATE of the source. xid is the writing transaction's id
 -- (pg_current_xact_id() as a bigint, so a BRIN index can range over it: rows arrive
