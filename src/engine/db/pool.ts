@@ -30,6 +30,10 @@ export class ConnectionPool {
   private readonly dead = new WeakSet<Sql>();
   private closed = false;
 
+  private types: FetchedTypes | undefined;
+  /** The first client's connection (and type fetch), while it is in progress. */
+  private connecting: Promise<unknown> | undefined;
+
   constructor(
     readonly config: ConnectionConfig,
     private readonly options: PoolOptions,
@@ -44,8 +48,14 @@ export class ConnectionPool {
    * and leave that query waiting until the connect timeout, so a fresh client is used.
    */
   private createClient(): Sql {
+    const types = this.fetchedTypes();
     const client: Sql = postgres(this.config.url, {
       max: 1,
+      // A client's first connection fetches the server's array types, and if that
+      // connection is closed mid-fetch postgres.js 3.4.9 leaves the failure as an
+      // unhandled rejection (which ends a Node process). Only clients created before any
+      // fetch finished do it; later ones copy the types (ADR 0007).
+      fetch_types: types === undefined,
       onclose: () => {
         this.dead.add(client);
       },
@@ -59,8 +69,33 @@ export class ConnectionPool {
         ...this.options.settings,
       },
     });
+    if (types) {
+      Object.assign(client.options.parsers, types.parsers);
+      Object.assign(client.options.serializers, types.serializers);
+      Object.assign(sharedTypes(client), types.typeArrayMap);
+    }
     this.clients.add(client);
     return client;
+  }
+
+  /**
+   * Array types a client of this pool has fetched, once one has (kept after that client
+   * is retired, so no later client fetches them again).
+   */
+  private fetchedTypes(): FetchedTypes | undefined {
+    if (this.types) return this.types;
+    for (const client of this.clients) {
+      const typeArrayMap = sharedTypes(client);
+      if (Object.keys(typeArrayMap).length > 0) {
+        this.types = {
+          parsers: client.options.parsers,
+          serializers: client.options.serializers,
+          typeArrayMap,
+        };
+        return this.types;
+      }
+    }
+    return undefined;
   }
 
   /**
@@ -82,16 +117,8 @@ export class ConnectionPool {
       client = this.idle.pop();
     }
     try {
-      if (!client) {
-        client = this.createClient();
-        // Connect now, so a server that cannot be reached is reported as such.
-        await client.unsafe('SELECT 1');
-      }
+      client ??= await this.connectClient();
     } catch (error) {
-      if (client) {
-        this.clients.delete(client);
-        void client.end({ timeout: 0 });
-      }
       this.permits.release();
       throw classifyConnectError(error, this.config);
     }
@@ -108,6 +135,30 @@ export class ConnectionPool {
       },
       () => this.dead.has(acquired),
     );
+  }
+
+  /**
+   * A new client, connected now (so a server that cannot be reached is reported as such).
+   * Until one client has fetched the server's types, one connects at a time and the others
+   * wait for it, then copy its types: one fetch per pool, at its first connection.
+   */
+  private async connectClient(): Promise<Sql> {
+    while (!this.fetchedTypes() && this.connecting) {
+      await this.connecting.catch(() => undefined);
+    }
+    const client = this.createClient();
+    const connected = client.unsafe('SELECT 1');
+    if (!this.fetchedTypes()) this.connecting = connected;
+    try {
+      await connected;
+      return client;
+    } catch (error) {
+      this.clients.delete(client);
+      void client.end({ timeout: 0 });
+      throw error;
+    } finally {
+      if (this.connecting === connected) this.connecting = undefined;
+    }
   }
 
   private retire(client: Sql): void {
@@ -129,4 +180,19 @@ export class ConnectionPool {
     this.idle.length = 0;
     await Promise.all(clients.map((client) => client.end({ timeout: timeoutSeconds })));
   }
+}
+
+interface FetchedTypes {
+  parsers: Sql['options']['parsers'];
+  serializers: Sql['options']['serializers'];
+  typeArrayMap: Record<number, number>;
+}
+
+/**
+ * The element → array type map postgres.js fills when it fetches types, and reads when it
+ * sends an array parameter (not in its typings).
+ */
+function sharedTypes(client: Sql): Record<number, number> {
+  return (client.options as unknown as { shared: { typeArrayMap: Record<number, number> } }).shared
+    .typeArrayMap;
 }
