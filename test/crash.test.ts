@@ -69,6 +69,13 @@ describe('crashes', { timeout: 120_000 }, () => {
     await prepare(db, 10_000);
     await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
     for (const d of DEFINITIONS) await trellis.apply(d);
+    // A worker's first connection fetches the server's types, and postgres.js 3.4.9 turns
+    // a cut mid-fetch into an unhandled rejection (ADR 0007). Later connections copy the
+    // types, so the cuts start once the workers are up.
+    await waitFor(
+      async () => (await trellis.hasLiveStagingWorker()) && (await trellis.hasLiveDrainWorkers()),
+      'the workers to connect',
+    );
     let cutting = true;
     const cuts = (async () => {
       let n = 0;

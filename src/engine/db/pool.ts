@@ -31,8 +31,6 @@ export class ConnectionPool {
   private closed = false;
 
   private types: FetchedTypes | undefined;
-  /** The first client's connection (and type fetch), while it is in progress. */
-  private connecting: Promise<unknown> | undefined;
 
   constructor(
     readonly config: ConnectionConfig,
@@ -53,8 +51,8 @@ export class ConnectionPool {
       max: 1,
       // A client's first connection fetches the server's array types, and if that
       // connection is closed mid-fetch postgres.js 3.4.9 leaves the failure as an
-      // unhandled rejection (which ends a Node process). Only clients created before any
-      // fetch finished do it; later ones copy the types (ADR 0007).
+      // unhandled rejection (which ends a Node process). Only the clients created before
+      // one fetch finished do it; later ones copy the types (ADR 0007).
       fetch_types: types === undefined,
       onclose: () => {
         this.dead.add(client);
@@ -117,8 +115,16 @@ export class ConnectionPool {
       client = this.idle.pop();
     }
     try {
-      client ??= await this.connectClient();
+      if (!client) {
+        client = this.createClient();
+        // Connect now, so a server that cannot be reached is reported as such.
+        await client.unsafe('SELECT 1');
+      }
     } catch (error) {
+      if (client) {
+        this.clients.delete(client);
+        void client.end({ timeout: 0 });
+      }
       this.permits.release();
       throw classifyConnectError(error, this.config);
     }
@@ -135,30 +141,6 @@ export class ConnectionPool {
       },
       () => this.dead.has(acquired),
     );
-  }
-
-  /**
-   * A new client, connected now (so a server that cannot be reached is reported as such).
-   * Until one client has fetched the server's types, one connects at a time and the others
-   * wait for it, then copy its types: one fetch per pool, at its first connection.
-   */
-  private async connectClient(): Promise<Sql> {
-    while (!this.fetchedTypes() && this.connecting) {
-      await this.connecting.catch(() => undefined);
-    }
-    const client = this.createClient();
-    const connected = client.unsafe('SELECT 1');
-    if (!this.fetchedTypes()) this.connecting = connected;
-    try {
-      await connected;
-      return client;
-    } catch (error) {
-      this.clients.delete(client);
-      void client.end({ timeout: 0 });
-      throw error;
-    } finally {
-      if (this.connecting === connected) this.connecting = undefined;
-    }
   }
 
   private retire(client: Sql): void {
