@@ -47,7 +47,11 @@ export async function openRange(
                       JOIN ${s}.sources src ON src.source_oid = ts.source_oid
                      WHERE ts.transform_id = pl.transform_id) AS source_ids,
               NOT t.aggregates AND (SELECT count(*) FROM ${s}.transform_sources ts
-                                     WHERE ts.transform_id = pl.transform_id) = 1 AS single_table
+                                     WHERE ts.transform_id = pl.transform_id) = 1 AS single_table,
+              -- For the rest of this transaction: the range's bounds decide whether the
+              -- ledger's BRIN index pays, so plan for them (a generic plan would read the
+              -- whole ledger). Set here, not in a round trip of its own.
+              set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode
          FROM ${s}.pipeline pl
          JOIN ${s}.transforms t ON t.id = pl.transform_id
          JOIN ${s}.ticks lo ON lo.seq = pl.cursor_tick
@@ -59,9 +63,6 @@ export async function openRange(
           FOR UPDATE OF pl SKIP LOCKED`,
     );
     if (!c) return 'none';
-    // The range's bounds decide whether the ledger's BRIN index pays: plan for them (a
-    // generic plan, without them, would read the whole ledger).
-    await session.query("SELECT set_config('plan_cache_mode', 'force_custom_plan', true)");
     const range = `l.source_id = ANY ($1::int[]) AND ${inRange('l.xid', '$2', '$3')}`;
     const params = [c.source_ids, c.lo_snap, c.hi_snap];
     const [stats] = await session.query<{ n: string; truncated: boolean | null }>(
