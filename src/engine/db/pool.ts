@@ -30,8 +30,6 @@ export class ConnectionPool {
   private readonly dead = new WeakSet<Sql>();
   private closed = false;
 
-  private types: FetchedTypes | undefined;
-
   constructor(
     readonly config: ConnectionConfig,
     private readonly options: PoolOptions,
@@ -46,14 +44,8 @@ export class ConnectionPool {
    * and leave that query waiting until the connect timeout, so a fresh client is used.
    */
   private createClient(): Sql {
-    const types = this.fetchedTypes();
     const client: Sql = postgres(this.config.url, {
       max: 1,
-      // A client's first connection fetches the server's array types, and if that
-      // connection is closed mid-fetch postgres.js 3.4.9 leaves the failure as an
-      // unhandled rejection (which ends a Node process). Only the clients created before
-      // one fetch finished do it; later ones copy the types (ADR 0007).
-      fetch_types: types === undefined,
       onclose: () => {
         this.dead.add(client);
       },
@@ -67,33 +59,8 @@ export class ConnectionPool {
         ...this.options.settings,
       },
     });
-    if (types) {
-      Object.assign(client.options.parsers, types.parsers);
-      Object.assign(client.options.serializers, types.serializers);
-      Object.assign(sharedTypes(client), types.typeArrayMap);
-    }
     this.clients.add(client);
     return client;
-  }
-
-  /**
-   * Array types a client of this pool has fetched, once one has (kept after that client
-   * is retired, so no later client fetches them again).
-   */
-  private fetchedTypes(): FetchedTypes | undefined {
-    if (this.types) return this.types;
-    for (const client of this.clients) {
-      const typeArrayMap = sharedTypes(client);
-      if (Object.keys(typeArrayMap).length > 0) {
-        this.types = {
-          parsers: client.options.parsers,
-          serializers: client.options.serializers,
-          typeArrayMap,
-        };
-        return this.types;
-      }
-    }
-    return undefined;
   }
 
   /**
@@ -162,19 +129,4 @@ export class ConnectionPool {
     this.idle.length = 0;
     await Promise.all(clients.map((client) => client.end({ timeout: timeoutSeconds })));
   }
-}
-
-interface FetchedTypes {
-  parsers: Sql['options']['parsers'];
-  serializers: Sql['options']['serializers'];
-  typeArrayMap: Record<number, number>;
-}
-
-/**
- * The element → array type map postgres.js fills when it fetches types, and reads when it
- * sends an array parameter (not in its typings).
- */
-function sharedTypes(client: Sql): Record<number, number> {
-  return (client.options as unknown as { shared: { typeArrayMap: Record<number, number> } }).shared
-    .typeArrayMap;
 }
