@@ -3,7 +3,7 @@ import type postgres from 'postgres';
 import { describe, expect, it } from 'vitest';
 import { DEFAULTS, Trellis, TrellisError } from '../src/engine/index.js';
 import { MIGRATE_LOCK_CLASS } from '../src/engine/schema/install-sql.js';
-import { freshDatabase, type TestDatabase } from './support/database.js';
+import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 
 // The handle's own behaviour: options, per-call deadlines, cancellation on the server,
 // parallel calls, the pool cap and shutdown. Calls are blocked on real locks: migrate()
@@ -97,7 +97,8 @@ async function locksOf(db: TestDatabase, applicationName: string) {
  * so a migrate() call blocks on a real lock until `release`.
  */
 async function holdMigrateLock(db: TestDatabase, schema = 'trellis') {
-  const conn = await db.sql.reserve();
+  // A client with one connection, not reserve() (see openTransaction in staging.test.ts).
+  const conn = sqlClient(db.url, { max: 1 });
   await conn.unsafe('SELECT pg_advisory_lock($1, hashtext($2))', [MIGRATE_LOCK_CLASS, schema]);
   return {
     async release() {
@@ -105,7 +106,7 @@ async function holdMigrateLock(db: TestDatabase, schema = 'trellis') {
         MIGRATE_LOCK_CLASS,
         schema,
       ]);
-      conn.release();
+      await conn.end({ timeout: 2 });
     },
   };
 }

@@ -1,5 +1,6 @@
 import { existsSync } from 'node:fs';
-import postgres from 'postgres';
+import type postgres from 'postgres';
+import { createClient } from '../engine/db/client.js';
 import { quoteIdent } from '../engine/identifiers.js';
 import {
   type BinarySource,
@@ -46,6 +47,8 @@ export interface TestPostgres {
   readonly serverVersion: number;
   /** The CA that signed the server certificate, when started with `tls`. */
   readonly caFile: string | undefined;
+  /** The data directory of a cluster this process started (`path`, `embedded`). */
+  readonly dataDirectory: string | undefined;
   /** A URL for `database` on this server, as `user`. */
   url(database: string, user?: string): string;
   /** Creates a database (a copy of `template` when given) and returns its URL. */
@@ -81,7 +84,7 @@ function withDatabase(url: string, database: string, user?: string): string {
 }
 
 function adminClient(url: string): postgres.Sql {
-  return postgres(url, { max: 2, onnotice: () => undefined, idle_timeout: 5 });
+  return createClient(url, { max: 2, idle_timeout: 5 });
 }
 
 class Server implements TestPostgres {
@@ -99,6 +102,10 @@ class Server implements TestPostgres {
 
   get caFile(): string | undefined {
     return this.cluster?.caFile;
+  }
+
+  get dataDirectory(): string | undefined {
+    return this.cluster?.dataDir;
   }
 
   url(database: string, user?: string): string {
@@ -139,7 +146,7 @@ class Server implements TestPostgres {
 }
 
 async function serverVersionOf(url: string): Promise<number> {
-  const sql = postgres(url, { max: 1, onnotice: () => undefined });
+  const sql = createClient(url, { max: 1 });
   try {
     const [row] = await sql<{ v: string }[]>`SELECT current_setting('server_version_num') AS v`;
     return Number(row?.v);

@@ -1,5 +1,6 @@
-import postgres from 'postgres';
+import type postgres from 'postgres';
 import { inject } from 'vitest';
+import { createClient } from '../../src/engine/db/client.js';
 
 const openClients = new Set<postgres.Sql>();
 const cleanups: Array<() => Promise<void>> = [];
@@ -18,7 +19,7 @@ export function sqlClient(
   url: string,
   options: postgres.Options<Record<string, postgres.PostgresType>> = {},
 ): postgres.Sql {
-  const sql = postgres(url, { max: 4, onnotice: () => undefined, ...options });
+  const sql = createClient(url, { max: 4, ...options });
   openClients.add(sql);
   const end = sql.end.bind(sql);
   sql.end = async (opts) => {
