@@ -1,7 +1,9 @@
-import postgres, { type Sql } from 'postgres';
 import { TrellisError } from '../errors.js';
+import type { CancelTarget } from './cancel-request.js';
 import { classifyConnectError } from './classify.js';
+import { createClient } from './client.js';
 import type { ConnectionConfig } from './connection-config.js';
+import { PooledClient } from './pooled-client.js';
 import { Semaphore } from './semaphore.js';
 import { Session } from './session.js';
 
@@ -16,18 +18,23 @@ export interface PoolOptions {
 }
 
 /**
+ * How much longer than the driver's own connect timeout a connect may take before it is
+ * given up on: the driver's timer is cancelled when a socket closes during startup, and a
+ * server that keeps closing it cleanly would have it reconnect for ever (ADR 0007).
+ */
+const CONNECT_GRACE_MS = 1_000;
+
+/**
  * A capped set of connections handing out `Session`s, each on a postgres.js client of its
- * own with one connection (max: 1). A client whose connection died reconnects on its next
- * query by itself; a shared postgres.js pool's reserved connection, by contrast, cannot be
- * used again once the server has closed it. The cap is enforced here, with a deadline for
- * waiting, because postgres.js queues without one.
+ * own with one connection (max: 1). A client whose connection closed is never used again
+ * (ADR 0007): the next session gets a fresh one. The cap is enforced here, with a deadline
+ * for waiting, because postgres.js queues without one.
  */
 export class ConnectionPool {
   private readonly permits: Semaphore;
-  private readonly idle: Sql[] = [];
-  private readonly clients = new Set<Sql>();
-  /** Clients whose connection closed: never used again (see createClient). */
-  private readonly dead = new WeakSet<Sql>();
+  private readonly idle: PooledClient[] = [];
+  private readonly clients = new Set<PooledClient>();
+  private readonly cancelTarget: CancelTarget;
   private closed = false;
 
   constructor(
@@ -35,32 +42,48 @@ export class ConnectionPool {
     private readonly options: PoolOptions,
   ) {
     this.permits = new Semaphore(options.max);
+    this.cancelTarget = cancelTargetOf(config);
+  }
+
+  /** A client with one connection, retired when that connection closes. */
+  private newClient(): PooledClient {
+    const client: PooledClient = new PooledClient(
+      createClient(this.config.url, {
+        max: 1,
+        onclose: () => client.markClosed(),
+        ssl: this.config.ssl,
+        connect_timeout: Math.max(1, Math.ceil(this.options.connectTimeoutMs / 1000)),
+        idle_timeout: 60,
+        connection: {
+          application_name: this.options.applicationName,
+          statement_timeout: this.options.statementTimeoutMs,
+          ...this.options.settings,
+        },
+      }),
+      this.cancelTarget,
+    );
+    this.clients.add(client);
+    return client;
   }
 
   /**
-   * A client with one connection. When that connection closes (server restart, a
-   * terminated backend, the idle timeout) the client is retired: postgres.js would
-   * reconnect it on the next query, but its reconnect path can lose the startup message
-   * and leave that query waiting until the connect timeout, so a fresh client is used.
+   * Opens the client's connection now, so a server that cannot be reached is reported as
+   * such, and learns its backend key (for cancel requests). Gives up when the driver has
+   * not answered by its own connect timeout and a little more.
    */
-  private createClient(): Sql {
-    const client: Sql = postgres(this.config.url, {
-      max: 1,
-      onclose: () => {
-        this.dead.add(client);
-      },
-      ssl: this.config.ssl,
-      onnotice: () => undefined,
-      connect_timeout: Math.max(1, Math.ceil(this.options.connectTimeoutMs / 1000)),
-      idle_timeout: 60,
-      connection: {
-        application_name: this.options.applicationName,
-        statement_timeout: this.options.statementTimeoutMs,
-        ...this.options.settings,
-      },
-    });
-    this.clients.add(client);
-    return client;
+  private async connect(client: PooledClient): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const deadline = this.options.connectTimeoutMs + CONNECT_GRACE_MS;
+    const result = await Promise.race([
+      client.sql.unsafe('SELECT 1'),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(
+          () => reject(Object.assign(new Error('connect timed out'), { code: 'CONNECT_TIMEOUT' })),
+          deadline,
+        );
+      }),
+    ]).finally(() => clearTimeout(timer));
+    client.backend = { pid: result.state.pid, secret: result.state.secret };
   }
 
   /**
@@ -77,42 +100,35 @@ export class ConnectionPool {
       );
     }
     let client = this.idle.pop();
-    while (client && this.dead.has(client)) {
+    while (client?.closed) {
       this.retire(client);
       client = this.idle.pop();
     }
-    try {
-      if (!client) {
-        client = this.createClient();
-        // Connect now, so a server that cannot be reached is reported as such.
-        await client.unsafe('SELECT 1');
+    if (!client) {
+      client = this.newClient();
+      try {
+        await this.connect(client);
+      } catch (error) {
+        this.retire(client, 0);
+        this.permits.release();
+        throw classifyConnectError(error, this.config);
       }
-    } catch (error) {
-      if (client) {
-        this.clients.delete(client);
-        void client.end({ timeout: 0 });
-      }
-      this.permits.release();
-      throw classifyConnectError(error, this.config);
     }
     const acquired = client;
-    return new Session(
-      acquired,
-      (broken) => {
-        if (this.closed || broken || this.dead.has(acquired)) {
-          this.retire(acquired);
-        } else {
-          this.idle.push(acquired);
-        }
-        this.permits.release();
-      },
-      () => this.dead.has(acquired),
-    );
+    return new Session(acquired, (broken) => {
+      if (this.closed || broken || acquired.closed) {
+        this.retire(acquired);
+      } else {
+        this.idle.push(acquired);
+      }
+      this.permits.release();
+    });
   }
 
-  private retire(client: Sql): void {
+  /** Closes a client for good; queries still running after `timeoutSeconds` are dropped. */
+  private retire(client: PooledClient, timeoutSeconds = 1): void {
     this.clients.delete(client);
-    void client.end({ timeout: 1 });
+    client.sql.end({ timeout: timeoutSeconds }).catch(() => undefined);
   }
 
   /** Refuses new sessions from now on, and turns away those waiting for one. */
@@ -127,6 +143,17 @@ export class ConnectionPool {
     const clients = [...this.clients];
     this.clients.clear();
     this.idle.length = 0;
-    await Promise.all(clients.map((client) => client.end({ timeout: timeoutSeconds })));
+    await Promise.all(
+      clients.map((client) => client.sql.end({ timeout: timeoutSeconds }).catch(() => undefined)),
+    );
   }
+}
+
+/** Where cancel requests for this server go: the URL's first host, or its Unix socket. */
+function cancelTargetOf(config: ConnectionConfig): CancelTarget {
+  const url = new URL(config.url);
+  const port = Number(url.port || 5432);
+  const socketDir = url.searchParams.get('host') ?? (url.hostname === '' ? '/tmp' : undefined);
+  if (socketDir?.startsWith('/')) return { path: `${socketDir}/.s.PGSQL.${port}` };
+  return { host: url.hostname || 'localhost', port };
 }

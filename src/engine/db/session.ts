@@ -1,32 +1,47 @@
-import type { Sql } from 'postgres';
 import { TrellisError, type TrellisErrorCode } from '../errors.js';
+import type { PooledClient } from './pooled-client.js';
 
 export type Row = Record<string, unknown>;
-
-/** How long a ROLLBACK after a failure may take before the connection is given up. */
-const ROLLBACK_WAIT_MS = 5_000;
 export type Params = readonly unknown[];
 
 /** Why a session's work was stopped from outside. */
 export type AbortReason = Extract<TrellisErrorCode, 'timeout' | 'shutdown'>;
 
 /**
+ * How long a query may stay unsettled once its connection has closed. The driver rejects
+ * such a query itself when it can, synchronously inside its close handler, so anything
+ * still pending after this pause never will be.
+ */
+const CLOSED_GRACE_MS = 100;
+/** How long a cancelled query may take to come back before it is given up on. */
+const CANCEL_GRACE_MS = 2_000;
+/** How long a ROLLBACK after a failure may take before the connection is given up. */
+const ROLLBACK_WAIT_MS = 5_000;
+
+/**
  * One Postgres connection held by one call or worker. Every query goes through `query`,
  * so the one in flight can be cancelled on the server (timeout, shutdown), after which
  * the session refuses further queries and the holder unwinds.
+ *
+ * Every query settles, whatever the driver does: once the connection is lost (an error
+ * that says so, or the connection's close), the session sends nothing more and is
+ * discarded on release; a query still pending when its connection closed, or that does
+ * not come back after a cancel, is given up on (ADR 0007).
  */
 export class Session {
-  private current: { cancel(): unknown } | undefined;
+  /** The query in flight, if any. */
+  private current: Promise<unknown> | undefined;
+  /** Rejects the query in flight from outside the driver (see `settle`). */
+  private giveUp: ((error: Error) => void) | undefined;
   private abortedWith: TrellisError | undefined;
   private inTransaction = false;
   private released = false;
-  /** The connection was lost: the client is discarded, never reused (see isConnectionLoss). */
+  /** The connection was lost: nothing more is sent, and the client is discarded. */
   private broken = false;
 
   constructor(
-    private readonly conn: Sql,
+    private readonly client: PooledClient,
     private readonly onRelease: (broken: boolean) => void = () => undefined,
-    private readonly connectionClosed: () => boolean = () => false,
   ) {}
 
   get aborted(): TrellisError | undefined {
@@ -35,21 +50,51 @@ export class Session {
 
   async query<T extends object = Row>(text: string, params: Params = []): Promise<T[]> {
     if (this.abortedWith) throw this.abortedWith;
-    if (this.connectionClosed()) {
+    if (this.broken || this.client.closed) {
       this.broken = true;
       throw new TrellisError('connection', 'the connection to Postgres was closed');
     }
     // postgres.js' "unsafe" means "not a tagged template": parameters are still bound.
-    const pending = this.conn.unsafe(text, params as never[], { prepare: true });
+    const pending = this.client.sql.unsafe(text, params as never[], { prepare: true });
     this.current = pending;
     try {
-      const rows = await pending;
+      const rows = await this.settle(pending);
       return rows as unknown as T[];
     } catch (error) {
       if (isConnectionLoss(error)) this.broken = true;
       throw this.abortedWith ?? error;
     } finally {
       if (this.current === pending) this.current = undefined;
+    }
+  }
+
+  /**
+   * `pending`, or a `connection` error once the connection has closed under it without the
+   * driver settling it (or `giveUp` is called by `abort`).
+   */
+  private async settle<T>(pending: Promise<T>): Promise<T> {
+    let timer: NodeJS.Timeout | undefined;
+    const stuck = new Promise<never>((_, reject) => {
+      this.giveUp = (error) => {
+        this.broken = true;
+        reject(error);
+      };
+    });
+    const unsubscribe = this.client.onClose(() => {
+      timer = setTimeout(
+        () =>
+          this.giveUp?.(
+            new TrellisError('connection', 'the connection to Postgres closed during a query'),
+          ),
+        CLOSED_GRACE_MS,
+      );
+    });
+    try {
+      return await Promise.race([pending, stuck]);
+    } finally {
+      unsubscribe();
+      clearTimeout(timer);
+      this.giveUp = undefined;
     }
   }
 
@@ -70,27 +115,35 @@ export class Session {
     }
   }
 
-  /** Stops the work: cancels the query in flight on the server; later queries throw. */
+  /**
+   * Stops the work: cancels the query in flight on the server; later queries throw. A
+   * query that does not come back soon after the cancel (the connection may be gone
+   * without the driver noticing) is given up on, and the connection with it.
+   */
   abort(code: AbortReason, message: string): void {
     if (this.abortedWith) return;
-    this.abortedWith = new TrellisError(code, message);
-    this.current?.cancel();
+    const error = new TrellisError(code, message);
+    this.abortedWith = error;
+    if (!this.current) return;
+    void this.client.cancel();
+    const giveUp = this.giveUp;
+    setTimeout(() => giveUp?.(error), CANCEL_GRACE_MS).unref();
   }
 
   /**
    * Ends an open transaction after a failure. Not on a lost connection (the server has
-   * rolled back already, and a query on a client whose connection closed can wait for
-   * ever); and never for long: a ROLLBACK that does not answer marks the session broken.
+   * rolled back already); and never for long: a ROLLBACK that does not answer marks the
+   * session broken.
    */
   private async rollbackQuietly(): Promise<void> {
-    if (this.broken || this.connectionClosed()) {
+    if (this.broken || this.client.closed) {
       this.broken = true;
       return;
     }
     let timer: NodeJS.Timeout | undefined;
     try {
       await Promise.race([
-        this.conn.unsafe('ROLLBACK'),
+        this.settle(this.client.sql.unsafe('ROLLBACK')),
         new Promise((_, reject) => {
           timer = setTimeout(() => reject(new Error('ROLLBACK did not answer')), ROLLBACK_WAIT_MS);
         }),
@@ -118,6 +171,7 @@ export class Session {
  * waiting forever.
  */
 export function isConnectionLoss(error: unknown): boolean {
+  if (error instanceof TrellisError) return error.code === 'connection';
   const code = (error as { code?: unknown } | null)?.code;
   if (typeof code !== 'string') return true;
   if (!/^[0-9A-Z]{5}$/.test(code)) return true;
