@@ -1,11 +1,16 @@
-import postgres from 'postgres';
+import type postgres from 'postgres';
 import { afterAll, describe, expect, it } from 'vitest';
 import { startPostgres } from '../src/testing/index.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { differences } from './support/oracle.js';
-import { killAllWorkerProcesses, killHard, startWorkerProcess } from './support/processes.js';
+import {
+  killAllWorkerProcesses,
+  killHard,
+  startAppProcess,
+  startWorkerProcess,
+} from './support/processes.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
-import { ACCOUNTS_DDL, runWorkload, seedAccounts } from './support/workload.js';
+import { ACCOUNTS_DDL, prng, runWorkload, seedAccounts } from './support/workload.js';
 
 afterAll(killAllWorkerProcesses);
 
@@ -64,73 +69,105 @@ describe('crashes', { timeout: 120_000 }, () => {
     }
   });
 
-  it('loses nothing when the workers’ connections are cut again and again', async () => {
-    const db = await freshDatabase();
-    await prepare(db, 10_000);
-    await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
-    for (const d of DEFINITIONS) await trellis.apply(d);
-    // A worker's first connection fetches the server's types, and postgres.js 3.4.9 turns
-    // a cut mid-fetch into an unhandled rejection (ADR 0007). Later connections copy the
-    // types, so the cuts start once the workers are up.
-    await waitFor(
-      async () => (await trellis.hasLiveStagingWorker()) && (await trellis.hasLiveDrainWorkers()),
-      'the workers to connect',
-    );
-    let cutting = true;
-    const cuts = (async () => {
-      let n = 0;
-      while (cutting) {
-        await db.sql`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-                      WHERE datname = current_database() AND application_name = 'trellis-pg:worker'`;
-        n += 1;
-        await new Promise((resolve) => setTimeout(resolve, 300));
-      }
-      return n;
-    })();
-    await runWorkload(db.sql, { seed: 7, clients: 3, durationMs: 3_000, initialRows: 10_000 });
-    cutting = false;
-    expect(await cuts).toBeGreaterThan(5);
-    await expectConverged(db, trellis);
-  });
-
-  it('loses nothing across a Postgres crash and restart mid-run', async () => {
+  it('an app process survives hundreds of cut connections and a Postgres restart, and catches up', async () => {
     const server = await startPostgres();
     try {
       const { url, name } = await server.createDatabase();
-      // Test-side clients do not outlive the restart: postgres.js 3.4.9 can throw from a
-      // timer when a connection it pooled dies (porsager/postgres#1208). The engine's own
-      // clients are retired when their connection closes, which is what this tests.
-      const before = postgres(url, { max: 1, onnotice: () => undefined });
-      await prepare({ name, url, sql: before }, 10_000);
-      await before.end({ timeout: 2 });
-      await using trellis = await migratedTrellis(
-        { name, url, sql: before },
-        { staging: true, drainThreads: 2 },
-      );
-      for (const d of DEFINITIONS) await trellis.apply(d);
-      const writes = runWorkload(before, {
-        newClient: () => postgres(url, { max: 1, onnotice: () => undefined }),
-        seed: 5,
-        clients: 3,
-        durationMs: 4_000,
+      const sql = sqlClient(url, { max: 1 });
+      await prepare({ name, url, sql }, 10_000);
+      await sql.end({ timeout: 2 });
+      {
+        await using definer = await migratedTrellis({ name, url, sql });
+        for (const d of DEFINITIONS) await definer.apply(d);
+      }
+      const app = await startAppProcess(url, ['acct_all', 'acct_active']);
+      const writes = runWorkload(sql, {
+        newClient: () => sqlClient(url, { max: 1 }),
+        seed: 9,
+        clients: 2,
+        durationMs: 12_000,
         initialRows: 10_000,
         survivesRestarts: true,
       });
-      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      // Backends the app process has, or is opening: its sessions are named trellis-pg…,
+      // and a backend still starting up has no name yet.
+      const cutter = new Cutter(url, name);
+      await cutter.cut(150);
       await server.restart('immediate');
+      await cutter.cut(150);
+      await cutter.end();
       await writes;
-      await waitFor(
-        async () => trellis.hasLiveStagingWorker().catch(() => false),
-        'the staging worker to return',
-      );
-      const sql = sqlClient(url);
-      try {
-        await expectConverged({ name, url, sql }, trellis);
-      } finally {
-        await sql.end({ timeout: 2 });
-      }
+      expect(app.alive()).toBe(true);
+      expect(cutter.terminated).toBeGreaterThanOrEqual(200);
+      expect(cutter.duringConnect).toBeGreaterThan(0);
+
+      // The app recovers by itself: its workers bring every target up to date.
+      const check = sqlClient(url);
+      await using observer = await migratedTrellis({ name, url, sql: check });
+      await expectConverged({ name, url, sql: check }, observer);
+      const { code, report } = await app.stop();
+      expect(code).toBe(0);
+      expect(report!.foreign).toBe(0);
+      // Its calls kept working between the cuts, and failed only as a lost connection or
+      // a deadline would make them fail.
+      expect(report!.outcomes.ok).toBeGreaterThan(100);
+      const codes = Object.keys(report!.outcomes).filter((c) => c !== 'ok');
+      expect(codes.filter((c) => c !== 'connection' && c !== 'timeout')).toEqual([]);
+      await check.end({ timeout: 2 });
     } finally {
       await server.stop();
     }
   });
 });
+
+/**
+ * Terminates the app process's backends at random moments: one to three of them at a
+ * time, and every other time the newest one right after, to catch connections while they
+ * start up. Counts what it terminated, and how many of those were still connecting.
+ */
+class Cutter {
+  terminated = 0;
+  duringConnect = 0;
+  private sql: postgres.Sql;
+  private readonly random = prng(4242);
+
+  constructor(
+    private readonly url: string,
+    private readonly database: string,
+  ) {
+    this.sql = sqlClient(url, { max: 1 });
+  }
+
+  async cut(times: number): Promise<void> {
+    for (let i = 0; i < times; ) {
+      try {
+        const newest = i % 2 === 1;
+        const [row] = await this.sql<{ n: number; connecting: number }[]>`
+          SELECT count(*) FILTER (WHERE t.ok)::int AS n,
+                 count(*) FILTER (WHERE t.ok AND t.connecting)::int AS connecting
+            FROM (SELECT pg_terminate_backend(a.pid) AS ok,
+                         (a.state IS NULL OR a.application_name = '') AS connecting
+                    FROM pg_stat_activity a
+                   WHERE a.datname = ${this.database} AND a.pid <> pg_backend_pid()
+                     AND a.backend_type = 'client backend'
+                     AND (a.application_name LIKE 'trellis-pg%' OR a.application_name = '')
+                   ORDER BY CASE WHEN ${newest} THEN a.backend_start END DESC NULLS LAST, random()
+                   LIMIT ${newest ? 1 : 1 + Math.floor(this.random() * 3)}) t`;
+        this.terminated += row!.n;
+        this.duringConnect += row!.connecting;
+        i += 1;
+      } catch {
+        // The server restarted under this client: take a new one.
+        void this.sql.end({ timeout: 0 });
+        this.sql = sqlClient(this.url, { max: 1 });
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        continue;
+      }
+      await new Promise((resolve) => setTimeout(resolve, Math.floor(this.random() * 60)));
+    }
+  }
+
+  end(): Promise<void> {
+    return this.sql.end({ timeout: 2 });
+  }
+}

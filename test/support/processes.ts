@@ -1,28 +1,86 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
-const fixture = fileURLToPath(new URL('../fixtures/worker-process.ts', import.meta.url));
 const running = new Set<ChildProcess>();
 
-/** Starts Trellis workers in a child process; resolves once it has connected. */
-export async function startWorkerProcess(
-  url: string,
-  options: { drainThreads: number; staging: boolean },
+function fixture(name: string): string {
+  return fileURLToPath(new URL(`../fixtures/${name}`, import.meta.url));
+}
+
+/**
+ * Spawns a fixture (test/fixtures/<name>) under tsx; resolves once it prints "ready".
+ * `onOutput` sees everything it prints on stdout, from the start.
+ */
+export async function startFixture(
+  name: string,
+  args: string[],
+  stdin: 'ignore' | 'pipe',
+  onOutput: (chunk: string) => void = () => undefined,
 ): Promise<ChildProcess> {
-  const child = spawn(
-    process.execPath,
-    ['--import', 'tsx', fixture, url, String(options.drainThreads), String(options.staging)],
-    { stdio: ['ignore', 'pipe', 'inherit'] },
-  );
+  const child = spawn(process.execPath, ['--import', 'tsx', fixture(name), ...args], {
+    stdio: [stdin, 'pipe', 'inherit'],
+  });
   running.add(child);
   child.on('exit', () => running.delete(child));
+  let seen = '';
   await new Promise<void>((resolve, reject) => {
-    child.once('exit', (code) => reject(new Error(`worker process exited early (${code})`)));
+    child.once('exit', (code) => reject(new Error(`${name} exited early (${code})`)));
     child.stdout!.on('data', (chunk: Buffer) => {
-      if (chunk.toString().includes('ready')) resolve();
+      onOutput(chunk.toString());
+      seen += chunk.toString();
+      if (seen.includes('ready\n')) resolve();
     });
   });
   return child;
+}
+
+/** Starts Trellis workers in a child process; resolves once it has connected. */
+export function startWorkerProcess(
+  url: string,
+  options: { drainThreads: number; staging: boolean },
+): Promise<ChildProcess> {
+  return startFixture(
+    'worker-process.ts',
+    [url, String(options.drainThreads), String(options.staging)],
+    'ignore',
+  );
+}
+
+/** What an app process's calls met (see test/fixtures/app-process.ts). */
+export interface AppProcessReport {
+  outcomes: Record<string, number>;
+  /** Calls that failed with something other than a TrellisError. */
+  foreign: number;
+}
+
+export interface AppProcess {
+  child: ChildProcess;
+  /** Whether it is still running (it exits with code 70 on an unhandled rejection). */
+  alive(): boolean;
+  /** Asks it to stop; resolves with its exit code and report. */
+  stop(): Promise<{ code: number | null; report: AppProcessReport | undefined }>;
+}
+
+/** Starts an app-like process (handle with staging and drains, calls in loops). */
+export async function startAppProcess(url: string, targets: string[]): Promise<AppProcess> {
+  let output = '';
+  const child = await startFixture('app-process.ts', [url, targets.join(',')], 'pipe', (chunk) => {
+    output += chunk;
+  });
+  const exited = new Promise<number | null>((resolve) => {
+    if (child.exitCode !== null) resolve(child.exitCode);
+    else child.once('exit', (code) => resolve(code));
+  });
+  return {
+    child,
+    alive: () => child.exitCode === null && child.signalCode === null,
+    async stop() {
+      child.stdin!.write('stop\n');
+      const code = await exited;
+      const line = output.split('\n').find((l) => l.startsWith('{'));
+      return { code, report: line ? (JSON.parse(line) as AppProcessReport) : undefined };
+    },
+  };
 }
 
 /** kill -9: no shutdown, no goodbye to Postgres. */
@@ -41,7 +99,7 @@ export async function stopWorkerProcess(child: ChildProcess): Promise<void> {
   await exited;
 }
 
-/** Kills every worker process still running (for afterAll). */
+/** Kills every child process still running (for afterAll). */
 export async function killAllWorkerProcesses(): Promise<void> {
   await Promise.all([...running].map(killHard));
 }
