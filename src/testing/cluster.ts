@@ -1,4 +1,4 @@
-import { execFile } from 'node:child_process';
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { chmod, chown, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
@@ -104,6 +104,28 @@ async function unprivilegedUser(): Promise<RunAs | undefined> {
   );
 }
 
+/**
+ * A detached Node process that outlives the one that started a cluster: once that
+ * process is gone (tests passed, failed, timed out, Ctrl-C, kill -9) it stops the server
+ * and deletes its directory, so no throwaway Postgres is ever left running. Argv: owner
+ * pid, pg_ctl, data directory, cluster directory, uid, gid (empty: the same user).
+ */
+const REAPER = `
+const { execFileSync } = require('node:child_process');
+const { rmSync } = require('node:fs');
+const [owner, pgCtl, data, dir, uid, gid] = process.argv.slice(1);
+const alive = () => {
+  try { process.kill(Number(owner), 0); return true; } catch (e) { return e.code === 'EPERM'; }
+};
+const timer = setInterval(() => {
+  if (alive()) return;
+  clearInterval(timer);
+  const as = uid ? { uid: Number(uid), gid: Number(gid) } : {};
+  try { execFileSync(pgCtl, ['-D', data, '-m', 'immediate', '-w', 'stop'], { ...as, stdio: 'ignore' }); } catch {}
+  rmSync(dir, { recursive: true, force: true });
+}, 500);
+`;
+
 export interface ClusterOptions {
   binaries: ServerBinaries;
   /** Keep fsync and full page writes on (benchmarks); off by default for speed. */
@@ -125,6 +147,7 @@ export class LocalCluster {
   caFile: string | undefined;
   private readonly runAs: RunAs | undefined;
   private running = false;
+  private reaper: ChildProcess | undefined;
 
   private constructor(
     private readonly options: ClusterOptions,
@@ -286,6 +309,26 @@ export class LocalCluster {
       'start',
     ]);
     this.running = true;
+    this.reaper ??= this.startReaper();
+  }
+
+  private startReaper(): ChildProcess {
+    const reaper = spawn(
+      process.execPath,
+      [
+        '-e',
+        REAPER,
+        String(process.pid),
+        this.options.binaries.pgCtl,
+        this.dataDir,
+        this.dir,
+        this.runAs ? String(this.runAs.uid) : '',
+        this.runAs ? String(this.runAs.gid) : '',
+      ],
+      { detached: true, stdio: 'ignore', env: { ...process.env, LC_ALL: 'C', LANG: 'C' } },
+    );
+    reaper.unref();
+    return reaper;
   }
 
   /**
@@ -309,6 +352,8 @@ export class LocalCluster {
       await this.stop('immediate');
     } finally {
       await rm(this.dir, { recursive: true, force: true });
+      this.reaper?.kill();
+      this.reaper = undefined;
     }
   }
 
