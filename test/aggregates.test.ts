@@ -1,7 +1,7 @@
 import type postgres from 'postgres';
 import { afterAll, describe, expect, it } from 'vitest';
+import { differences } from './support/catalog-oracle.js';
 import { freshDatabase } from './support/database.js';
-import { differences } from './support/oracle.js';
 import {
   killAllWorkerProcesses,
   startWorkerProcess,

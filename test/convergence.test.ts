@@ -1,6 +1,6 @@
 import { afterAll, describe, expect, it } from 'vitest';
+import { differences } from './support/catalog-oracle.js';
 import { freshDatabase } from './support/database.js';
-import { differences } from './support/oracle.js';
 import {
   killAllWorkerProcesses,
   startWorkerProcess,

@@ -1,8 +1,8 @@
 import type postgres from 'postgres';
 import { afterAll, describe, expect, it } from 'vitest';
 import { startPostgres } from '../src/testing/index.js';
+import { differences } from './support/catalog-oracle.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
-import { differences } from './support/oracle.js';
 import {
   killAllWorkerProcesses,
   killHard,

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
+import { differences } from './support/catalog-oracle.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
-import { differences } from './support/oracle.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
 
 let db: TestDatabase;

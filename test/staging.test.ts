@@ -2,8 +2,8 @@ import type postgres from 'postgres';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
 import { LOCK_CLASS } from '../src/engine/internal/advisory-locks.js';
+import { differences } from './support/catalog-oracle.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
-import { differences } from './support/oracle.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
 import { ACCOUNTS_DDL, runWorkload, seedAccounts } from './support/workload.js';
 

@@ -1,41 +1,213 @@
 import type postgres from 'postgres';
+import { expect } from 'vitest';
 
 /**
- * The test suite's oracle: a target must equal its definition recomputed from the
- * sources right now. The recompute is built from the catalog's record of the definition
- * (its FROM/JOIN clause, expressions, WHERE, GROUP BY and HAVING) and compared both ways
- * with EXCEPT ALL, as text so every column type compares.
+ * The test suite's oracle, independent of the engine: a target must equal its definition
+ * as the test wrote it, run by Postgres as a plain SELECT. Nothing the engine generated or
+ * stored (its catalog, its analysed SQL) takes part, so a mistake in turning a statement
+ * into SQL cannot be copied into both sides.
+ *
+ * A test writes its transforms as `Definition`s: the TRANSFORM statement given to the
+ * engine and the SELECT run here are both built from the same parts, by the two small
+ * functions below.
  */
-export async function differences(
+export interface Definition {
+  target: string;
+  /** What follows FROM: the source, with its joins (`a LEFT JOIN b ON b.id = a.b_id`). */
+  from: string;
+  /** The SELECT list. */
+  select: string;
+  where?: string;
+  groupBy?: string;
+  having?: string;
+  /**
+   * SELECT items for the key columns the target adds on its own (a projection's source
+   * key when the SELECT list lacks it: `'id'`, `'a.id AS id, b.id AS b_id'`).
+   */
+  implicit?: string;
+  /** Trailing options of the statement (`WITHOUT SOURCE INDEX`). */
+  options?: string;
+}
+
+/** The TRANSFORM statement for a definition. */
+export function transformStatement(d: Definition): string {
+  return [
+    `TRANSFORM ${d.target} FROM ${d.from} SELECT ${d.select}`,
+    d.where ? `WHERE ${d.where}` : '',
+    d.groupBy ? `GROUP BY ${d.groupBy}` : '',
+    d.having ? `HAVING ${d.having}` : '',
+    d.options ?? '',
+  ]
+    .filter(Boolean)
+    .join(' ');
+}
+
+/** The definition as a plain SELECT, with the target's implicit key columns. */
+export function definitionQuery(d: Definition): string {
+  return [
+    `SELECT ${d.select}${d.implicit ? `, ${d.implicit}` : ''} FROM ${d.from}`,
+    d.where ? `WHERE ${d.where}` : '',
+    d.groupBy ? `GROUP BY ${d.groupBy}` : '',
+    d.having ? `HAVING ${d.having}` : '',
+  ]
+    .filter(Boolean)
+    .join(' ');
+}
+
+export interface OracleOptions {
+  /** The schema the target lives in. @defaultValue `'public'` */
+  targetSchema?: string;
+  /** search_path the definition's query runs with. @defaultValue `'public'` */
+  searchPath?: string;
+  /**
+   * Relative tolerance for float4/float8 columns (aggregates over floats depend on the
+   * order rows are summed in). 0 compares floats exactly, as text. @defaultValue `1e-9`
+   */
+  floatTolerance?: number;
+}
+
+export interface Comparison {
+  /** Target columns the definition does not produce, and the reverse. */
+  strayColumns: string[];
+  missingColumns: string[];
+  /** Rows the definition produces and the target lacks (as many times as lacking), and the reverse. */
+  missing: Array<Record<string, string | null>>;
+  extra: Array<Record<string, string | null>>;
+  /** Whether the target has a primary key (or a unique index standing for one). */
+  hasKey: boolean;
+}
+
+const FLOAT_TYPES = new Set(['float4', 'float8']);
+
+interface Column {
+  name: string;
+  float: boolean;
+}
+
+function rowKey(row: Record<string, string | null>, columns: Column[]): string {
+  return JSON.stringify(columns.map((c) => row[c.name] ?? null));
+}
+
+function floatsClose(a: string, b: string, tolerance: number): boolean {
+  const x = Number(a);
+  const y = Number(b);
+  if (Number.isNaN(x) || Number.isNaN(y)) return a === b;
+  if (!Number.isFinite(x) || !Number.isFinite(y)) return x === y;
+  return Math.abs(x - y) <= tolerance * Math.max(Math.abs(x), Math.abs(y), 1e-300);
+}
+
+/**
+ * Compares the target with its definition: every physical column of the target, every
+ * row, as multisets both ways. Values compare by their exact text form (so 1.0 and 1.00,
+ * -0 and 0, 'a' and 'A' differ), NULL only with NULL; floats within `floatTolerance`.
+ */
+export async function compareWithDefinition(
   sql: postgres.Sql,
-  target: string,
-  schema = 'trellis',
-): Promise<{ missing: unknown[]; extra: unknown[] }> {
-  const [def] = await sql.unsafe(
-    `SELECT t.target_oid::regclass::text AS target_sql, t.spec, t.search_path,
-            ARRAY(SELECT c.name FROM "${schema}".transform_columns c WHERE c.transform_id = t.id ORDER BY c.ordinal) AS names,
-            ARRAY(SELECT c.expression FROM "${schema}".transform_columns c WHERE c.transform_id = t.id ORDER BY c.ordinal) AS exprs
-       FROM "${schema}".transforms t WHERE t.target_name = $1`,
-    [target],
-  );
-  if (!def) throw new Error(`no transform ${target}`);
-  const spec = def.spec as {
-    from_sql: string;
-    ast: { where: string | null; group_by: string[]; having: string | null };
-  };
+  d: Definition,
+  options: OracleOptions = {},
+): Promise<Comparison> {
+  const schema = options.targetSchema ?? 'public';
+  const tolerance = options.floatTolerance ?? 1e-9;
   const quote = (n: string) => `"${n.replaceAll('"', '""')}"`;
-  const names = def.names as string[];
-  const exprs = def.exprs as string[];
-  const recompute = `SELECT ${exprs.map((e, i) => `(${e})::text AS ${quote(names[i]!)}`).join(', ')}
-      FROM ${spec.from_sql}
-      ${spec.ast.where ? `WHERE (${spec.ast.where})` : ''}
-      ${spec.ast.group_by.length ? `GROUP BY ${spec.ast.group_by.join(', ')}` : ''}
-      ${spec.ast.having ? `HAVING (${spec.ast.having})` : ''}`;
-  const current = `SELECT ${names.map((n) => `${quote(n)}::text`).join(', ')} FROM ${def.target_sql}`;
+  const target = `${quote(schema)}.${quote(d.target)}`;
+  const targetColumns = await sql<{ name: string; type: string }[]>`
+    SELECT a.attname AS name, t.typname AS type
+      FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+     WHERE a.attrelid = ${target}::regclass AND a.attnum > 0 AND NOT a.attisdropped
+     ORDER BY a.attnum`;
+  const [keyRow] = await sql<{ has_key: boolean }[]>`
+    SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = ${target}::regclass
+                      AND (i.indisprimary OR i.indisunique)) AS has_key`;
   return sql.begin(async (tx) => {
-    await tx.unsafe(`SET LOCAL search_path = ${def.search_path || 'pg_catalog'}`);
-    const missing = await tx.unsafe(`${recompute} EXCEPT ALL ${current}`);
-    const extra = await tx.unsafe(`${current} EXCEPT ALL ${recompute}`);
-    return { missing: [...missing], extra: [...extra] };
+    await tx.unsafe(`SET LOCAL search_path = ${options.searchPath ?? 'public'}`);
+    await tx.unsafe(`CREATE TEMP VIEW trellis_oracle_definition AS ${definitionQuery(d)}`);
+    const definitionColumns = await tx<{ name: string }[]>`
+      SELECT a.attname AS name FROM pg_attribute a
+       WHERE a.attrelid = 'trellis_oracle_definition'::regclass AND a.attnum > 0 ORDER BY a.attnum`;
+    const produced = new Set(definitionColumns.map((c) => c.name));
+    const held = new Set(targetColumns.map((c) => c.name));
+    const strayColumns = [...held].filter((c) => !produced.has(c));
+    const missingColumns = [...produced].filter((c) => !held.has(c));
+    const columns: Column[] = targetColumns
+      .filter((c) => produced.has(c.name))
+      .map((c) => ({ name: c.name, float: tolerance > 0 && FLOAT_TYPES.has(c.type) }));
+    const asText = (from: string) =>
+      `SELECT ${columns.map((c) => `${quote(c.name)}::text AS ${quote(c.name)}`).join(', ') || '1'} FROM ${from}`;
+    const fromTarget = (await tx.unsafe(asText(target))) as unknown as Array<
+      Record<string, string | null>
+    >;
+    const fromDefinition = (await tx.unsafe(
+      asText('trellis_oracle_definition'),
+    )) as unknown as Array<Record<string, string | null>>;
+    await tx.unsafe('DROP VIEW trellis_oracle_definition');
+
+    // Exact multiset difference first; leftovers then pair up when only floats differ,
+    // and within the tolerance.
+    const counts = new Map<string, { row: Record<string, string | null>; n: number }>();
+    for (const row of fromDefinition) {
+      const k = rowKey(row, columns);
+      const entry = counts.get(k);
+      if (entry) entry.n += 1;
+      else counts.set(k, { row, n: 1 });
+    }
+    let extra: Array<Record<string, string | null>> = [];
+    for (const row of fromTarget) {
+      const entry = counts.get(rowKey(row, columns));
+      if (entry && entry.n > 0) entry.n -= 1;
+      else extra.push(row);
+    }
+    let missing = [...counts.values()].flatMap(({ row, n }) => Array(n).fill(row));
+    if (columns.some((c) => c.float) && missing.length > 0 && extra.length > 0) {
+      const exact = columns.filter((c) => !c.float);
+      const floats = columns.filter((c) => c.float);
+      const unmatched: Array<Record<string, string | null>> = [];
+      const pool = [...extra];
+      for (const row of missing) {
+        const k = rowKey(row, exact);
+        const i = pool.findIndex(
+          (other) =>
+            rowKey(other, exact) === k &&
+            floats.every((c) => {
+              const a = row[c.name] ?? null;
+              const b = other[c.name] ?? null;
+              return a === null || b === null ? a === b : floatsClose(a, b, tolerance);
+            }),
+        );
+        if (i >= 0) pool.splice(i, 1);
+        else unmatched.push(row);
+      }
+      missing = unmatched;
+      extra = pool;
+    }
+    return { strayColumns, missingColumns, missing, extra, hasKey: keyRow!.has_key };
+  });
+}
+
+/** Fails the test, showing what differs, unless the target equals its definition. */
+export async function expectMatchesDefinition(
+  sql: postgres.Sql,
+  d: Definition,
+  options: OracleOptions = {},
+): Promise<void> {
+  const result = await compareWithDefinition(sql, d, options);
+  const show = <T>(rows: T[]) => rows.slice(0, 10);
+  expect({
+    target: d.target,
+    strayColumns: result.strayColumns,
+    missingColumns: result.missingColumns,
+    missing: show(result.missing),
+    extra: show(result.extra),
+    missingCount: result.missing.length,
+    extraCount: result.extra.length,
+    hasKey: result.hasKey,
+  }).toEqual({
+    target: d.target,
+    strayColumns: [],
+    missingColumns: [],
+    missing: [],
+    extra: [],
+    missingCount: 0,
+    extraCount: 0,
+    hasKey: true,
   });
 }
