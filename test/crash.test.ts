@@ -71,6 +71,7 @@ describe('crashes', { timeout: 120_000 }, () => {
 
   it('an app process survives hundreds of cut connections and a Postgres restart, and catches up', async () => {
     const server = await startPostgres();
+    let check: postgres.Sql | undefined;
     try {
       const { url, name } = await server.createDatabase();
       const sql = sqlClient(url, { max: 1 });
@@ -101,20 +102,24 @@ describe('crashes', { timeout: 120_000 }, () => {
       expect(cutter.terminated).toBeGreaterThanOrEqual(260);
       expect(cutter.duringConnect).toBeGreaterThan(0);
 
-      // The app recovers by itself: its workers bring every target up to date.
-      const check = sqlClient(url);
+      // The app recovers by itself: its workers bring every target up to date, and its
+      // calls succeed again.
+      check = sqlClient(url);
       await using observer = await migratedTrellis({ name, url, sql: check });
       await expectConverged({ name, url, sql: check }, observer);
+      const recovered = (await app.stats()).outcomes.ok ?? 0;
+      await waitFor(
+        async () => ((await app.stats()).outcomes.ok ?? 0) > recovered + 10,
+        "the app's calls to succeed again",
+      );
       const { code, report } = await app.stop();
       expect(code).toBe(0);
       expect(report!.foreign).toBe(0);
-      // Its calls kept working between the cuts, and failed only as a lost connection or
-      // a deadline would make them fail.
-      expect(report!.outcomes.ok).toBeGreaterThan(100);
+      // Its calls failed only as a lost connection or a deadline would make them fail.
       const codes = Object.keys(report!.outcomes).filter((c) => c !== 'ok');
       expect(codes.filter((c) => c !== 'connection' && c !== 'timeout')).toEqual([]);
-      await check.end({ timeout: 2 });
     } finally {
+      await check?.end({ timeout: 2 });
       await server.stop();
     }
   });

@@ -57,6 +57,8 @@ export interface AppProcess {
   child: ChildProcess;
   /** Whether it is still running (it exits with code 70 on an unhandled rejection). */
   alive(): boolean;
+  /** What its calls met so far. */
+  stats(): Promise<AppProcessReport>;
   /** Asks it to stop; resolves with its exit code and report. */
   stop(): Promise<{ code: number | null; report: AppProcessReport | undefined }>;
 }
@@ -74,6 +76,19 @@ export async function startAppProcess(url: string, targets: string[]): Promise<A
   return {
     child,
     alive: () => child.exitCode === null && child.signalCode === null,
+    async stats() {
+      const seen = output.length;
+      child.stdin!.write('stats\n');
+      for (;;) {
+        const line = output
+          .slice(seen)
+          .split('\n')
+          .find((l) => l.startsWith('stats ') && output.slice(seen).includes(`${l}\n`));
+        if (line) return JSON.parse(line.slice('stats '.length)) as AppProcessReport;
+        if (child.exitCode !== null) throw new Error(`app process exited (${child.exitCode})`);
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+    },
     async stop() {
       child.stdin!.write('stop\n');
       const code = await exited;
