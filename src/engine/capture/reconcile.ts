@@ -3,7 +3,6 @@ import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { SQLSTATE, sqlstateOf } from '../sqlstate.js';
 import {
-  type CapturedColumn,
   type CaptureSpec,
   captureFunctionsSql,
   captureTriggersSql,
@@ -11,6 +10,15 @@ import {
   dropTriggersSql,
   triggerName,
 } from './trigger-sql.js';
+
+/**
+ * The partitions and inheritance children of source `d.source_oid`, at every level
+ * (`dt.relid`; pg_inherits holds both), not the source itself.
+ */
+const DESCENDANTS = `LATERAL (WITH RECURSIVE tree(relid) AS (
+                        SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = d.source_oid
+                        UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid)
+                      SELECT relid FROM tree) dt`;
 
 /** The lock capture DDL takes on a source: it conflicts with every writer. */
 export const CAPTURE_LOCK_MODE = 'SHARE ROW EXCLUSIVE';
@@ -25,7 +33,7 @@ interface DesiredRow {
   display: string;
   key_columns: string[];
   key_types: string[];
-  columns: CapturedColumn[];
+  columns: string[];
   partitions: string[];
   uncaptured: string[];
 }
@@ -70,31 +78,26 @@ export class CaptureReconciler {
                 WHERE ts.source_oid = d.source_oid LIMIT 1) AS key_columns,
               (SELECT ts.key_types FROM ${s}.transform_sources ts
                 WHERE ts.source_oid = d.source_oid LIMIT 1) AS key_types,
-              coalesce((SELECT jsonb_agg(jsonb_build_object('name', a.attname, 'comparable', EXISTS (
-                          SELECT 1 FROM pg_operator o
-                           WHERE o.oprname = '=' AND o.oprleft = a.atttypid AND o.oprright = a.atttypid))
-                        ORDER BY a.attname)
+              ARRAY(SELECT a.attname::text
                  FROM pg_attribute a
                 WHERE a.attrelid = d.source_oid AND a.attnum > 0 AND NOT a.attisdropped
                   AND a.attname IN (SELECT unnest(ts.read_columns) FROM ${s}.transform_sources ts
                                      WHERE ts.source_oid = d.source_oid)
                   AND NOT a.attname = ANY ((SELECT ts.key_columns FROM ${s}.transform_sources ts
-                                             WHERE ts.source_oid = d.source_oid LIMIT 1)::name[])), '[]') AS columns,
-              -- A partitioned source's partitions (at every level): statement triggers on
-              -- the parent do not fire for statements run on a partition, so each gets
-              -- the same capture; and those that lack it yet (created or attached since).
+                                             WHERE ts.source_oid = d.source_oid LIMIT 1)::name[])
+                ORDER BY a.attname) AS columns,
+              -- A source's partitions and inheritance children, at every level: a plain
+              -- FROM reads their rows, and statement triggers on the parent do not fire
+              -- for statements run on them, so each gets the same capture; and those that
+              -- lack it yet (created, attached or inheriting since).
               ARRAY(SELECT quote_ident(pn.nspname) || '.' || quote_ident(pc.relname)
-                      FROM pg_partition_tree(d.source_oid) pt
-                      JOIN pg_class pc ON pc.oid = pt.relid
-                      JOIN pg_namespace pn ON pn.oid = pc.relnamespace
-                     WHERE pt.relid <> d.source_oid) AS partitions,
+                      FROM ${DESCENDANTS} JOIN pg_class pc ON pc.oid = dt.relid
+                      JOIN pg_namespace pn ON pn.oid = pc.relnamespace) AS partitions,
               ARRAY(SELECT quote_ident(pn.nspname) || '.' || quote_ident(pc.relname)
-                      FROM pg_partition_tree(d.source_oid) pt
-                      JOIN pg_class pc ON pc.oid = pt.relid
+                      FROM ${DESCENDANTS} JOIN pg_class pc ON pc.oid = dt.relid
                       JOIN pg_namespace pn ON pn.oid = pc.relnamespace
-                     WHERE pt.relid <> d.source_oid
-                       AND NOT EXISTS (SELECT 1 FROM pg_trigger tg
-                                        WHERE tg.tgrelid = pt.relid AND tg.tgname = $1)) AS uncaptured
+                     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger tg
+                                        WHERE tg.tgrelid = dt.relid AND tg.tgname = $1)) AS uncaptured
          FROM (SELECT DISTINCT source_oid FROM ${s}.transform_sources) d
          LEFT JOIN pg_class c ON c.oid = d.source_oid
          LEFT JOIN pg_namespace n ON n.oid = c.relnamespace`,
@@ -133,7 +136,7 @@ export class CaptureReconciler {
         keyTypes: want.key_types,
         captured: want.columns,
       };
-      const wanted = want.columns.map((c) => c.name).sort();
+      const wanted = [...want.columns].sort();
       const have = [...row.captured_columns].sort();
       if (!row.installed) {
         await this.change(session, row, 'install', spec, async () => {
@@ -189,7 +192,7 @@ export class CaptureReconciler {
     ddl: () => Promise<void>,
   ): Promise<void> {
     const s = quoteIdent(this.schema);
-    const captured = spec.captured.map((c) => c.name);
+    const captured = spec.captured;
     try {
       await session.transaction(async () => {
         if (operation === 'install') {
@@ -232,15 +235,15 @@ export class CaptureReconciler {
       await session.transaction(async () => {
         if (row.present && row.table_sql) {
           await session.query(`SET LOCAL lock_timeout = '${LOCK_TIMEOUT_MS}ms'`);
-          // Locks the partitions too (LOCK TABLE recurses), whose triggers go with the parent's.
+          // Locks the partitions and children too (LOCK TABLE recurses), whose triggers
+          // go with the parent's.
           await session.query(`LOCK TABLE ${row.table_sql} IN ${CAPTURE_LOCK_MODE} MODE`);
           const partitions = await session.query<{ name: string }>(
             `SELECT quote_ident(pn.nspname) || '.' || quote_ident(pc.relname) AS name
-               FROM pg_partition_tree($1::oid) pt
-               JOIN pg_class pc ON pc.oid = pt.relid JOIN pg_namespace pn ON pn.oid = pc.relnamespace`,
+               FROM (SELECT $1::oid AS source_oid) d, ${DESCENDANTS}
+               JOIN pg_class pc ON pc.oid = dt.relid JOIN pg_namespace pn ON pn.oid = pc.relnamespace`,
             [row.oid],
           );
-          // pg_partition_tree lists a partitioned table itself too, a plain table not at all.
           const tables = new Set([row.table_sql, ...partitions.map((p) => p.name)]);
           for (const table of tables) {
             for (const sql of dropTriggersSql({ ...spec, table })) await session.query(sql);

@@ -1,13 +1,6 @@
 import { createHash } from 'node:crypto';
-import { quoteIdent } from '../identifiers.js';
+import { quoteIdent, quoteLiteral } from '../identifiers.js';
 import { EPOCH_BITS, GENERATIONS } from '../internal/ledger.js';
-
-/** One captured column of a source, as the UPDATE trigger compares it. */
-export interface CapturedColumn {
-  name: string;
-  /** The type has an `=` operator; otherwise old and new are compared as text. */
-  comparable: boolean;
-}
 
 /** What capture of one source table needs to know. */
 export interface CaptureSpec {
@@ -20,7 +13,7 @@ export interface CaptureSpec {
   keyColumns: string[];
   keyTypes: string[];
   /** Non-key columns an UPDATE must change to be captured. */
-  captured: CapturedColumn[];
+  captured: string[];
 }
 
 export type CaptureEvent = 'insert' | 'update' | 'delete' | 'truncate';
@@ -69,28 +62,27 @@ function keyArray(spec: CaptureSpec, alias: string): string {
   return `ARRAY[${spec.keyColumns.map((k) => `${alias}.${quoteIdent(k)}::text`).join(', ')}]`;
 }
 
+/**
+ * Old and new rows pair up when their keys have the same text form. Not the key type's
+ * `=`: a key changed only in case under citext or a case-insensitive collation, or from
+ * 1.0 to 1.00, is a different key image, and the target must follow it.
+ */
 function keyJoin(spec: CaptureSpec, left: string, right: string): string {
   return spec.keyColumns
-    .map((k) => `${left}.${quoteIdent(k)} = ${right}.${quoteIdent(k)}`)
+    .map((k) => `${left}.${quoteIdent(k)}::text = ${right}.${quoteIdent(k)}::text`)
     .join(' AND ');
 }
 
-/** Several captured columns compared at once (text where a type has no `=`). */
-function rowChanged(columns: CapturedColumn[]): string {
-  const side = (alias: string) =>
-    columns
-      .map((c) =>
-        c.comparable ? `${alias}.${quoteIdent(c.name)}` : `${alias}.${quoteIdent(c.name)}::text`,
-      )
-      .join(', ');
-  return `(${side('o')}) IS DISTINCT FROM (${side('n')})`;
-}
-
-function changed(column: CapturedColumn): string {
-  const c = quoteIdent(column.name);
-  return column.comparable
-    ? `o.${c} IS DISTINCT FROM n.${c}`
-    : `o.${c}::text IS DISTINCT FROM n.${c}::text`;
+/**
+ * Whether an UPDATE changed any captured column: their value images differ (as
+ * `REFRESH MATERIALIZED VIEW CONCURRENTLY` compares rows). Not `IS DISTINCT FROM`, which
+ * takes 1.0 = 1.00, 0 = -0 and 'a' = 'A' under citext, and fails on a type without `=`.
+ * The function, not the `*<>` operator: between two ROW(...) constructors an operator
+ * would be applied column by column, and no column type has `*<>`.
+ */
+function rowChanged(columns: string[]): string {
+  const side = (alias: string) => columns.map((c) => `${alias}.${quoteIdent(c)}`).join(', ');
+  return `record_image_ne(ROW(${side('o')}), ROW(${side('n')}))`;
 }
 
 /**
@@ -115,9 +107,7 @@ function changedKeys(spec: CaptureSpec, event: 'insert' | 'update' | 'delete'): 
       // Old and new rows pair up by key, in one full join of the transition tables. A row
       // whose key changed shows up on both sides unpaired: both keys are captured. A pair
       // whose captured columns are all unchanged captures nothing.
-      const differs = spec.captured.length
-        ? ` OR ${spec.captured.length === 1 ? changed(spec.captured[0]!) : rowChanged(spec.captured)}`
-        : '';
+      const differs = spec.captured.length ? ` OR ${rowChanged(spec.captured)}` : '';
       return `SELECT CASE WHEN n.${first} IS NULL THEN ${encodedKey(spec, 'o')} ELSE ${encodedKey(spec, 'n')} END AS k
     FROM trellis_old o FULL JOIN trellis_new n ON ${keyJoin(spec, 'o', 'n')}
    WHERE o.${first} IS NULL OR n.${first} IS NULL${differs}`;
@@ -133,13 +123,54 @@ function changedKeys(spec: CaptureSpec, event: 'insert' | 'update' | 'delete'): 
  * by array slices, cost single-row writes 5-10% and bulk writes more). `x` is the
  * transaction's id and `g` its generation.
  */
-function captureBody(spec: CaptureSpec, event: CaptureEvent, gen: number): string {
+function captureBody(spec: CaptureSpec, event: CaptureEvent | 'everything', gen: number): string {
   const s = quoteIdent(spec.schema);
   // Straight into the generation's partition: routing through the parent costs more.
   const insert = `INSERT INTO ${s}.${quoteIdent(`ledger_${gen}`)} (gen, source_id, xid, keys)`;
-  if (event === 'truncate') return `${insert} VALUES (g, ${spec.sourceId}, x, NULL);`;
+  if (event === 'truncate' || event === 'everything') {
+    return `${insert} VALUES (g, ${spec.sourceId}, x, NULL);`;
+  }
   return `${insert}
   SELECT g, ${spec.sourceId}, x, array_agg(k) FROM (${changedKeys(spec, event)}) c HAVING count(*) > 0;`;
+}
+
+/** The one statement per generation that `event` runs (x: the xid, g: its generation). */
+function byGeneration(spec: CaptureSpec, event: CaptureEvent | 'everything'): string {
+  return `${Array.from(
+    { length: GENERATIONS },
+    (_, gen) =>
+      `${gen === 0 ? 'IF' : 'ELSIF'} g = ${gen} THEN\n    ${captureBody(spec, event, gen)}`,
+  ).join('\n  ')}
+  END IF;`;
+}
+
+/** The source columns `event`'s statement names: it fails if one is renamed or dropped. */
+function namedColumns(spec: CaptureSpec, event: CaptureEvent): string[] {
+  if (event === 'truncate') return [];
+  return event === 'update' ? [...spec.keyColumns, ...spec.captured] : spec.keyColumns;
+}
+
+/**
+ * Capture must never make the app's write fail (ENGINE.md, I8). Its statement names the
+ * source's columns, and a column renamed or dropped (by DDL earlier in the writer's own
+ * transaction, or that the staging worker has not seen yet) would make it raise. So it
+ * runs only while every column it names is there; otherwise the statement records that
+ * any row may have changed (as a TRUNCATE does: readers are rebuilt), and the staging
+ * worker brings capture in line with the table, or stops the transforms the change
+ * broke (captureFailure). Types need no check: keys are captured as text and columns
+ * compared by value image, which every type has.
+ */
+function guarded(spec: CaptureSpec, event: CaptureEvent): string {
+  const names = namedColumns(spec, event);
+  if (names.length === 0) return byGeneration(spec, event);
+  const list = names.map(quoteLiteral).join(', ');
+  return `IF (SELECT count(*) FROM pg_catalog.pg_attribute
+       WHERE attrelid = TG_RELID AND attnum > 0 AND NOT attisdropped
+         AND attname = ANY (ARRAY[${list}]::name[])) <> ${new Set(names).size} THEN
+    ${byGeneration(spec, 'everything').replaceAll('\n', '\n  ')}
+    RETURN NULL;
+  END IF;
+  ${byGeneration(spec, event)}`;
 }
 
 /** CREATE OR REPLACE of the four trigger functions (no lock on the source). */
@@ -150,12 +181,6 @@ export function captureFunctionsSql(spec: CaptureSpec, events = CAPTURE_EVENTS):
   // The transaction's id and its ledger generation, once per statement; then one static
   // INSERT per generation (each keeps its cached plan).
   const s = quoteIdent(spec.schema);
-  const branches = (event: CaptureEvent) =>
-    Array.from(
-      { length: GENERATIONS },
-      (_, gen) =>
-        `${gen === 0 ? 'IF' : 'ELSIF'} g = ${gen} THEN\n    ${captureBody(spec, event, gen)}`,
-    ).join('\n  ');
   return events.map(
     (event) => `CREATE OR REPLACE FUNCTION ${functionName(spec, event)}()
 RETURNS trigger LANGUAGE plpgsql${pinned} AS $trellis_capture$
@@ -164,8 +189,7 @@ DECLARE
   -- ${s}.ledger_generation(x), inlined: the function call costs more than the arithmetic.
   g smallint := ((x >> ${EPOCH_BITS}) % ${GENERATIONS})::smallint;
 BEGIN
-  ${branches(event)}
-  END IF;
+  ${guarded(spec, event)}
   RETURN NULL;
 END
 $trellis_capture$`,

@@ -5,6 +5,18 @@ import type { PlanColumn, PlanSource, TransformPlan } from './plan.js';
 
 export const q = quoteIdent;
 
+/**
+ * Names the engine introduces in generated SQL where a definition's expressions are in
+ * scope (aliases, CTE columns) start with this; no source alias or column may (the
+ * analysis refuses them), so an expression can never resolve to one of them.
+ */
+export const OWN_PREFIX = 'trellis#';
+
+/** One of the engine's own names (see OWN_PREFIX), quoted. */
+export function own(name: string): string {
+  return q(`${OWN_PREFIX}${name}`);
+}
+
 export function col(alias: string, name: string): string {
   return `${q(alias)}.${q(name)}`;
 }
@@ -42,43 +54,26 @@ export function requireSourceIds(plan: TransformPlan): Array<PlanSource & { sour
   });
 }
 
-function changedValues(values: PlanColumn[], left: string, right: string): string {
-  return values
-    .map((c) =>
-      c.comparable
-        ? `${left}.${q(c.name)} IS DISTINCT FROM ${right}.${q(c.name)}`
-        : `${left}.${q(c.name)}::text IS DISTINCT FROM ${right}.${q(c.name)}::text`,
-    )
-    .join(' OR ');
-}
-
 /**
  * Writes the rows of `from` into the target: new keys inserted, existing ones updated.
- * Rows that come out the same are not rewritten: no churn, and nothing for a chained
- * transform's capture to pick up. (MERGE costs less per row, but cannot sit in a WITH
- * before Postgres 17.)
+ * Rows whose value images are all the same are not rewritten: no churn, and nothing for a
+ * chained transform's capture to pick up. Images, not `=` (ENGINE.md, capture): 1.00
+ * replaces 1.0, -0 replaces 0, 'A' replaces 'a' under citext; and a key that changed only
+ * so (equal under the key's `=`, so the conflict is on the same row) is rewritten too.
+ * `record_image_ne` as a function: the operator would be applied per column between two
+ * ROW constructors. (MERGE costs less per row, but cannot sit in a WITH before Postgres 17.)
  */
 export function upsert(plan: TransformPlan, from: string): string {
   const written = writtenColumns(plan);
-  const keySet = new Set(plan.key);
-  const values = written.filter((c) => !keySet.has(c.name));
   const columnList = list(written.map((c) => q(c.name)));
-  const excluded = list(values.map((c) => `${q(c.name)} = EXCLUDED.${q(c.name)}`));
-  let conflict: string;
-  if (plan.key.length === 0) {
-    conflict = `ON CONFLICT ((true)) DO UPDATE SET ${excluded}`;
-  } else if (values.length === 0) {
-    conflict = `ON CONFLICT (${list(plan.key.map(q))}) DO NOTHING`;
-  } else {
-    conflict = `ON CONFLICT (${list(plan.key.map(q))}) DO UPDATE SET ${excluded}`;
-  }
-  const unchanged =
-    values.length && plan.key.length > 0
-      ? `\n      WHERE ${changedValues(values, 't', 'EXCLUDED')}`
-      : '';
+  const set = list(written.map((c) => `${q(c.name)} = EXCLUDED.${q(c.name)}`));
+  const conflict =
+    plan.key.length === 0 ? 'ON CONFLICT ((true))' : `ON CONFLICT (${list(plan.key.map(q))})`;
+  const side = (alias: string) => list(written.map((c) => `${alias}.${q(c.name)}`));
   return `INSERT INTO ${plan.targetSql} AS t (${columnList})
       SELECT ${columnList} FROM ${from}
-      ${conflict}${unchanged}`;
+      ${conflict} DO UPDATE SET ${set}
+      WHERE record_image_ne(ROW(${side('t')}), ROW(${side('EXCLUDED')}))`;
 }
 
 export function keyMatch(plan: TransformPlan, left: string, right: string): string {
