@@ -3,6 +3,7 @@ import {
   col,
   keyMatch,
   list,
+  own,
   q,
   requireSourceIds,
   selectList,
@@ -37,7 +38,8 @@ export function mapGroup(n: number): string {
   return q(`g${n}`);
 }
 
-function mapKeys(source: PlanSource, alias?: string): string[] {
+/** A source's key columns in the key map (qualified by `alias` when given). */
+export function mapKeys(source: PlanSource, alias?: string): string[] {
   return source.keyColumns.map(
     (_, i) => `${alias ? `${alias}.` : ''}${mapKey(source.ordinal, i + 1)}`,
   );
@@ -73,6 +75,32 @@ function affectedDrivingKeys(plan: TransformPlan, mapSql: string): string {
   return branches.join('\n     UNION\n     ');
 }
 
+/**
+ * The key map rows of a GROUP BY transform (columns as in the map), for the driving rows
+ * `drivingFilter` selects (all when null). A join keeps every join row, and `passes` says
+ * whether it passes WHERE: a change to a row WHERE filtered out can still change which
+ * rows pass (a LEFT JOIN row that loses its last match). Groups are computed for passing
+ * rows only: an expression may fail on rows WHERE is there to keep out. A single table
+ * keeps its passing rows only (its own changes find it by key).
+ */
+function mapRows(plan: TransformPlan, drivingFilter: string | null): string {
+  const passes = plan.where ? `coalesce((${plan.where}), false)` : 'true';
+  const all = plan.sources.length > 1;
+  const keys = plan.sources.flatMap((s) =>
+    sourceKeys(s).map((k, i) => `${k} AS ${mapKey(s.ordinal, i + 1)}`),
+  );
+  const groups = plan.groups.map(
+    (g, i) =>
+      `${all && plan.where ? `CASE WHEN ${passes} THEN (${g.expression}) END` : `(${g.expression})`} AS ${mapGroup(i + 1)}`,
+  );
+  const filters = [
+    ...(all || !plan.where ? [] : [`(${plan.where})`]),
+    ...(drivingFilter ? [drivingFilter] : []),
+  ];
+  return `SELECT ${list([...keys, ...groups, `${all ? passes : 'true'} AS passes`])}
+    FROM ${plan.fromSql}${filters.length ? `\n   WHERE ${filters.join(' AND ')}` : ''}`;
+}
+
 function having(plan: TransformPlan): string {
   return plan.having ? `\n   HAVING (${plan.having})` : '';
 }
@@ -88,9 +116,12 @@ function whereAnd(plan: TransformPlan): string {
  */
 function derivedGroups(plan: TransformPlan): string {
   const exprs = plan.groups.map((g) => `(${g.expression})`);
-  const cols = plan.groups.map((_, i) => mapGroup(i + 1));
+  const cols = groupColumns(plan);
   const anyNull = cols.map((c) => `${c} IS NULL`).join(' OR ');
   const groupBy = list(plan.groupBy);
+  // The group expressions are evaluated inside the EXISTS, where the groups CTE is in
+  // scope: its alias and columns are the engine's own names (never a source's).
+  const g = own('g');
   return `SELECT ${selectList(plan)}
     FROM ${plan.fromSql}
    WHERE ${whereAnd(plan)}${tuple(exprs)} IN (SELECT ${list(cols)} FROM groups)
@@ -100,10 +131,15 @@ function derivedGroups(plan: TransformPlan): string {
     FROM ${plan.fromSql}
    WHERE (SELECT coalesce(bool_or(${anyNull}), false) FROM groups)
      AND ${whereAnd(plan)}EXISTS (
-       SELECT 1 FROM groups g
-        WHERE (${cols.map((c) => `g.${c} IS NULL`).join(' OR ')})
-          AND ${cols.map((c, i) => `g.${c} IS NOT DISTINCT FROM ${exprs[i]}`).join(' AND ')})
+       SELECT 1 FROM groups ${g}
+        WHERE (${cols.map((c) => `${g}.${c} IS NULL`).join(' OR ')})
+          AND ${cols.map((c, i) => `${g}.${c} IS NOT DISTINCT FROM ${exprs[i]}`).join(' AND ')})
    GROUP BY ${groupBy}${having(plan)}`;
+}
+
+/** The columns of the `groups` CTE: one per GROUP BY expression, named the engine's way. */
+function groupColumns(plan: TransformPlan): string[] {
+  return plan.groups.map((_, i) => own(`g${i + 1}`));
 }
 
 function grandTotalSql(plan: TransformPlan, changedSql: string): string {
@@ -137,7 +173,7 @@ export function aggregateRederiveSql(plan: TransformPlan, changedSql: string): s
   const driving = sources[0]!;
   const affectedCols = driving.keyColumns.map((_, i) => `k${i + 1}`);
   const groupCols = plan.groups.map((_, i) => mapGroup(i + 1));
-  const mapColumns = [...sources.flatMap((s) => mapKeys(s)), ...groupCols];
+  const mapColumns = [...sources.flatMap((s) => mapKeys(s)), ...groupCols, 'passes'];
   const drivingInMap = tuple(mapKeys(driving, 'm'));
   return `WITH changed AS MATERIALIZED (
   ${changedSql}
@@ -147,15 +183,10 @@ affected AS MATERIALIZED (
 ),
 old_rows AS MATERIALIZED (
   SELECT ${list(groupCols.map((c) => `m.${c}`))} FROM ${mapSql} m
-   WHERE ${drivingInMap} IN (SELECT ${list(affectedCols)} FROM affected)
+   WHERE ${drivingInMap} IN (SELECT ${list(affectedCols)} FROM affected) AND m.passes
 ),
 new_rows AS MATERIALIZED (
-  SELECT ${list([
-    ...sources.flatMap((s) => sourceKeys(s).map((k, i) => `${k} AS ${mapKey(s.ordinal, i + 1)}`)),
-    ...plan.groups.map((g, i) => `(${g.expression}) AS ${mapGroup(i + 1)}`),
-  ])}
-    FROM ${plan.fromSql}
-   WHERE ${whereAnd(plan)}${tuple(sourceKeys(driving))} IN (SELECT ${list(affectedCols)} FROM affected)
+  ${mapRows(plan, `${tuple(sourceKeys(driving))} IN (SELECT ${list(affectedCols)} FROM affected)`)}
 ),
 map_removed AS (
   DELETE FROM ${mapSql} m WHERE ${drivingInMap} IN (SELECT ${list(affectedCols)} FROM affected)
@@ -166,9 +197,9 @@ map_added AS (
   RETURNING 1
 ),
 groups AS MATERIALIZED (
-  SELECT ${list(groupCols)} FROM old_rows
+  SELECT ${list(groupCols.map((c, i) => `${c} AS ${groupColumns(plan)[i]}`))} FROM old_rows
   UNION
-  SELECT ${list(groupCols)} FROM new_rows
+  SELECT ${list(groupCols)} FROM new_rows WHERE passes
 ),
 derived AS MATERIALIZED (
   ${derivedGroups(plan)}
@@ -178,7 +209,7 @@ upserted AS (
   RETURNING 1
 ),
 gone AS MATERIALIZED (
-  SELECT ${list(groupCols.map((c, i) => `${c} AS ${q(plan.key[i]!)}`))} FROM groups
+  SELECT ${list(groupColumns(plan).map((c, i) => `${c} AS ${q(plan.key[i]!)}`))} FROM groups
   EXCEPT
   SELECT ${list(plan.key.map((k) => `d.${q(k)}`))} FROM derived d
 ),
@@ -210,15 +241,14 @@ export function groupsFillSql(plan: TransformPlan): string {
       plan.groupBy.length ? `\n   GROUP BY ${list(plan.groupBy)}` : ''
     }${having(plan)}`;
   if (!plan.mapSql) return `WITH filled AS (${fill} RETURNING 1) SELECT 0 AS rows`;
-  const sources = plan.sources;
   const mapColumns = [
-    ...sources.flatMap((s) => mapKeys(s)),
+    ...plan.sources.flatMap((s) => mapKeys(s)),
     ...plan.groups.map((_, i) => mapGroup(i + 1)),
+    'passes',
   ];
   return `WITH mapped AS (
   INSERT INTO ${plan.mapSql} (${list(mapColumns)})
-  SELECT ${list([...sources.flatMap((s) => sourceKeys(s)), ...plan.groups.map((g) => `(${g.expression})`)])}
-    FROM ${plan.fromSql}${plan.where ? `\n   WHERE (${plan.where})` : ''}
+  ${mapRows(plan, null)}
   RETURNING 1
 ),
 filled AS (

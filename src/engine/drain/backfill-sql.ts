@@ -1,3 +1,4 @@
+import { mapKeys } from './aggregate-sql.js';
 import type { TransformPlan } from './plan.js';
 import { col, list, q, selectList, tuple, typedParam, writtenColumns } from './sql-parts.js';
 
@@ -32,15 +33,29 @@ export function backfillChunkSql(plan: TransformPlan): string {
   const keys = tuple(drivingKeyColumns(plan));
   const bound = (param: string) => typedParam(driving, param);
   const written = writtenColumns(plan);
-  return `WITH filled AS (
+  const inChunk = `($1::text[] IS NULL OR ${keys} > ${bound('$1')})
+     AND ($2::text[] IS NULL OR ${keys} <= ${bound('$2')})`;
+  // A join with a WHERE fills its key map with every join row of the chunk, in the same
+  // statement (one snapshot): see mapReplaced in rederive-sql.ts.
+  const mapped =
+    plan.mapKind === 'rows'
+      ? `mapped AS (
+  INSERT INTO ${plan.mapSql} (${list(plan.sources.flatMap((s) => mapKeys(s)))})
+  SELECT ${list(plan.sources.flatMap((s) => s.keyColumns.map((k) => col(s.alias, k))))}
+    FROM ${plan.fromSql}
+   WHERE ${inChunk}
+  RETURNING 1
+),
+`
+      : '';
+  return `WITH ${mapped}filled AS (
   INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
   SELECT ${selectList(plan)}
     FROM ${plan.fromSql}
-   WHERE ${plan.where ? `(${plan.where}) AND ` : ''}($1::text[] IS NULL OR ${keys} > ${bound('$1')})
-     AND ($2::text[] IS NULL OR ${keys} <= ${bound('$2')})
+   WHERE ${plan.where ? `(${plan.where}) AND ` : ''}${inChunk}
   RETURNING 1
 )
-SELECT count(*)::int AS rows FROM filled`;
+SELECT count(*)::int AS rows${mapped ? ', (SELECT count(*) FROM mapped)::int AS mapped' : ''} FROM filled`;
 }
 
 /** How many driving rows lie after `$1` (the last, short, chunk counts its own). */

@@ -24,8 +24,6 @@ export interface PlanColumn {
   isKey: boolean;
   /** Left as it is while paused. */
   paused: boolean;
-  /** Its type has `=`; otherwise compared as text to skip no-op updates. */
-  comparable: boolean;
   notNull: boolean;
 }
 
@@ -50,8 +48,14 @@ export interface TransformPlan {
   hasHeldKeys: boolean;
   /** GROUP BY expressions, typed (empty unless the transform groups). */
   groups: Array<{ expression: string; type: string }>;
-  /** The key map of a GROUP BY transform (quoted, qualified); null otherwise. */
+  /**
+   * The key map (quoted, qualified; see _create_key_map in 0009_source_changes.sql):
+   * 'groups' for a GROUP BY (with each row's group and whether it passes WHERE; every join
+   * row of a join, only the passing rows of a single table), 'rows' for a join with a WHERE
+   * (every join row's keys); null for none.
+   */
   mapSql: string | null;
+  mapKind: 'groups' | 'rows' | null;
 }
 
 interface PlanRow {
@@ -61,11 +65,13 @@ interface PlanRow {
   target_sql: string;
   search_path: string;
   aggregates: boolean;
+  /** FROM with its joins, naming each source as it is now (a renamed source is followed). */
+  from_sql: string;
   spec: {
-    from_sql: string;
     key: string[];
     ast: { where: string | null; group_by: string[]; having: string | null };
     groups?: Array<{ expr: string; type: string }>;
+    key_map?: 'groups' | 'rows' | null;
   };
   sources: Array<{
     ordinal: number;
@@ -82,7 +88,6 @@ interface PlanRow {
     expression: string;
     is_key: boolean;
     paused: boolean;
-    comparable: boolean;
     notnull: boolean | null;
   }>;
 }
@@ -98,21 +103,28 @@ export async function loadPlan(
     `SELECT t.id, t.target_name, t.target_oid::regclass::text AS target_sql, t.search_path,
             EXISTS (SELECT 1 FROM ${s}.held_keys h WHERE h.transform_id = t.id) AS has_held_keys,
             t.aggregates, t.spec,
+            (SELECT string_agg(
+                      CASE WHEN ts.ordinal = 0 THEN '' WHEN ts.join_type = 'left' THEN ' LEFT JOIN '
+                           ELSE ' JOIN ' END
+                      || quote_ident(n.nspname) || '.' || quote_ident(c.relname) || ' AS ' || quote_ident(ts.alias)
+                      || CASE WHEN ts.ordinal > 0 THEN ' ON (' || ts.join_condition || ')' ELSE '' END,
+                      '' ORDER BY ts.ordinal)
+               FROM ${s}.transform_sources ts
+               JOIN pg_class c ON c.oid = ts.source_oid JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE ts.transform_id = t.id) AS from_sql,
             (SELECT jsonb_agg(jsonb_build_object(
                       'ordinal', ts.ordinal, 'source_id', src.id, 'alias', ts.alias,
-                      'table', quote_ident(ts.source_schema) || '.' || quote_ident(ts.source_name),
+                      'table', quote_ident(n.nspname) || '.' || quote_ident(c.relname),
                       'key_columns', ts.key_columns, 'key_types', ts.key_types,
                       'target_key_columns', ts.target_key_columns, 'join_type', ts.join_type)
                     ORDER BY ts.ordinal)
                FROM ${s}.transform_sources ts
+               JOIN pg_class c ON c.oid = ts.source_oid JOIN pg_namespace n ON n.oid = c.relnamespace
                LEFT JOIN ${s}.sources src ON src.source_oid = ts.source_oid
               WHERE ts.transform_id = t.id) AS sources,
             (SELECT jsonb_agg(jsonb_build_object(
                       'name', c.name, 'expression', c.expression, 'is_key', c.is_key,
                       'paused', c.paused_at IS NOT NULL,
-                      'comparable', EXISTS (
-                        SELECT 1 FROM pg_operator o
-                         WHERE o.oprname = '=' AND o.oprleft = a.atttypid AND o.oprright = a.atttypid),
                       'notnull', a.attnotnull)
                     ORDER BY c.ordinal)
                FROM ${s}.transform_columns c
@@ -123,13 +135,20 @@ export async function loadPlan(
     [transformId],
   );
   if (!row) throw new TrellisError('not_found', `transform ${transformId} no longer exists`);
+  if (
+    row.sources === null ||
+    row.sources.length !== (row.spec as { sources?: unknown[] }).sources?.length
+  ) {
+    // A source table is gone: the staging worker stops the transform (captureFailure).
+    throw new TrellisError('conflict', `a source table of ${row.target_name} no longer exists`);
+  }
   return {
     id: row.id,
     target: row.target_name,
     targetSql: row.target_sql,
     searchPath: row.search_path,
     aggregates: row.aggregates,
-    fromSql: row.spec.from_sql,
+    fromSql: row.from_sql,
     where: row.spec.ast.where,
     groupBy: row.spec.ast.group_by ?? [],
     having: row.spec.ast.having,
@@ -148,15 +167,12 @@ export async function loadPlan(
       expression: c.expression,
       isKey: c.is_key,
       paused: c.paused,
-      comparable: c.comparable,
       notNull: c.notnull === true,
     })),
     key: row.spec.key,
     hasHeldKeys: row.has_held_keys,
     groups: (row.spec.groups ?? []).map((g) => ({ expression: g.expr, type: g.type })),
-    mapSql:
-      (row.spec.groups ?? []).length > 0
-        ? `${quoteIdent(schema)}.${quoteIdent(`map_${row.id}`)}`
-        : null,
+    mapSql: row.spec.key_map ? `${quoteIdent(schema)}.${quoteIdent(`map_${row.id}`)}` : null,
+    mapKind: row.spec.key_map ?? null,
   };
 }

@@ -1,4 +1,4 @@
-import { aggregateRederiveSql } from './aggregate-sql.js';
+import { aggregateRederiveSql, mapKeys } from './aggregate-sql.js';
 import type { TransformPlan } from './plan.js';
 import {
   col,
@@ -39,13 +39,24 @@ function affectedDrivingKeys(plan: TransformPlan): string {
        FROM changed c WHERE c.source_id = ${driving.sourceId}`,
   ];
   for (const source of sources.slice(1)) {
-    const held = source.targetKeyColumns!;
     const keys = typedKeys(source);
-    // The old state: target rows that hold the changed row's key.
-    branches.push(`SELECT ${list(drivingTargetKeys.map((k) => `t.${q(k)}`))}
+    if (plan.mapKind === 'rows') {
+      // The old state: join rows it was part of, as the key map holds them (WHERE or not).
+      branches.push(`SELECT ${list(mapKeys(driving, 'm'))}
+       FROM ${plan.mapSql} m
+       JOIN changed c ON c.source_id = ${source.sourceId}
+        AND ${mapKeys(source, 'm')
+          .map((k, i) => `${k} = ${keys[i]}`)
+          .join(' AND ')}`);
+    } else {
+      // The old state: target rows that hold the changed row's key (without a WHERE, the
+      // target holds every join row).
+      const held = source.targetKeyColumns!;
+      branches.push(`SELECT ${list(drivingTargetKeys.map((k) => `t.${q(k)}`))}
        FROM ${plan.targetSql} t
        JOIN changed c ON c.source_id = ${source.sourceId}
         AND ${held.map((k, i) => `t.${q(k)} = ${keys[i]}`).join(' AND ')}`);
+    }
     // The new state: join rows that hold it now (join conditions only, no WHERE: a row
     // that stopped qualifying must still find its driving row).
     branches.push(`SELECT ${list(driving.keyColumns.map((k) => col(driving.alias, k)))}
@@ -96,7 +107,7 @@ export function rederiveSql(plan: TransformPlan, changedSql: string): string {
 ),
 affected AS MATERIALIZED (
      ${affectedDrivingKeys(plan)}
-),
+),${plan.mapKind === 'rows' ? mapReplaced(plan) : ''}
 derived AS MATERIALIZED (
   SELECT ${selectList(plan)}
     FROM ${plan.fromSql}
@@ -116,5 +127,35 @@ removed AS (
 )
 SELECT (SELECT count(*) FROM affected)::int AS keys,
        (SELECT count(*) FROM upserted)::int AS upserted,
-       (SELECT count(*) FROM removed)::int AS removed`;
+       (SELECT count(*) FROM removed)::int AS removed${
+         plan.mapKind === 'rows'
+           ? `,
+       (SELECT count(*) FROM map_removed)::int AS map_removed,
+       (SELECT count(*) FROM map_added)::int AS map_added`
+           : ''
+       }`;
+}
+
+/**
+ * The key map of a join with a WHERE, brought up to date for the affected driving keys:
+ * their join rows as they are now, before WHERE (CTEs `map_removed`, `map_added`).
+ */
+function mapReplaced(plan: TransformPlan): string {
+  const sources = plan.sources;
+  const driving = sources[0]!;
+  const affectedCols = driving.keyColumns.map((_, i) => `k${i + 1}`);
+  const mapColumns = sources.flatMap((s) => mapKeys(s));
+  return `
+map_removed AS (
+  DELETE FROM ${plan.mapSql} m
+   WHERE ${tuple(mapKeys(driving, 'm'))} IN (SELECT ${list(affectedCols)} FROM affected)
+  RETURNING 1
+),
+map_added AS (
+  INSERT INTO ${plan.mapSql} (${list(mapColumns)})
+  SELECT ${list(sources.flatMap((s) => s.keyColumns.map((k) => col(s.alias, k))))}
+    FROM ${plan.fromSql}
+   WHERE ${tuple(driving.keyColumns.map((k) => col(driving.alias, k)))} IN (SELECT ${list(affectedCols)} FROM affected)
+  RETURNING 1
+),`;
 }
