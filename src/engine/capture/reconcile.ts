@@ -31,8 +31,8 @@ interface DesiredRow {
   present: boolean;
   qualified: string | null;
   display: string;
-  key_columns: string[];
-  key_types: string[];
+  key_columns: string[] | null;
+  key_types: string[] | null;
   columns: string[];
   partitions: string[];
   uncaptured: string[];
@@ -74,17 +74,15 @@ export class CaptureReconciler {
               quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS qualified,
               (SELECT ts.source_schema || '.' || ts.source_name FROM ${s}.transform_sources ts
                 WHERE ts.source_oid = d.source_oid LIMIT 1) AS display,
-              (SELECT ts.key_columns FROM ${s}.transform_sources ts
-                WHERE ts.source_oid = d.source_oid LIMIT 1) AS key_columns,
-              (SELECT ts.key_types FROM ${s}.transform_sources ts
-                WHERE ts.source_oid = d.source_oid LIMIT 1) AS key_types,
+              -- The table's primary key as it is now (a renamed key column is captured
+              -- under its new name; transforms it broke are stopped: source-changes.ts).
+              pk.key_columns, pk.key_types,
               ARRAY(SELECT a.attname::text
                  FROM pg_attribute a
                 WHERE a.attrelid = d.source_oid AND a.attnum > 0 AND NOT a.attisdropped
                   AND a.attname IN (SELECT unnest(ts.read_columns) FROM ${s}.transform_sources ts
                                      WHERE ts.source_oid = d.source_oid)
-                  AND NOT a.attname = ANY ((SELECT ts.key_columns FROM ${s}.transform_sources ts
-                                             WHERE ts.source_oid = d.source_oid LIMIT 1)::name[])
+                  AND NOT a.attname = ANY (pk.key_columns)
                 ORDER BY a.attname) AS columns,
               -- A source's partitions and inheritance children, at every level: a plain
               -- FROM reads their rows, and statement triggers on the parent do not fire
@@ -100,7 +98,14 @@ export class CaptureReconciler {
                                         WHERE tg.tgrelid = dt.relid AND tg.tgname = $1)) AS uncaptured
          FROM (SELECT DISTINCT source_oid FROM ${s}.transform_sources) d
          LEFT JOIN pg_class c ON c.oid = d.source_oid
-         LEFT JOIN pg_namespace n ON n.oid = c.relnamespace`,
+         LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
+         LEFT JOIN LATERAL (
+           SELECT array_agg(a.attname ORDER BY k.i) AS key_columns,
+                  array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY k.i) AS key_types
+             FROM pg_index x
+             CROSS JOIN LATERAL unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, i)
+             JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
+            WHERE x.indrelid = d.source_oid AND x.indisprimary) pk ON true`,
       [triggerName(this.schema, 'insert')],
     );
     const installed = await session.query<InstalledRow>(
@@ -115,7 +120,8 @@ export class CaptureReconciler {
     const now = Date.now();
 
     for (const want of desired) {
-      if (!want.present || !want.qualified) continue;
+      // A table without a primary key cannot be captured (its readers are stopped).
+      if (!want.present || !want.qualified || !want.key_columns) continue;
       if ((this.retryAt.get(want.oid) ?? 0) > now) continue;
       let row = byOid.get(want.oid);
       if (!row) {
@@ -133,7 +139,7 @@ export class CaptureReconciler {
         sourceId: row.id,
         table: want.qualified,
         keyColumns: want.key_columns,
-        keyTypes: want.key_types,
+        keyTypes: want.key_types ?? [],
         captured: want.columns,
       };
       const wanted = [...want.columns].sort();
@@ -162,6 +168,11 @@ export class CaptureReconciler {
             }
           },
         );
+      } else if (want.key_columns.join('\0') !== row.key_columns.join('\0')) {
+        // The key was renamed or replaced: every function names it. No lock needed.
+        await this.change(session, row, 'narrow', spec, async () => {
+          for (const sql of captureFunctionsSql(spec)) await session.query(sql);
+        });
       } else if (wanted.join('\0') !== have.join('\0')) {
         // Only the UPDATE trigger's function changes: no lock on the source is needed.
         const widens = wanted.some((c) => !have.includes(c));

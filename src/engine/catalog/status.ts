@@ -55,6 +55,12 @@ interface StatusRow {
     opted_out: boolean;
     fix: string;
   }>;
+  capture_failure: {
+    kind: 'capture' | 'halt' | 'disruption';
+    error: string;
+    columns: string[];
+    detected_at: string;
+  } | null;
   capture_wait: {
     operation: CaptureWait['operation'];
     table: string;
@@ -72,7 +78,7 @@ export async function readStatus(
 ): Promise<Status> {
   const s = quoteIdent(schema);
   const [row] = await session.query<StatusRow>(
-    `SELECT t.target_name, t.paused_at, t.pause_reason, p.phase, p.cursor_tick,
+    `SELECT t.target_name, t.paused_at, t.pause_reason, t.capture_failure, p.phase, p.cursor_tick,
             p.backfill_done, p.backfill_total, p.backfill_started_at,
             p.build_attempts, p.build_error, p.build_next_at,
             (SELECT count(*) FROM ${s}.held_keys h WHERE h.transform_id = t.id) AS held_keys,
@@ -150,7 +156,14 @@ export async function readStatus(
       fix: g.fix,
     })),
     correcting: [],
-    captureFailure: null,
+    captureFailure: row.capture_failure
+      ? {
+          kind: row.capture_failure.kind,
+          error: row.capture_failure.error,
+          columns: row.capture_failure.columns,
+          detectedAt: new Date(row.capture_failure.detected_at),
+        }
+      : null,
     captureWait: row.capture_wait ? await captureWait(session, schema, row.capture_wait) : null,
     buildFailure:
       row.build_attempts > 0 && row.build_error && row.build_next_at

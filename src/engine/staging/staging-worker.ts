@@ -7,6 +7,7 @@ import { WorkerLoop } from '../workers/worker-loop.js';
 import { startBackfills } from './backfill-start.js';
 import { maintainLedger } from './ledger-maintenance.js';
 import { LedgerSummaries } from './ledger-summaries.js';
+import { checkSourceChanges } from './source-changes.js';
 import { tick } from './ticker.js';
 
 export interface StagingTimings {
@@ -96,6 +97,8 @@ export class StagingWorker {
         this.leaderPid = undefined;
         return 0;
       }
+      // DDL first: transforms it broke stop before capture is narrowed to the table as it is.
+      await checkSourceChanges(session, this.schema, this.log);
       await this.capture.reconcile(session);
       const started = await startBackfills(session, this.schema);
       for (const target of started) this.log.info({ target }, 'backfill started');

@@ -247,14 +247,13 @@ CREATE FUNCTION @schema@._rebind(t @schema@.transforms)
 RETURNS void LANGUAGE plpgsql AS $fn$
 DECLARE
   old_path text := current_setting('search_path');
-  spec jsonb;
-  had_map text := t.spec->>'key_map';
+  new_spec jsonb;
   now_cols text;
   was_cols text;
 BEGIN
   PERFORM set_config('search_path', t.search_path, true);
   BEGIN
-    spec := @schema@._analyze_transform(t.spec->'ast');
+    new_spec := @schema@._analyze_transform(t.spec->'ast');
   EXCEPTION WHEN SQLSTATE 'TRV01' THEN
     PERFORM set_config('search_path', old_path, true);
     PERFORM @schema@._fail('TRV01', format(
@@ -262,12 +261,12 @@ BEGIN
       t.target_name, SQLERRM));
   END;
   PERFORM set_config('search_path', old_path, true);
-  spec := jsonb_set(spec, '{ast,target}', t.spec->'ast'->'target');
-  spec := spec || jsonb_build_object(
-    'whole_row', @schema@._check_definition(spec),
-    'key_map', @schema@._key_map_kind(spec));
-  SELECT string_agg(format('%s %s %s', c->>'name', c->>'type', c->>'is_key'), ', ' ORDER BY o) INTO now_cols
-    FROM jsonb_array_elements(spec->'columns') WITH ORDINALITY AS x(c, o);
+  new_spec := jsonb_set(new_spec, '{ast,target}', t.spec->'ast'->'target');
+  new_spec := new_spec || jsonb_build_object(
+    'whole_row', @schema@._check_definition(new_spec),
+    'key_map', @schema@._key_map_kind(new_spec));
+  SELECT string_agg(format('%s %s %s', c->>'name', c->>'type', (c->>'is_key')::boolean), ', ' ORDER BY o) INTO now_cols
+    FROM jsonb_array_elements(new_spec->'columns') WITH ORDINALITY AS x(c, o);
   SELECT string_agg(format('%s %s %s', c.name, c.type, c.is_key), ', ' ORDER BY c.ordinal) INTO was_cols
     FROM @schema@.transform_columns c WHERE c.transform_id = t.id;
   IF now_cols IS DISTINCT FROM was_cols THEN
@@ -275,13 +274,13 @@ BEGIN
       'transform %I cannot resume: as its sources are now, its definition gives the columns (%s), and its target has (%s). DROP TRANSFORM it and define it again',
       t.target_name, now_cols, was_cols));
   END IF;
-  UPDATE @schema@.transforms SET spec = _rebind.spec, capture_failure = NULL, updated_at = now()
+  UPDATE @schema@.transforms SET spec = new_spec, capture_failure = NULL, updated_at = now()
    WHERE id = t.id;
-  PERFORM @schema@._register(t.id, spec);
+  PERFORM @schema@._register(t.id, new_spec);
   PERFORM @schema@._record_read_attrs(t.id);
   -- Key types may have changed: the key map is made again (the rebuild fills it).
   EXECUTE 'DROP TABLE IF EXISTS ' || quote_ident(@schema_literal@) || '.' || quote_ident('map_' || t.id);
-  PERFORM @schema@._create_key_map(t.id, spec);
+  PERFORM @schema@._create_key_map(t.id, new_spec);
 END
 $fn$;
 
@@ -361,3 +360,38 @@ BEGIN
   END LOOP;
 END
 $migrate$;
+
+-- A source renamed (or moved to another schema) is followed, as capture follows it (by
+-- OID): the catalog's names, the statement's AST and its normalised text take the new
+-- name, and a source written without an alias keeps its old name as one, so expressions
+-- that qualify columns by it still mean the same. Returns the targets changed.
+CREATE FUNCTION @schema@._follow_source_renames()
+RETURNS SETOF text LANGUAGE plpgsql AS $fn$
+DECLARE
+  r record;
+  path text[];
+  new_spec jsonb;
+BEGIN
+  FOR r IN
+    SELECT ts.transform_id, ts.ordinal, ts.source_schema, ts.source_name, n.nspname, c.relname
+      FROM @schema@.transform_sources ts
+      JOIN pg_class c ON c.oid = ts.source_oid JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE (n.nspname, c.relname) IS DISTINCT FROM (ts.source_schema, ts.source_name)
+     ORDER BY ts.transform_id, ts.ordinal
+  LOOP
+    path := CASE WHEN r.ordinal = 0 THEN ARRAY['ast', 'from'] ELSE ARRAY['ast', 'joins', (r.ordinal - 1)::text] END;
+    SELECT t.spec INTO new_spec FROM @schema@.transforms t WHERE t.id = r.transform_id FOR UPDATE;
+    IF new_spec #>> (path || 'alias'::text) IS NULL THEN
+      new_spec := jsonb_set(new_spec, path || 'alias'::text, to_jsonb(r.source_name::text));
+    END IF;
+    new_spec := jsonb_set(new_spec, path || 'schema'::text, to_jsonb(r.nspname::text));
+    new_spec := jsonb_set(new_spec, path || 'name'::text, to_jsonb(r.relname::text));
+    UPDATE @schema@.transforms t
+       SET spec = new_spec, statement = @schema@.render_statement(new_spec->'ast'), updated_at = now()
+     WHERE t.id = r.transform_id;
+    UPDATE @schema@.transform_sources ts SET source_schema = r.nspname, source_name = r.relname
+     WHERE ts.transform_id = r.transform_id AND ts.ordinal = r.ordinal;
+    RETURN NEXT (SELECT t.target_name::text FROM @schema@.transforms t WHERE t.id = r.transform_id);
+  END LOOP;
+END
+$fn$;

@@ -1,0 +1,102 @@
+import type { Session } from '../db/session.js';
+import { quoteIdent } from '../identifiers.js';
+import type { Logger } from '../logger.js';
+
+/**
+ * Changes to a source that the ledger cannot carry: DDL. The staging worker looks for them
+ * on every reconcile pass (ENGINE.md, I7; the policy is ADR 0008):
+ * - a source renamed or moved to another schema is followed (capture and the drain read it
+ *   by OID; the catalog and the statement take its new name);
+ * - a read column dropped, renamed or retyped (a rewrite fires no trigger), a source
+ *   dropped, its primary key changed, or, for a definition that reads whole rows, a column
+ *   added or dropped: the transforms reading it stop (paused, reason `capture_failure`,
+ *   with a sentence in `status().captureFailure`). RESUME binds the statement to the
+ *   sources as they are then, and rebuilds.
+ * Capture itself never fails meanwhile (see trigger-sql.ts): what it records until the
+ * transform is rebuilt does not matter.
+ */
+export async function checkSourceChanges(
+  session: Session,
+  schema: string,
+  log: Logger,
+): Promise<void> {
+  const s = quoteIdent(schema);
+  const renamed = await session.query<{ target: string }>(
+    `SELECT ${s}._follow_source_renames() AS target`,
+  );
+  for (const { target } of renamed) log.info({ target }, 'a source was renamed: followed');
+
+  const stopped = await session.query<{ target: string; error: string }>(
+    `WITH sources AS (
+       SELECT ts.transform_id, ts.ordinal, ts.source_oid, ts.key_columns, ts.read_attrs,
+              quote_ident(ts.source_schema) || '.' || quote_ident(ts.source_name) AS display,
+              coalesce((t.spec->>'whole_row')::boolean, false) AS whole_row,
+              c.oid IS NOT NULL AS present
+         FROM ${s}.transform_sources ts
+         JOIN ${s}.transforms t ON t.id = ts.transform_id
+         LEFT JOIN pg_class c ON c.oid = ts.source_oid
+        WHERE t.capture_failure IS NULL AND ts.read_attrs IS NOT NULL),
+     problems AS (
+       SELECT transform_id, ordinal, format('source table %s was dropped', display) AS error,
+              NULL::text AS col
+         FROM sources WHERE NOT present
+       UNION ALL
+       SELECT src.transform_id, src.ordinal,
+              CASE WHEN a.attnum IS NULL OR a.attisdropped
+                     THEN format('column %I of %s was dropped', r->>'name', src.display)
+                   WHEN a.attname <> r->>'name'
+                     THEN format('column %I of %s was renamed to %I', r->>'name', src.display, a.attname)
+                   ELSE format('column %I of %s changed type from %s to %s', r->>'name', src.display,
+                               r->>'type', format_type(a.atttypid, a.atttypmod))
+              END,
+              src.display || '.' || quote_ident(r->>'name')
+         FROM sources src
+         CROSS JOIN LATERAL jsonb_array_elements(src.read_attrs) r
+         LEFT JOIN pg_attribute a ON a.attrelid = src.source_oid AND a.attnum = (r->>'attnum')::int
+        WHERE src.present
+          AND (a.attnum IS NULL OR a.attisdropped OR a.attname <> r->>'name'
+               OR format_type(a.atttypid, a.atttypmod) <> r->>'type')
+       UNION ALL
+       SELECT src.transform_id, src.ordinal,
+              format('column %I was added to %s, and the definition reads whole rows of it',
+                     a.attname, src.display),
+              src.display || '.' || quote_ident(a.attname)
+         FROM sources src
+         JOIN pg_attribute a ON a.attrelid = src.source_oid AND a.attnum > 0 AND NOT a.attisdropped
+        WHERE src.present AND src.whole_row
+          AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(src.read_attrs) r
+                           WHERE (r->>'attnum')::int = a.attnum)
+       UNION ALL
+       SELECT src.transform_id, src.ordinal,
+              CASE WHEN pk.cols IS NULL THEN format('source table %s has no primary key any more', src.display)
+                   ELSE format('the primary key of %s changed from (%s) to (%s)', src.display,
+                               array_to_string(src.key_columns, ', '), array_to_string(pk.cols, ', '))
+              END,
+              NULL
+         FROM sources src
+         LEFT JOIN LATERAL (
+           SELECT array_agg(a.attname ORDER BY k.i) AS cols
+             FROM pg_index x
+             CROSS JOIN LATERAL unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, i)
+             JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
+            WHERE x.indrelid = src.source_oid AND x.indisprimary) pk ON true
+        WHERE src.present AND pk.cols IS DISTINCT FROM src.key_columns),
+     failures AS (
+       SELECT transform_id,
+              (array_agg(error ORDER BY ordinal, error))[1]
+                || CASE WHEN count(*) > 1 THEN format(' (and %s more changes)', count(*) - 1) ELSE '' END AS error,
+              coalesce(array_agg(DISTINCT col) FILTER (WHERE col IS NOT NULL), '{}') AS columns
+         FROM problems GROUP BY transform_id)
+     UPDATE ${s}.transforms t
+        SET paused_at = coalesce(t.paused_at, now()), pause_reason = 'capture_failure',
+            capture_failure = jsonb_build_object('kind', 'capture', 'error', f.error,
+                                                 'columns', to_jsonb(f.columns), 'detected_at', now()),
+            updated_at = now()
+       FROM failures f
+      WHERE t.id = f.transform_id
+     RETURNING t.target_name AS target, f.error`,
+  );
+  for (const { target, error } of stopped) {
+    log.warn({ target, error }, `transform ${target} stopped: ${error}`);
+  }
+}
