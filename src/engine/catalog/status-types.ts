@@ -23,9 +23,31 @@ export interface CaptureFailure {
 export interface LockBlocker {
   pid: number;
   applicationName: string;
+  /** The database the session is connected to. */
+  database: string;
+  /** `active`, `idle in transaction`…, as pg_stat_activity has it. */
   state: string | null;
+  /** When its transaction started (how old it is); null when none is open. */
+  xactStart: Date | null;
   queryStart: Date | null;
+  /** Its current or last statement. */
   query: string;
+}
+
+/**
+ * A prepared transaction (PREPARE TRANSACTION) a capture wait waits on. It has no session:
+ * it holds its locks until someone runs COMMIT PREPARED or ROLLBACK PREPARED with its gid,
+ * in its database.
+ */
+export interface PreparedBlocker {
+  gid: string;
+  /** The role that prepared it. */
+  owner: string;
+  database: string;
+  /** When it was prepared (how long it has been waiting for its COMMIT PREPARED). */
+  prepared: Date;
+  /** Its transaction id. */
+  transaction: string;
 }
 
 /** What a transform's capture waits on. Nothing cancels the blockers. */
@@ -34,7 +56,10 @@ export interface CaptureWait {
   /** Schema-qualified source table. */
   table: string;
   lockMode: string;
+  /** Sessions waited on, by pid. */
   blockers: LockBlocker[];
+  /** Prepared transactions waited on, by gid. */
+  prepared: PreparedBlocker[];
   since: Date;
 }
 

@@ -7,6 +7,7 @@ import type {
   DrainFailure,
   Lifecycle,
   LockBlocker,
+  PreparedBlocker,
   SourceIndexGap,
   Status,
 } from './status-types.js';
@@ -185,31 +186,57 @@ function drainFailure(f: NonNullable<StatusRow['drain_failure']>): DrainFailure 
 }
 
 /**
- * The capture change a transform waits on, with one blocker per session holding or queued
- * for a lock that conflicts with it (the staging worker's own request is not a blocker).
+ * The capture change a transform waits on, with every session and prepared transaction
+ * holding or queued for a lock on the source (or a partition) that conflicts with it (the
+ * staging worker's own request is not a blocker).
  */
 async function captureWait(
   session: Session,
   schema: string,
   wait: NonNullable<StatusRow['capture_wait']>,
 ): Promise<CaptureWait> {
+  const locks = `
+        l.locktype = 'relation'
+        AND (l.relation = $1::oid OR l.relation IN (SELECT relid FROM pg_partition_tree($1::oid)))
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+        AND l.mode = ANY ($2::text[])`;
   const blockers = await session.query<{
     pid: number;
     application_name: string;
+    datname: string;
     state: string | null;
+    xact_start: Date | null;
     query_start: Date | null;
     query: string;
   }>(
-    `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, a.state, a.query_start, a.query
+    `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, a.datname, a.state, a.xact_start,
+            a.query_start, a.query
        FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-      WHERE l.locktype = 'relation' AND l.relation = $1::oid
-        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-        AND l.mode = ANY ($2::text[]) AND l.pid <> pg_backend_pid()
+      WHERE ${locks} AND l.pid <> pg_backend_pid()
         AND l.pid NOT IN (SELECT h.pid FROM pg_locks h
                            WHERE h.locktype = 'advisory' AND h.granted AND h.classid = $3::oid
                              AND h.objid = ((hashtext($4)::bigint + 4294967296) % 4294967296)::oid)
       ORDER BY a.pid`,
     [wait.oid, CONFLICTS_WITH_SHARE_ROW_EXCLUSIVE, LOCK_CLASS.staging, schema],
+  );
+  // A prepared transaction's locks have no pid: it is found by the transaction id lock it
+  // holds under the same virtual transaction id.
+  const prepared = await session.query<{
+    gid: string;
+    owner: string;
+    database: string;
+    prepared: Date;
+    transaction: string;
+  }>(
+    `SELECT DISTINCT ON (p.prepared, p.gid) p.gid, p.owner, p.database, p.prepared,
+            p.transaction::text AS transaction
+       FROM pg_locks l
+       JOIN pg_locks x ON x.locktype = 'transactionid' AND x.pid IS NULL
+                      AND x.virtualtransaction = l.virtualtransaction
+       JOIN pg_prepared_xacts p ON p.transaction = x.transactionid
+      WHERE ${locks} AND l.pid IS NULL
+      ORDER BY p.prepared, p.gid`,
+    [wait.oid, CONFLICTS_WITH_SHARE_ROW_EXCLUSIVE],
   );
   return {
     operation: wait.operation,
@@ -220,9 +247,20 @@ async function captureWait(
       (b): LockBlocker => ({
         pid: b.pid,
         applicationName: b.application_name,
+        database: b.datname,
         state: b.state,
+        xactStart: b.xact_start,
         queryStart: b.query_start,
         query: b.query,
+      }),
+    ),
+    prepared: prepared.map(
+      (p): PreparedBlocker => ({
+        gid: p.gid,
+        owner: p.owner,
+        database: p.database,
+        prepared: p.prepared,
+        transaction: p.transaction,
       }),
     ),
   };
