@@ -8,6 +8,7 @@ import { startBackfills } from './backfill-start.js';
 import { maintainLedger } from './ledger-maintenance.js';
 import { LedgerSummaries } from './ledger-summaries.js';
 import { tick } from './ticker.js';
+import { settleWidenWaits } from './widen-wait.js';
 
 export interface StagingTimings {
   /** Between ticks. */
@@ -97,6 +98,7 @@ export class StagingWorker {
         return 0;
       }
       await this.capture.reconcile(session);
+      await settleWidenWaits(session, this.schema, this.log);
       const started = await startBackfills(session, this.schema);
       for (const target of started) this.log.info({ target }, 'backfill started');
     }
