@@ -60,6 +60,10 @@ describe('what a backfill waits on', () => {
       CREATE TABLE readings_a PARTITION OF readings FOR VALUES IN ('a');
       CREATE TABLE readings_b PARTITION OF readings FOR VALUES IN ('b');
       INSERT INTO readings SELECT g, CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM generate_series(1, 100) g;
+      CREATE TABLE logs (id int PRIMARY KEY, line text NOT NULL);
+      CREATE TABLE logs_archive () INHERITS (logs);
+      INSERT INTO logs SELECT g, 'l' || g FROM generate_series(1, 50) g;
+      INSERT INTO logs_archive SELECT g, 'a' || g FROM generate_series(51, 80) g;
       CREATE TABLE crates (id int PRIMARY KEY, weight int NOT NULL);
       INSERT INTO crates SELECT g, g * 2 FROM generate_series(1, 100) g;
     `);
@@ -410,5 +414,35 @@ describe('what a backfill waits on', () => {
     const token = await api.watermarkToken();
     await api.awaitConverged('reading_values', token, { timeoutMs: 20_000 });
     await expectMatchesDefinition(db.sql, values);
+  });
+
+  it('an install waits for a session writing an inheritance child, and names it', async () => {
+    const lines: Definition = { target: 'log_lines', from: 'logs', select: 'line', implicit: 'id' };
+    const writer = await openSession(db.url, 'archive-writer');
+    try {
+      await writer.sql`BEGIN`;
+      await writer.sql`INSERT INTO logs_archive VALUES (1000, 'archived')`;
+      await api.apply(transformStatement(lines));
+      let waiting: Status | undefined;
+      await waitFor(async () => {
+        waiting = await api.status('log_lines');
+        return (waiting.captureWait?.blockers.length ?? 0) > 0;
+      }, 'status to name the session holding the child table');
+      expect(waiting).toMatchObject({
+        status: 'waiting_to_backfill',
+        captureWait: { operation: 'install', table: 'public.logs', prepared: [] },
+      });
+      expect(waiting!.captureWait!.blockers.map((b) => [b.pid, b.applicationName])).toEqual([
+        [writer.pid, 'archive-writer'],
+      ]);
+      await writer.sql`COMMIT`;
+    } finally {
+      await writer.close();
+    }
+    await waitForStatus(api, 'log_lines', 'live');
+    await db.sql`UPDATE logs SET line = line || '!' WHERE id % 6 = 0`;
+    const token = await api.watermarkToken();
+    await api.awaitConverged('log_lines', token, { timeoutMs: 20_000 });
+    await expectMatchesDefinition(db.sql, lines);
   });
 });

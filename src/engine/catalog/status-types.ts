@@ -60,10 +60,10 @@ export interface PreparedBlocker {
  * `install` and `uninstall` wait for a lock on the source (`lockMode`) that every
  * transaction holding or queued for a conflicting one keeps from them. `widen` is a
  * backfill waiting, after capture of the source widened to a column the transform reads,
- * for the transactions that held a writer lock on the source (or a partition) when it
- * widened: they may still run the older UPDATE trigger, which does not capture that
- * column. Transactions that began later, and any elsewhere in the cluster, are not waited
- * on.
+ * for the transactions that held a writer lock on the source (or a partition or
+ * inheritance child) when it widened: they may still run the older UPDATE trigger, which
+ * does not capture that column. Transactions that began later, and any elsewhere in the
+ * cluster, are not waited on.
  */
 export interface CaptureWait {
   operation: 'install' | 'widen' | 'uninstall';

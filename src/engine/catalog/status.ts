@@ -2,7 +2,7 @@ import type { Session } from '../db/session.js';
 import { TrellisError } from '../errors.js';
 import { quoteIdent } from '../identifiers.js';
 import { LOCK_CLASS } from '../internal/advisory-locks.js';
-import { WRITER_LOCK_MODES } from '../staging/widen-wait.js';
+import { WRITER_LOCK_MODES, withDescendantsSql } from '../staging/widen-wait.js';
 import type {
   CaptureWait,
   DrainFailure,
@@ -202,9 +202,10 @@ function drainFailure(f: NonNullable<StatusRow['drain_failure']>): DrainFailure 
 /**
  * The capture change a transform waits on, with what it waits for: for install and
  * uninstall, every session and prepared transaction holding or queued for a lock on the
- * source (or a partition) that conflicts with it (the staging worker's own request is not
- * a blocker); for a widen, the transactions recorded when it committed that are still
- * there (until the staging worker has recorded them, every one holding a writer lock).
+ * source (or a partition or inheritance child) that conflicts with it (the staging
+ * worker's own request is not a blocker); for a widen, the transactions recorded when it
+ * committed that are still there (until the staging worker has recorded them, every one
+ * holding a writer lock).
  */
 async function captureWait(
   session: Session,
@@ -217,7 +218,7 @@ async function captureWait(
   const vxids = widen && wait.holders ? wait.holders.map((h) => h.vxid) : null;
   const locks = `
         l.locktype = 'relation'
-        AND (l.relation = $1::oid OR l.relation IN (SELECT relid FROM pg_partition_tree($1::oid)))
+        AND l.relation IN ${withDescendantsSql('$1')}
         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
         AND l.mode = ANY ($2::text[])
         AND ($3::text[] IS NULL OR l.virtualtransaction = ANY ($3::text[]))`;

@@ -15,6 +15,18 @@ export const WRITER_LOCK_MODES = [
   'AccessExclusiveLock',
 ];
 
+/**
+ * The relation `param` (an oid) with its partitions and inheritance children at every
+ * level, as a subquery of relids: capture covers them all (their writers fire its
+ * triggers), and LOCK TABLE on the source locks them all.
+ */
+export function withDescendantsSql(param: string): string {
+  return `(WITH RECURSIVE tree(relid) AS (
+             SELECT ${param}::oid
+             UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid)
+           SELECT relid FROM tree)`;
+}
+
 /** A transaction a widen waits on, as pg_locks shows it (pid null: a prepared transaction). */
 export interface WidenHolder {
   vxid: string;
@@ -54,8 +66,8 @@ export async function markWidened(
 
 /**
  * Transactions of this database holding a writer lock on a source or on one of its
- * partitions now (the staging session's own excepted), and whether each is a transaction
- * prepared at or after `since`.
+ * partitions or inheritance children now (the staging session's own excepted), and
+ * whether each is a transaction prepared at or after `since`.
  */
 const HOLDERS_SQL = `
   SELECT l.virtualtransaction AS vxid, min(l.pid) AS pid,
@@ -66,7 +78,7 @@ const HOLDERS_SQL = `
     LEFT JOIN pg_prepared_xacts p ON p.transaction = x.transactionid
    WHERE l.locktype = 'relation' AND l.granted
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-     AND (l.relation = $1::oid OR l.relation IN (SELECT relid FROM pg_partition_tree($1::oid)))
+     AND l.relation IN ${withDescendantsSql('$1')}
      AND l.mode = ANY ($2::text[])
      AND l.pid IS DISTINCT FROM pg_backend_pid()
    GROUP BY l.virtualtransaction`;

@@ -14,6 +14,6 @@ ALTER TABLE @schema@.sources
   ADD COLUMN widen_columns name[],
   -- The transactions waited on, [{vxid, pid}] as pg_locks shows them (pid null for a
   -- prepared transaction): those holding a lock of ROW EXCLUSIVE or stronger on the source
-  -- or one of its partitions just after the widen committed. NULL until the staging worker
+  -- or one of its partitions or inheritance children just after the widen committed. NULL until the staging worker
   -- has looked (its first pass after the widen).
   ADD COLUMN widen_holders jsonb;
