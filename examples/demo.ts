@@ -193,7 +193,18 @@ function describe(s: Status): string {
     const { keysDone, keysTotal } = s.backfill;
     parts.push(keysTotal === null ? `${n(keysDone)} keys` : `${n(keysDone)}/${n(keysTotal)} keys`);
   }
-  if (s.captureWait) parts.push(`(capture waits for a lock on ${s.captureWait.table})`);
+  if (s.captureWait) {
+    const w = s.captureWait;
+    const what = [
+      ...w.blockers.map((b) => `pid ${b.pid}`),
+      ...w.prepared.map((p) => `prepared '${p.gid}'`),
+    ].join(', ');
+    parts.push(
+      w.operation === 'widen'
+        ? `(backfill waits for writers of ${w.table} that may run older capture code: ${what})`
+        : `(capture waits for a lock on ${w.table}: ${what})`,
+    );
+  }
   if (s.buildFailure) parts.push(`(backfill failing: ${s.buildFailure.error})`);
   if (s.drainFailure) parts.push(`(drain failing: ${s.drainFailure.error})`);
   if (s.heldKeys > 0) parts.push(`(${s.heldKeys} keys held)`);

@@ -12,7 +12,10 @@ export const TEMPLATE = 'trellis_test_template';
 let server: TestPostgres | undefined;
 
 export async function setup(project: TestProject): Promise<void> {
-  server = await startPostgres();
+  // PREPARE TRANSACTION is off by default (max_prepared_transactions = 0); some tests hold
+  // locks with prepared transactions. A server from TRELLIS_TEST_DATABASE_URL keeps its own
+  // setting, and those tests skip when it is 0.
+  server = await startPostgres({ settings: { max_prepared_transactions: 10 } });
   await server.dropDatabase(TEMPLATE);
   await server.createDatabase({ name: TEMPLATE, template: 'template0' });
   // Roles some tests log in as; cluster-wide, so created once here.

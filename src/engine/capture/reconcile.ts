@@ -2,6 +2,7 @@ import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { SQLSTATE, sqlstateOf } from '../sqlstate.js';
+import { markWidened } from '../staging/widen-wait.js';
 import {
   type CaptureSpec,
   captureFunctionsSql,
@@ -175,9 +176,12 @@ export class CaptureReconciler {
         });
       } else if (wanted.join('\0') !== have.join('\0')) {
         // Only the UPDATE trigger's function changes: no lock on the source is needed.
-        const widens = wanted.some((c) => !have.includes(c));
-        await this.change(session, row, widens ? 'widen' : 'narrow', spec, async () => {
+        const added = wanted.filter((c) => !have.includes(c));
+        await this.change(session, row, added.length > 0 ? 'widen' : 'narrow', spec, async () => {
           for (const sql of captureFunctionsSql(spec, ['update'])) await session.query(sql);
+          // Writers that hold the source may still run the older function: backfills
+          // reading the added columns wait for them (staging/widen-wait.ts).
+          if (added.length > 0) await markWidened(session, this.schema, row.id, added);
         });
       }
     }
@@ -191,9 +195,10 @@ export class CaptureReconciler {
 
   /**
    * Runs a capture change in its own transaction. Install takes the source's lock (with a
-   * short lock_timeout); widen and narrow replace a function only. After a widen, the
-   * snapshot's xmax is recorded: a backfill may only start from a tick every writer
-   * running the older trigger code has finished before.
+   * short lock_timeout): it waits out every transaction that wrote the table without the
+   * triggers, and later writers fire them. Widen and narrow replace a function only; a
+   * widen marks the source so that backfills needing it wait for the writers that may
+   * still run the older function (ADR 0009).
    */
   private async change(
     session: Session,
@@ -225,17 +230,6 @@ export class CaptureReconciler {
     }
     this.retryAt.delete(row.oid);
     this.waits.delete(row.oid);
-    // Not after an install: its lock already waited out every transaction that wrote the
-    // table without the triggers, and later writers fire them. Recording the xmax there
-    // held a new transform's backfill until the oldest transaction running anywhere on the
-    // server had ended (one blocking another table's install, say), with nothing in
-    // status() to say so (as ADR 0005 has it, only widen needs this).
-    if (operation === 'widen') {
-      await session.query(
-        `UPDATE ${s}.sources SET ready_xmax = pg_snapshot_xmax(pg_current_snapshot()) WHERE id = $1`,
-        [row.id],
-      );
-    }
     this.log.info({ table: row.qualified, operation, columns: captured }, `capture ${operation}`);
   }
 

@@ -19,22 +19,65 @@ export interface CaptureFailure {
   detectedAt: Date;
 }
 
-/** A session holding or queued for a lock the staging worker's capture change needs. */
+/**
+ * A session a capture wait waits on: one holding or queued for a lock the staging worker's
+ * capture change needs, or (after a widen) one whose transaction has held the source since
+ * before the widen.
+ */
 export interface LockBlocker {
   pid: number;
   applicationName: string;
+  /** The database the session is connected to. */
+  database: string;
+  /** `active`, `idle in transaction`…, as pg_stat_activity has it. */
   state: string | null;
+  /** When its transaction started (how old it is); null when none is open. */
+  xactStart: Date | null;
   queryStart: Date | null;
+  /** Its current or last statement. */
   query: string;
 }
 
-/** What a transform's capture waits on. Nothing cancels the blockers. */
+/**
+ * A prepared transaction (PREPARE TRANSACTION) a capture wait waits on. It has no session:
+ * it holds its locks until someone runs COMMIT PREPARED or ROLLBACK PREPARED with its gid,
+ * in its database.
+ */
+export interface PreparedBlocker {
+  gid: string;
+  /** The role that prepared it. */
+  owner: string;
+  database: string;
+  /** When it was prepared (how long it has been waiting for its COMMIT PREPARED). */
+  prepared: Date;
+  /** Its transaction id. */
+  transaction: string;
+}
+
+/**
+ * What a transform's capture waits on. Nothing cancels the blockers.
+ *
+ * `install` and `uninstall` wait for a lock on the source (`lockMode`) that every
+ * transaction holding or queued for a conflicting one keeps from them. `widen` is a
+ * backfill waiting, after capture of the source widened to a column the transform reads,
+ * for the transactions that held a writer lock on the source (or a partition or
+ * inheritance child) when it widened: they may still run the older UPDATE trigger, which
+ * does not capture that column. Transactions that began later, and any elsewhere in the
+ * cluster, are not waited on.
+ */
 export interface CaptureWait {
   operation: 'install' | 'widen' | 'uninstall';
   /** Schema-qualified source table. */
   table: string;
+  /**
+   * The lock the change needs (`SHARE ROW EXCLUSIVE`); for `widen`, `ROW EXCLUSIVE`: the
+   * blockers hold that or a stronger lock on the table since before the widen.
+   */
   lockMode: string;
+  /** Sessions waited on, by pid. */
   blockers: LockBlocker[];
+  /** Prepared transactions waited on, by gid. */
+  prepared: PreparedBlocker[];
   since: Date;
 }
 

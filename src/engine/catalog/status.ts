@@ -2,11 +2,13 @@ import type { Session } from '../db/session.js';
 import { TrellisError } from '../errors.js';
 import { quoteIdent } from '../identifiers.js';
 import { LOCK_CLASS } from '../internal/advisory-locks.js';
+import { WRITER_LOCK_MODES, withDescendantsSql } from '../staging/widen-wait.js';
 import type {
   CaptureWait,
   DrainFailure,
   Lifecycle,
   LockBlocker,
+  PreparedBlocker,
   SourceIndexGap,
   Status,
 } from './status-types.js';
@@ -67,6 +69,8 @@ interface StatusRow {
     lock_mode: string;
     since: string;
     oid: string;
+    /** For a widen: the transactions waited on (null until the staging worker has looked). */
+    holders?: Array<{ vxid: string }> | null;
   } | null;
 }
 
@@ -105,13 +109,24 @@ export async function readStatus(
                                        WHERE ts.transform_id = t.id ORDER BY ts.ordinal))
                FROM ${s}.pages pg WHERE pg.transform_id = t.id AND pg.attempts > 0
               ORDER BY pg.attempts DESC, pg.page LIMIT 1) AS drain_failure,
-            (SELECT jsonb_build_object(
-                      'operation', src.wait->>'operation', 'table', src.qualified,
-                      'lock_mode', src.wait->>'lock_mode', 'since', src.wait->>'since',
-                      'oid', src.source_oid::text)
-               FROM ${s}.transform_sources ts JOIN ${s}.sources src ON src.source_oid = ts.source_oid
-              WHERE ts.transform_id = t.id AND src.wait IS NOT NULL
-              ORDER BY ts.ordinal LIMIT 1) AS capture_wait,
+            -- A lock capture waits for first; else, for a transform not built yet, a widen
+            -- of a column it reads waiting for writers that may run the older trigger.
+            coalesce(
+              (SELECT jsonb_build_object(
+                        'operation', src.wait->>'operation', 'table', src.qualified,
+                        'lock_mode', src.wait->>'lock_mode', 'since', src.wait->>'since',
+                        'oid', src.source_oid::text)
+                 FROM ${s}.transform_sources ts JOIN ${s}.sources src ON src.source_oid = ts.source_oid
+                WHERE ts.transform_id = t.id AND src.wait IS NOT NULL
+                ORDER BY ts.ordinal LIMIT 1),
+              (SELECT jsonb_build_object(
+                        'operation', 'widen', 'table', src.qualified, 'lock_mode', 'ROW EXCLUSIVE',
+                        'since', src.widened_at, 'oid', src.source_oid::text,
+                        'holders', src.widen_holders)
+                 FROM ${s}.transform_sources ts JOIN ${s}.sources src ON src.source_oid = ts.source_oid
+                WHERE ts.transform_id = t.id AND p.phase = 'waiting_to_backfill'
+                  AND src.widened_at IS NOT NULL AND ts.read_columns && src.widen_columns
+                ORDER BY ts.ordinal LIMIT 1)) AS capture_wait,
             ${s}.source_index_gaps(t.id) AS source_index_gaps,
             -- Some transform upstream (at any depth) is paused or not live yet: this one
             -- cannot be keeping up with its sources' sources.
@@ -198,31 +213,65 @@ function drainFailure(f: NonNullable<StatusRow['drain_failure']>): DrainFailure 
 }
 
 /**
- * The capture change a transform waits on, with one blocker per session holding or queued
- * for a lock that conflicts with it (the staging worker's own request is not a blocker).
+ * The capture change a transform waits on, with what it waits for: for install and
+ * uninstall, every session and prepared transaction holding or queued for a lock on the
+ * source (or a partition or inheritance child) that conflicts with it (the staging
+ * worker's own request is not a blocker); for a widen, the transactions recorded when it
+ * committed that are still there (until the staging worker has recorded them, every one
+ * holding a writer lock).
  */
 async function captureWait(
   session: Session,
   schema: string,
   wait: NonNullable<StatusRow['capture_wait']>,
 ): Promise<CaptureWait> {
+  const widen = wait.operation === 'widen' && 'holders' in wait;
+  const modes = widen ? WRITER_LOCK_MODES : CONFLICTS_WITH_SHARE_ROW_EXCLUSIVE;
+  // null: any transaction; otherwise only these virtual transaction ids.
+  const vxids = widen && wait.holders ? wait.holders.map((h) => h.vxid) : null;
+  const locks = `
+        l.locktype = 'relation'
+        AND l.relation IN ${withDescendantsSql('$1')}
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+        AND l.mode = ANY ($2::text[])
+        AND ($3::text[] IS NULL OR l.virtualtransaction = ANY ($3::text[]))`;
   const blockers = await session.query<{
     pid: number;
     application_name: string;
+    datname: string;
     state: string | null;
+    xact_start: Date | null;
     query_start: Date | null;
     query: string;
   }>(
-    `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, a.state, a.query_start, a.query
+    `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, a.datname, a.state, a.xact_start,
+            a.query_start, a.query
        FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-      WHERE l.locktype = 'relation' AND l.relation = $1::oid
-        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-        AND l.mode = ANY ($2::text[]) AND l.pid <> pg_backend_pid()
+      WHERE ${locks} AND l.pid <> pg_backend_pid()
         AND l.pid NOT IN (SELECT h.pid FROM pg_locks h
-                           WHERE h.locktype = 'advisory' AND h.granted AND h.classid = $3::oid
-                             AND h.objid = ((hashtext($4)::bigint + 4294967296) % 4294967296)::oid)
+                           WHERE h.locktype = 'advisory' AND h.granted AND h.classid = $4::oid
+                             AND h.objid = ((hashtext($5)::bigint + 4294967296) % 4294967296)::oid)
       ORDER BY a.pid`,
-    [wait.oid, CONFLICTS_WITH_SHARE_ROW_EXCLUSIVE, LOCK_CLASS.staging, schema],
+    [wait.oid, modes, vxids, LOCK_CLASS.staging, schema],
+  );
+  // A prepared transaction's locks have no pid: it is found by the transaction id lock it
+  // holds under the same virtual transaction id.
+  const prepared = await session.query<{
+    gid: string;
+    owner: string;
+    database: string;
+    prepared: Date;
+    transaction: string;
+  }>(
+    `SELECT DISTINCT ON (p.prepared, p.gid) p.gid, p.owner, p.database, p.prepared,
+            p.transaction::text AS transaction
+       FROM pg_locks l
+       JOIN pg_locks x ON x.locktype = 'transactionid' AND x.pid IS NULL
+                      AND x.virtualtransaction = l.virtualtransaction
+       JOIN pg_prepared_xacts p ON p.transaction = x.transactionid
+      WHERE ${locks} AND l.pid IS NULL
+      ORDER BY p.prepared, p.gid`,
+    [wait.oid, modes, vxids],
   );
   return {
     operation: wait.operation,
@@ -233,9 +282,20 @@ async function captureWait(
       (b): LockBlocker => ({
         pid: b.pid,
         applicationName: b.application_name,
+        database: b.datname,
         state: b.state,
+        xactStart: b.xact_start,
         queryStart: b.query_start,
         query: b.query,
+      }),
+    ),
+    prepared: prepared.map(
+      (p): PreparedBlocker => ({
+        gid: p.gid,
+        owner: p.owner,
+        database: p.database,
+        prepared: p.prepared,
+        transaction: p.transaction,
       }),
     ),
   };

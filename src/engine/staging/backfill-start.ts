@@ -5,8 +5,13 @@ import { quoteIdent } from '../identifiers.js';
  * Moves transforms from waiting_to_backfill to backfilling once capture of every source
  * covers what they read, setting their cursor to the newest tick T0. Every change after
  * T0 reaches them through the ledger; everything before is read by the backfill, which
- * starts after T0, so chunks need no shared snapshot. T0 must come after every writer
- * that ran older trigger code has finished (its xmin past the sources' ready_xmax).
+ * starts after T0, so chunks need no shared snapshot.
+ *
+ * A change the triggers did not capture must be committed before the chunks read its
+ * row: so a transform reading a column a widen added also waits until the transactions
+ * that may still run the older UPDATE trigger have ended (`widened_at`, cleared by
+ * widen-wait.ts once it saw them gone, before this statement and so before any chunk). A
+ * `ready_xmax` an older trellis-pg set after a widen is still honoured: T0's xmin past it.
  */
 export async function startBackfills(session: Session, schema: string): Promise<string[]> {
   const s = quoteIdent(schema);
@@ -24,6 +29,7 @@ export async function startBackfills(session: Session, schema: string): Promise<
                AND (src.installed_at IS NULL
                     OR NOT (ARRAY(SELECT unnest(ts.read_columns) EXCEPT SELECT unnest(ts.key_columns))
                             <@ src.captured_columns)
+                    OR (src.widened_at IS NOT NULL AND ts.read_columns && src.widen_columns)
                     OR src.ready_xmax > (SELECT pg_snapshot_xmin(snap) FROM t0)))
         FOR UPDATE OF p SKIP LOCKED)
      UPDATE ${s}.pipeline p

@@ -9,6 +9,7 @@ import { maintainLedger } from './ledger-maintenance.js';
 import { LedgerSummaries } from './ledger-summaries.js';
 import { checkSourceChanges } from './source-changes.js';
 import { tick } from './ticker.js';
+import { settleWidenWaits } from './widen-wait.js';
 
 export interface StagingTimings {
   /** Between ticks. */
@@ -100,6 +101,7 @@ export class StagingWorker {
       // DDL first: transforms it broke stop before capture is narrowed to the table as it is.
       await checkSourceChanges(session, this.schema, this.log);
       await this.capture.reconcile(session);
+      await settleWidenWaits(session, this.schema, this.log);
       const started = await startBackfills(session, this.schema);
       for (const target of started) this.log.info({ target }, 'backfill started');
     }
