@@ -102,7 +102,7 @@ export class CaptureReconciler {
          LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
          LEFT JOIN LATERAL (
            SELECT array_agg(a.attname ORDER BY k.i) AS key_columns,
-                  array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY k.i) AS key_types
+                  array_agg(${s}._key_type(a.attrelid, a.attnum) ORDER BY k.i) AS key_types
              FROM pg_index x
              CROSS JOIN LATERAL unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, i)
              JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum

@@ -37,7 +37,9 @@ const SETTING_FREE_KEY_TYPES = new Set([
   'citext',
 ]);
 
-function settingFree(type: string): boolean {
+function settingFree(typeWithCollation: string): boolean {
+  // A key type may carry its column's collation (`text COLLATE public.ci`): not a setting.
+  const type = typeWithCollation.replace(/ COLLATE .*$/, '');
   return (
     SETTING_FREE_KEY_TYPES.has(type) ||
     /^(character varying|character|varchar|char|numeric)(\(.*\))?$/.test(type)
@@ -63,13 +65,18 @@ function keyArray(spec: CaptureSpec, alias: string): string {
 }
 
 /**
- * Old and new rows pair up when their keys have the same text form. Not the key type's
- * `=`: a key changed only in case under citext or a case-insensitive collation, or from
- * 1.0 to 1.00, is a different key image, and the target must follow it.
+ * Old and new rows pair up when their keys have the same text form, compared byte for
+ * byte (COLLATE "C": a text key keeps its own collation through ::text). Not the key
+ * type's `=`: a key changed only in case under citext or a case-insensitive collation, or
+ * from 1.0 to 1.00, is a different key image, and the target must follow it. Still an
+ * equality of texts, so a bulk UPDATE's pairs are found by hashing.
  */
 function keyJoin(spec: CaptureSpec, left: string, right: string): string {
   return spec.keyColumns
-    .map((k) => `${left}.${quoteIdent(k)}::text = ${right}.${quoteIdent(k)}::text`)
+    .map(
+      (k) =>
+        `${left}.${quoteIdent(k)}::text COLLATE "C" = ${right}.${quoteIdent(k)}::text COLLATE "C"`,
+    )
     .join(' AND ');
 }
 

@@ -14,6 +14,74 @@ ALTER TABLE @schema@.transforms ADD COLUMN capture_failure jsonb;
 -- column added or removed) stops the transform.
 ALTER TABLE @schema@.transform_sources ADD COLUMN read_attrs jsonb;
 
+-- A key column's type as keys are cast back to it from the ledger's text: with its
+-- collation when that is not the type's own. Keys are compared, deduplicated and looked
+-- up the way the table's key compares them: under a case-blind collation 'a' and 'A' are
+-- one key, and the drain must not re-derive that row twice.
+CREATE FUNCTION @schema@._key_type(rel oid, attnum int2)
+RETURNS text LANGUAGE sql STABLE AS $fn$
+  SELECT format_type(a.atttypid, a.atttypmod)
+         || CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation
+                 THEN ' COLLATE ' || quote_ident(cn.nspname) || '.' || quote_ident(co.collname) ELSE '' END
+    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+    LEFT JOIN pg_collation co ON co.oid = a.attcollation
+    LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
+   WHERE a.attrelid = rel AND a.attnum = _key_type.attnum
+$fn$;
+
+-- _resolve_source, as before (0004), with key types from _key_type.
+CREATE OR REPLACE FUNCTION @schema@._resolve_source(src jsonb, role text)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  written text;
+  rel regclass;
+  r record;
+  keys name[];
+  key_types text[];
+BEGIN
+  written := CASE WHEN src->>'schema' IS NULL THEN quote_ident(src->>'name')
+                  ELSE quote_ident(src->>'schema') || '.' || quote_ident(src->>'name') END;
+  rel := to_regclass(written);
+  IF rel IS NULL THEN
+    PERFORM @schema@._fail('TRV01', format('%s table %s does not exist', role, written));
+  END IF;
+  SELECT c.relkind, c.relpersistence, n.nspname, c.relname INTO r
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = rel;
+  IF r.relkind NOT IN ('r', 'p') THEN
+    PERFORM @schema@._fail('TRV01', format('%s %s is a %s: sources must be tables', role, written,
+      CASE r.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
+        WHEN 'f' THEN 'foreign table' WHEN 'S' THEN 'sequence' ELSE 'relation of kind ' || r.relkind::text END));
+  END IF;
+  IF r.relpersistence = 't' THEN
+    PERFORM @schema@._fail('TRV01', format('%s %s is a temporary table: sources must be permanent tables', role, written));
+  END IF;
+  IF r.nspname = @schema_literal@ THEN
+    PERFORM @schema@._fail('TRV01', format('%s %s is one of Trellis''s own tables', role, written));
+  END IF;
+  -- Another transform's target in the middle of its build may be without its key (see
+  -- _restore_deferred_ddl in 0007_pipeline.sql, which exists by the time this runs).
+  PERFORM @schema@._restore_deferred_ddl(rel);
+  SELECT array_agg(a.attname ORDER BY k.i), array_agg(@schema@._key_type(a.attrelid, a.attnum) ORDER BY k.i)
+    INTO keys, key_types
+    FROM pg_index x
+    CROSS JOIN LATERAL unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, i)
+    JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
+   WHERE x.indrelid = rel AND x.indisprimary;
+  IF keys IS NULL THEN
+    PERFORM @schema@._fail('TRV01',
+      format('%s %I.%I has no primary key: Trellis keys target rows by their source rows'' keys',
+             role, r.nspname, r.relname),
+      'add one, e.g. ALTER TABLE ' || quote_ident(r.nspname) || '.' || quote_ident(r.relname) || ' ADD PRIMARY KEY (...)');
+  END IF;
+  RETURN jsonb_build_object(
+    'oid', rel::oid, 'schema', r.nspname, 'name', r.relname,
+    'alias', coalesce(src->>'alias', r.relname),
+    'qualified', quote_ident(r.nspname) || '.' || quote_ident(r.relname),
+    'key_columns', to_jsonb(keys), 'key_types', to_jsonb(key_types));
+END
+$fn$;
+
+
 -- Records read_attrs for every source of a transform, from the tables as they are now.
 CREATE FUNCTION @schema@._record_read_attrs(p_transform_id int)
 RETURNS void LANGUAGE sql AS $fn$
