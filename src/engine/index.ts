@@ -3,6 +3,14 @@
  * @packageDocumentation
  */
 export type { Definition, DefinitionColumn, DefinitionSource } from './catalog/definitions.js';
+export type {
+  PoisonedRow,
+  QuarantineCount,
+  QuarantineEntry,
+  QuarantineSample,
+  ReleaseResult,
+  SamplePage,
+} from './catalog/quarantine.js';
 export type * from './catalog/status-types.js';
 export {
   isTrellisError,

@@ -54,6 +54,13 @@ export interface ConnectOptions {
    * @defaultValue `'trellis-pg'`
    */
   applicationName?: string;
+  /**
+   * How many keys one quarantine address (`"transform"` or `"transform.column"`) may hold
+   * before it pauses itself (`pauseReason: 'quarantine'`). Instance-wide: a handle given it
+   * records it in the catalog when it connects (and on `migrate()`), for every drain of the
+   * instance; left out, the recorded value stands (100 at install).
+   */
+  quarantineThreshold?: number;
 }
 
 export interface ResolvedOptions {
@@ -66,6 +73,7 @@ export interface ResolvedOptions {
   logger: Logger;
   callTimeoutMs: number;
   applicationName: string;
+  quarantineThreshold: number | undefined;
 }
 
 export const DEFAULTS = {
@@ -76,7 +84,7 @@ export const DEFAULTS = {
   drainThreads: 0,
   callTimeoutMs: 30_000,
   applicationName: 'trellis-pg',
-} as const satisfies Omit<ResolvedOptions, 'url' | 'logger'>;
+} as const satisfies Omit<ResolvedOptions, 'url' | 'logger' | 'quarantineThreshold'>;
 
 function positiveInt(name: string, value: number, min: number): number {
   if (!Number.isInteger(value) || value < min) {
@@ -114,5 +122,9 @@ export function resolveOptions(options: ConnectOptions): ResolvedOptions {
     logger: options.logger ?? consoleLogger('warn'),
     callTimeoutMs: positiveInt('callTimeoutMs', options.callTimeoutMs ?? DEFAULTS.callTimeoutMs, 1),
     applicationName: options.applicationName ?? DEFAULTS.applicationName,
+    quarantineThreshold:
+      options.quarantineThreshold === undefined
+        ? undefined
+        : positiveInt('quarantineThreshold', options.quarantineThreshold, 1),
   };
 }

@@ -1,6 +1,18 @@
 import { type InspectOptionsStylized, inspect } from 'node:util';
 import { CallRunner } from './calls.js';
 import { type Definition, readDefinitions } from './catalog/definitions.js';
+import {
+  type PoisonedRow,
+  poisonedSince,
+  type QuarantineCount,
+  type QuarantineEntry,
+  quarantined,
+  quarantineStatus,
+  type ReleaseResult,
+  releaseKey,
+  type SamplePage,
+  sampleQuarantined,
+} from './catalog/quarantine.js';
 import { readStatus } from './catalog/status.js';
 import type { Status } from './catalog/status-types.js';
 import { classifyConnectError } from './db/classify.js';
@@ -115,6 +127,9 @@ export class Trellis implements AsyncDisposable {
         const state = await readSchemaState(session, resolved.schema);
         assertCompatible(state, resolved.schema);
         assertTargetSchema(state, resolved.schema, resolved.targetSchema);
+        if (state.version > 0 && resolved.quarantineThreshold !== undefined) {
+          await recordQuarantineThreshold(session, resolved.schema, resolved.quarantineThreshold);
+        }
         if (resolved.staging && state.version === 0) {
           throw new TrellisError(
             'not_migrated',
@@ -145,12 +160,20 @@ export class Trellis implements AsyncDisposable {
 
   /** Installs or upgrades Trellis's catalog schema; safe to run concurrently and repeatedly. */
   migrate(): Promise<MigrateResult> {
-    return this.calls.run('migrate', (session) =>
-      migrateSchema(session, {
+    return this.calls.run('migrate', async (session) => {
+      const result = await migrateSchema(session, {
         schema: this.options.schema,
         targetSchema: this.options.targetSchema,
-      }),
-    );
+      });
+      if (this.options.quarantineThreshold !== undefined) {
+        await recordQuarantineThreshold(
+          session,
+          this.options.schema,
+          this.options.quarantineThreshold,
+        );
+      }
+      return result;
+    });
   }
 
   /**
@@ -243,6 +266,56 @@ export class Trellis implements AsyncDisposable {
     });
   }
 
+  /** Every quarantine address holding keys: its count, oldest hold, and whether it is paused. */
+  quarantined(): Promise<QuarantineEntry[]> {
+    return this.catalogCall('quarantined', (session) => quarantined(session, this.options.schema));
+  }
+
+  /** How many keys `address` (`"transform"` or `"transform.column"`) holds. */
+  quarantineStatus(address: string): Promise<QuarantineCount> {
+    return this.catalogCall('quarantineStatus', (session) =>
+      quarantineStatus(session, this.options.schema, address),
+    );
+  }
+
+  /**
+   * A page of the keys `address` holds, ordered by (source table, key); pass `nextCursor`
+   * back for the next page (null at the end).
+   */
+  sampleQuarantined(
+    address: string,
+    options: { limit?: number; cursor?: string | null } = {},
+  ): Promise<SamplePage> {
+    return this.catalogCall('sampleQuarantined', (session) =>
+      sampleQuarantined(session, this.options.schema, address, options),
+    );
+  }
+
+  /** Every key held since `since`, across transforms, oldest first. */
+  poisonedSince(since: Date): Promise<PoisonedRow[]> {
+    return this.catalogCall('poisonedSince', (session) =>
+      poisonedSince(session, this.options.schema, since),
+    );
+  }
+
+  /**
+   * Releases the key `key` (rendered as samples show it) of `srcTable` held at `address`,
+   * and re-derives it now: it goes through, or is held again with its new error.
+   */
+  releaseKey(address: string, srcTable: string, key: string): Promise<ReleaseResult> {
+    return this.catalogCall('releaseKey', (session) =>
+      releaseKey(session, this.options.schema, address, srcTable, key, this.log),
+    );
+  }
+
+  /** A call that reads or changes the catalog (`not_migrated` until it is installed). */
+  private catalogCall<T>(what: string, fn: (session: Session) => Promise<T>): Promise<T> {
+    return this.calls.run(what, async (session) => {
+      await this.requireInstalled(session);
+      return fn(session);
+    });
+  }
+
   /** Every registered transform, ordered by target name. */
   definitions(): Promise<Definition[]> {
     return this.calls.run('definitions', async (session) => {
@@ -327,4 +400,17 @@ export class Trellis implements AsyncDisposable {
   async [Symbol.asyncDispose](): Promise<void> {
     await this.shutdown();
   }
+}
+
+/** Records the instance's quarantine threshold (see ConnectOptions.quarantineThreshold). */
+async function recordQuarantineThreshold(
+  session: Session,
+  schema: string,
+  threshold: number,
+): Promise<void> {
+  await session.query(
+    `UPDATE ${quoteIdent(schema)}.config SET quarantine_threshold = $1
+      WHERE quarantine_threshold IS DISTINCT FROM $1`,
+    [threshold],
+  );
 }

@@ -29,7 +29,7 @@ function decodedKey(plan: TransformPlan, k: string): string {
 
 /**
  * The changed keys of one ledger range (after tick `$1`'s snapshot, up to tick `$2`'s),
- * for this transform's sources, less the keys held back from it (a key changed twice
+ * for this transform's sources, less the keys held back from the whole of it (a key changed twice
  * appears twice; consumers dedupe on typed keys, far cheaper than on text[]). A page narrows it to a
  * block range (`$3`..`$4`, end exclusive, as tids) of one ledger generation, read by TID
  * range alone: the fence (OFFSET 0) keeps the planner from preferring the xid index,
@@ -54,7 +54,8 @@ export function changedFromLedger(
     ...(plan.hasHeldKeys
       ? [
           `NOT EXISTS (SELECT 1 FROM ${s}.held_keys h
-                      WHERE h.transform_id = ${plan.id} AND h.source_id = c.source_id AND h.key = c.key)`,
+                      WHERE h.transform_id = ${plan.id} AND h.column_name = ''
+                        AND h.source_id = c.source_id AND h.key = c.key)`,
         ]
       : []),
     ...(buckets > 1

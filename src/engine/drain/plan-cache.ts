@@ -4,7 +4,8 @@ import { loadPlan, type TransformPlan } from './plan.js';
 
 /**
  * A drain loop's plans, reloaded only when the catalog says something they depend on
- * changed: the definition (updated_at), paused columns, captured sources. Loading a plan
+ * changed: the definition (updated_at), paused columns, captured sources, the columns keys
+ * are held for. Loading a plan
  * is a few catalog reads; checking it is one small query per unit of work.
  */
 export class PlanCache {
@@ -22,8 +23,12 @@ export class PlanCache {
               || '|' || coalesce((SELECT string_agg(src.id::text, ',' ORDER BY ts.ordinal)
                                     FROM ${s}.transform_sources ts
                                     JOIN ${s}.sources src ON src.source_oid = ts.source_oid
-                                   WHERE ts.transform_id = t.id), '') AS version,
-              EXISTS (SELECT 1 FROM ${s}.held_keys h WHERE h.transform_id = t.id) AS held
+                                   WHERE ts.transform_id = t.id), '')
+              || '|' || coalesce((SELECT string_agg(DISTINCT h.column_name, ',')
+                                    FROM ${s}.held_keys h
+                                   WHERE h.transform_id = t.id AND h.column_name <> ''), '') AS version,
+              EXISTS (SELECT 1 FROM ${s}.held_keys h
+                       WHERE h.transform_id = t.id AND h.column_name = '') AS held
          FROM ${s}.transforms t WHERE t.id = $1`,
       [transformId],
     );

@@ -30,6 +30,8 @@ export interface PlanColumn {
 /** Everything the drain and backfill need to re-derive one transform's rows. */
 export interface TransformPlan {
   id: number;
+  /** Trellis's catalog schema, quoted. */
+  catalog: string;
   target: string;
   /** Quoted, schema-qualified target table. */
   targetSql: string;
@@ -44,8 +46,13 @@ export interface TransformPlan {
   columns: PlanColumn[];
   /** The target's key columns, in key order (empty for a grand total). */
   key: string[];
-  /** Whether any key is held back from this transform (the drain then skips them). */
+  /** Whether any key is held back from the whole transform (the drain then skips them). */
   hasHeldKeys: boolean;
+  /**
+   * Columns some keys are held for (their rows flow, that column keeps its last value:
+   * see rederive-sql.ts). Never for an aggregating transform.
+   */
+  heldColumns: string[];
   /** GROUP BY expressions, typed (empty unless the transform groups). */
   groups: Array<{ expression: string; type: string }>;
   /**
@@ -61,6 +68,7 @@ export interface TransformPlan {
 interface PlanRow {
   id: number;
   has_held_keys: boolean;
+  held_columns: string[];
   target_name: string;
   target_sql: string;
   search_path: string;
@@ -101,7 +109,10 @@ export async function loadPlan(
   const s = quoteIdent(schema);
   const [row] = await session.query<PlanRow>(
     `SELECT t.id, t.target_name, t.target_oid::regclass::text AS target_sql, t.search_path,
-            EXISTS (SELECT 1 FROM ${s}.held_keys h WHERE h.transform_id = t.id) AS has_held_keys,
+            EXISTS (SELECT 1 FROM ${s}.held_keys h
+                     WHERE h.transform_id = t.id AND h.column_name = '') AS has_held_keys,
+            ARRAY(SELECT DISTINCT h.column_name::text FROM ${s}.held_keys h
+                   WHERE h.transform_id = t.id AND h.column_name <> '' ORDER BY 1) AS held_columns,
             t.aggregates, t.spec,
             (SELECT string_agg(
                       CASE WHEN ts.ordinal = 0 THEN '' WHEN ts.join_type = 'left' THEN ' LEFT JOIN '
@@ -144,6 +155,7 @@ export async function loadPlan(
   }
   return {
     id: row.id,
+    catalog: quoteIdent(schema),
     target: row.target_name,
     targetSql: row.target_sql,
     searchPath: row.search_path,
@@ -171,6 +183,7 @@ export async function loadPlan(
     })),
     key: row.spec.key,
     hasHeldKeys: row.has_held_keys,
+    heldColumns: row.held_columns,
     groups: (row.spec.groups ?? []).map((g) => ({ expression: g.expr, type: g.type })),
     mapSql: row.spec.key_map ? `${quoteIdent(schema)}.${quoteIdent(`map_${row.id}`)}` : null,
     mapKind: row.spec.key_map ?? null,

@@ -1,4 +1,5 @@
 import { aggregateRederiveSql, mapKeys } from './aggregate-sql.js';
+import { changedFromList } from './changed-sql.js';
 import type { TransformPlan } from './plan.js';
 import {
   col,
@@ -65,6 +66,22 @@ function affectedDrivingKeys(plan: TransformPlan): string {
         SELECT ${list(keys)} FROM changed c WHERE c.source_id = ${source.sourceId})`);
   }
   return branches.join('\n     UNION\n     ');
+}
+
+/**
+ * The driving keys (as text[], as the ledger holds keys) that the changed keys given as
+ * `$1` (see changedFromList) touch: where a joined row's failure is attributed.
+ */
+export function affectedDrivingKeysSql(plan: TransformPlan): string {
+  const n = plan.sources[0]!.keyColumns.length;
+  const cols = Array.from({ length: n }, (_, i) => `k${i + 1}::text`);
+  return `WITH changed AS MATERIALIZED (
+  ${changedFromList()}
+),
+affected AS (
+     ${affectedDrivingKeys(plan)}
+)
+SELECT DISTINCT ARRAY[${list(cols)}] AS k FROM affected`;
 }
 
 /**

@@ -1,4 +1,4 @@
-import { quoteIdent } from '../identifiers.js';
+import { quoteIdent, quoteLiteral } from '../identifiers.js';
 import type { PlanColumn, PlanSource, TransformPlan } from './plan.js';
 
 /** Pieces of SQL every re-derivation statement is built from. Identifiers always quoted. */
@@ -66,7 +66,16 @@ export function requireSourceIds(plan: TransformPlan): Array<PlanSource & { sour
 export function upsert(plan: TransformPlan, from: string): string {
   const written = writtenColumns(plan);
   const columnList = list(written.map((c) => q(c.name)));
-  const set = list(written.map((c) => `${q(c.name)} = EXCLUDED.${q(c.name)}`));
+  // A column held for the row's driving key keeps its last value.
+  const held = new Set(plan.aggregates ? [] : plan.heldColumns);
+  const drivingKeys = (plan.sources[0]!.targetKeyColumns ?? []).map((k) => `t.${q(k)}`);
+  const set = list(
+    written.map((c) =>
+      held.has(c.name)
+        ? `${q(c.name)} = CASE WHEN ${heldFor(plan, c.name, drivingKeys)} THEN t.${q(c.name)} ELSE EXCLUDED.${q(c.name)} END`
+        : `${q(c.name)} = EXCLUDED.${q(c.name)}`,
+    ),
+  );
   const conflict =
     plan.key.length === 0 ? 'ON CONFLICT ((true))' : `ON CONFLICT (${list(plan.key.map(q))})`;
   const side = (alias: string) => list(written.map((c) => `${alias}.${q(c.name)}`));
@@ -87,6 +96,33 @@ export function keyMatch(plan: TransformPlan, left: string, right: string): stri
     .join(' AND ');
 }
 
+/**
+ * Whether the key held for column `column` is the driving row's whose key columns are
+ * `keys` (typed expressions, in key order): see heldColumns in plan.ts.
+ */
+function heldFor(plan: TransformPlan, column: string, keys: string[]): string {
+  const driving = plan.sources[0]!;
+  const h = own('h');
+  return `EXISTS (SELECT 1 FROM ${plan.catalog}.held_keys ${h}
+     WHERE ${h}.transform_id = ${plan.id} AND ${h}.column_name = ${quoteLiteral(column)}
+       AND ${h}.source_id = ${driving.sourceId ?? 'NULL'}
+       AND ${keys.map((k, i) => `(${h}.key[${i + 1}])::${driving.keyTypes[i]} = ${k}`).join(' AND ')})`;
+}
+
+/**
+ * The written columns, computed from the sources. A column some driving keys are held
+ * for is not computed for their rows (its expression fails there): NULL, which the
+ * upsert does not write over the row's last value (see `upsert`).
+ */
 export function selectList(plan: TransformPlan): string {
-  return list(writtenColumns(plan).map((c) => `${c.expression} AS ${q(c.name)}`));
+  const held = new Set(plan.aggregates ? [] : plan.heldColumns);
+  const driving = plan.sources[0]!;
+  const drivingKeys = driving.keyColumns.map((k) => col(driving.alias, k));
+  return list(
+    writtenColumns(plan).map((c) =>
+      held.has(c.name)
+        ? `CASE WHEN ${heldFor(plan, c.name, drivingKeys)} THEN NULL ELSE ${c.expression} END AS ${q(c.name)}`
+        : `${c.expression} AS ${q(c.name)}`,
+    ),
+  );
 }
