@@ -32,6 +32,7 @@ import {
   migrateSchema,
   readSchemaState,
 } from './schema/migrator.js';
+import { detectDisruptions } from './staging/disruptions.js';
 import { type ApplyResult, applyStatement } from './statements/apply.js';
 import { awaitConverged, watermarkToken } from './watermark.js';
 import { Background } from './workers/background.js';
@@ -306,6 +307,34 @@ export class Trellis implements AsyncDisposable {
     return this.catalogCall('releaseKey', (session) =>
       releaseKey(session, this.options.schema, address, srcTable, key, this.log),
     );
+  }
+
+  /**
+   * Checks now (without waiting for the staging worker's next pass) for capture changed
+   * outside Trellis — triggers disabled, enabled without ALWAYS, dropped, functions
+   * replaced — pauses the readers of every such table (`captureFailure.kind:
+   * 'disruption'`), and returns those tables, schema-qualified.
+   */
+  detectCaptureDisruptions(): Promise<string[]> {
+    return this.catalogCall('detectCaptureDisruptions', (session) =>
+      session.transaction(() => detectDisruptions(session, this.options.schema, this.log)),
+    );
+  }
+
+  /**
+   * The transforms paused for `reason` (`'disruption'`, …), by target name. For test
+   * support (resumeCaptureDisruptions); one catalog read.
+   * @internal
+   */
+  pausedFor(reason: string): Promise<string[]> {
+    return this.catalogCall('pausedFor', async (session) => {
+      const rows = await session.query<{ target: string }>(
+        `SELECT target_name AS target FROM ${quoteIdent(this.options.schema)}.transforms
+          WHERE paused_at IS NOT NULL AND pause_reason = $1 ORDER BY 1`,
+        [reason],
+      );
+      return rows.map((r) => r.target);
+    });
   }
 
   /** A call that reads or changes the catalog (`not_migrated` until it is installed). */

@@ -1,6 +1,6 @@
 /**
- * Test support for suites of apps that use Trellis: a throwaway Postgres server, and (as
- * the engine grows) helpers for fixtures loaded with triggers disabled.
+ * Test support for suites of apps that use Trellis: a throwaway Postgres server, and the
+ * helper for fixtures loaded with triggers disabled.
  */
 export {
   type CreatedDatabase,
@@ -9,3 +9,4 @@ export {
   startPostgres,
   type TestPostgres,
 } from './postgres.js';
+export { ResumeRefused, resumeCaptureDisruptions } from './resume-disruptions.js';

@@ -216,9 +216,11 @@ export class CaptureReconciler {
           await session.query(`LOCK TABLE ${spec.table} IN ${CAPTURE_LOCK_MODE} MODE`);
         }
         await ddl();
+        // The digest of the functions as installed: a disruption check compares it.
         await session.query(
           `UPDATE ${s}.sources SET captured_columns = $2::name[], key_columns = $3::name[],
-                  key_types = $4, installed_at = coalesce(installed_at, now()), wait = NULL
+                  key_types = $4, installed_at = coalesce(installed_at, now()), wait = NULL,
+                  capture_digest = ${s}._capture_digest(id)
             WHERE id = $1`,
           [row.id, captured, spec.keyColumns, spec.keyTypes],
         );

@@ -88,7 +88,9 @@ export async function checkSourceChanges(
               coalesce(array_agg(DISTINCT col) FILTER (WHERE col IS NOT NULL), '{}') AS columns
          FROM problems GROUP BY transform_id)
      UPDATE ${s}.transforms t
-        SET paused_at = coalesce(t.paused_at, now()), pause_reason = 'capture_failure',
+        SET paused_at = coalesce(t.paused_at, now()),
+            -- An operator's pause stays theirs; RESUME rebinds whatever the reason.
+            pause_reason = CASE WHEN t.paused_at IS NULL THEN 'capture_failure' ELSE t.pause_reason END,
             capture_failure = jsonb_build_object('kind', 'capture', 'error', f.error,
                                                  'columns', to_jsonb(f.columns), 'detected_at', now()),
             updated_at = now()

@@ -5,6 +5,7 @@ import { LOCK_CLASS } from '../internal/advisory-locks.js';
 import type { Logger } from '../logger.js';
 import { WorkerLoop } from '../workers/worker-loop.js';
 import { startBackfills } from './backfill-start.js';
+import { detectDisruptions } from './disruptions.js';
 import { maintainLedger } from './ledger-maintenance.js';
 import { LedgerSummaries } from './ledger-summaries.js';
 import { checkSourceChanges } from './source-changes.js';
@@ -100,6 +101,7 @@ export class StagingWorker {
       }
       // DDL first: transforms it broke stop before capture is narrowed to the table as it is.
       await checkSourceChanges(session, this.schema, this.log);
+      await detectDisruptions(session, this.schema, this.log);
       await this.capture.reconcile(session);
       await settleWidenWaits(session, this.schema, this.log);
       const started = await startBackfills(session, this.schema);

@@ -30,14 +30,15 @@ BEGIN
     PERFORM @schema@._fail('TRN01', format('transform %I has no column %I', t.target_name, ast->>'column'));
   END IF;
   IF ast->>'column' IS NULL AND t.paused_at IS NOT NULL THEN
-    IF t.pause_reason IN ('capture_failure', 'disruption') THEN
+    -- A transform that stopped on a capture failure or disruption (whoever paused it) is
+    -- bound to its sources again, and resumes through a rebuild: the ledger could not have
+    -- covered what happened. Any other resumes from where it stopped.
+    IF t.capture_failure IS NOT NULL THEN
       PERFORM @schema@._rebind(t);
     END IF;
     addresses := addresses || t.target_name::text;
     UPDATE @schema@.transforms SET paused_at = NULL, pause_reason = NULL, updated_at = now() WHERE id = t.id;
-    -- A pause the ledger could not have covered (capture was broken or disrupted) resumes
-    -- through a rebuild; any other resumes from where the transform stopped.
-    IF t.pause_reason IN ('capture_failure', 'disruption') THEN
+    IF t.capture_failure IS NOT NULL OR t.pause_reason IN ('capture_failure', 'disruption') THEN
       PERFORM @schema@._request_rebuild(t.id);
     ELSIF t.pause_reason = 'build_failure' THEN
       -- The cause was fixed: the build gets its attempts afresh, starting now.
