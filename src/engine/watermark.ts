@@ -30,6 +30,8 @@ function snapshotOf(token: string): string {
 interface Progress {
   found: boolean;
   covered: boolean;
+  /** No rows came or went without DML that are still to be put into the ledger. */
+  settled: boolean;
   upstream: number[];
 }
 
@@ -47,7 +49,12 @@ async function progress(
 ): Promise<Progress & { id: number }> {
   const s = quoteIdent(schema);
   const byName = typeof target === 'string';
-  const [row] = await session.query<{ id: number; covered: boolean; upstream: number[] }>(
+  const [row] = await session.query<{
+    id: number;
+    covered: boolean;
+    settled: boolean;
+    upstream: number[];
+  }>(
     `SELECT t.id,
             (t.paused_at IS NULL AND p.phase IN ('catching_up', 'live') AND p.cursor_tick IS NOT NULL
              AND EXISTS (
@@ -58,6 +65,8 @@ async function progress(
                     SELECT 1 FROM pg_snapshot_xip(k.snap) x
                      WHERE x < pg_snapshot_xmax($2::pg_snapshot)
                        AND x NOT IN (SELECT pg_snapshot_xip($2::pg_snapshot))))) AS covered,
+            -- Rows attached or detached without DML are re-derived too (corrections).
+            ${s}._sources_settled(t.id) AS settled,
             ARRAY(SELECT u.id FROM ${s}.transform_sources ts
                     JOIN ${s}.transforms u ON u.target_oid = ts.source_oid
                    WHERE ts.transform_id = t.id) AS upstream
@@ -67,9 +76,15 @@ async function progress(
   );
   if (!row) {
     if (byName) throw new TrellisError('not_found', `there is no transform named ${target}`);
-    return { id: -1, found: false, covered: true, upstream: [] };
+    return { id: -1, found: false, covered: true, settled: true, upstream: [] };
   }
-  return { id: row.id, found: true, covered: row.covered, upstream: row.upstream };
+  return {
+    id: row.id,
+    found: true,
+    covered: row.covered && row.settled,
+    settled: row.settled,
+    upstream: row.upstream,
+  };
 }
 
 /**
@@ -92,7 +107,8 @@ export async function awaitConverged(
     // Upstream writes happened after `snap`: wait for them through a fresh snapshot.
     const own = state.upstream.length > 0 ? snapshotOf(await watermarkToken(session)) : snap;
     let pause = 5;
-    state = await progress(session, schema, t, own);
+    let current = own;
+    state = await progress(session, schema, t, current);
     while (!state.covered) {
       if (Date.now() >= deadline) {
         throw new TrellisError(
@@ -102,7 +118,10 @@ export async function awaitConverged(
       }
       await sleep(pause, signal);
       pause = Math.min(50, pause * 2);
-      state = await progress(session, schema, t, own);
+      // A correction writes its keys into the ledger after the token was taken: wait for
+      // them through a snapshot taken after it is done.
+      if (!state.settled) current = snapshotOf(await watermarkToken(session));
+      state = await progress(session, schema, t, current);
     }
   };
   await converge(target, snapshotOf(token));

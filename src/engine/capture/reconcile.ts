@@ -224,6 +224,14 @@ export class CaptureReconciler {
             WHERE id = $1`,
           [row.id, captured, spec.keyColumns, spec.keyTypes],
         );
+        if (operation === 'install') {
+          // Its partitions and children as they are under this lock (none can attach now):
+          // later changes to them are corrected (staging/partition-corrections.ts).
+          await session.query(
+            `SELECT ${s}._record_members(id) FROM ${s}.sources WHERE id = $1 AND members_at IS NULL`,
+            [row.id],
+          );
+        }
       });
     } catch (error) {
       if (sqlstateOf(error) !== SQLSTATE.lockNotAvailable) throw error;

@@ -57,6 +57,7 @@ interface StatusRow {
     opted_out: boolean;
     fix: string;
   }>;
+  correcting: Array<{ node: string; since: string; remaining: number | null }>;
   capture_failure: {
     kind: 'capture' | 'halt' | 'disruption';
     error: string;
@@ -128,6 +129,14 @@ export async function readStatus(
                   AND src.widened_at IS NOT NULL AND ts.read_columns && src.widen_columns
                 ORDER BY ts.ordinal LIMIT 1)) AS capture_wait,
             ${s}.source_index_gaps(t.id) AS source_index_gaps,
+            (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                      'node', c.node, 'since', c.since,
+                      'remaining', CASE WHEN c.keys_total IS NOT NULL
+                                        THEN greatest(c.keys_total - c.keys_done, 0) END)
+                    ORDER BY c.since, c.node), '[]')
+               FROM ${s}.corrections c JOIN ${s}.sources src ON src.id = c.source_id
+               JOIN ${s}.transform_sources ts ON ts.source_oid = src.source_oid
+              WHERE ts.transform_id = t.id) AS correcting,
             -- Some transform upstream (at any depth) is paused or not live yet: this one
             -- cannot be keeping up with its sources' sources.
             EXISTS (
@@ -150,6 +159,10 @@ export async function readStatus(
   if (!row) throw new TrellisError('not_found', `there is no transform named ${target}`);
 
   let status: Lifecycle = row.paused_at ? 'paused' : row.phase;
+  // Rows that came or went without DML are being re-derived: a build, of a part of it.
+  if ((status === 'live' || status === 'catching_up') && row.correcting.length > 0) {
+    status = 'backfilling';
+  }
   // A live transform reading a paused upstream column, or reading a target that is still
   // being built, is not keeping up with its sources.
   if (status === 'live' && (row.paused_upstream_columns.length > 0 || row.upstream_behind)) {
@@ -170,7 +183,11 @@ export async function readStatus(
       optedOut: g.opted_out,
       fix: g.fix,
     })),
-    correcting: [],
+    correcting: row.correcting.map((c) => ({
+      node: c.node,
+      since: new Date(c.since),
+      keysRemaining: c.remaining === null ? null : Number(c.remaining),
+    })),
     captureFailure: row.capture_failure
       ? {
           kind: row.capture_failure.kind,

@@ -8,6 +8,7 @@ import { startBackfills } from './backfill-start.js';
 import { detectDisruptions } from './disruptions.js';
 import { maintainLedger } from './ledger-maintenance.js';
 import { LedgerSummaries } from './ledger-summaries.js';
+import { correctionStep, trackMembers } from './partition-corrections.js';
 import { checkSourceChanges } from './source-changes.js';
 import { tick } from './ticker.js';
 import { settleWidenWaits } from './widen-wait.js';
@@ -102,7 +103,9 @@ export class StagingWorker {
       // DDL first: transforms it broke stop before capture is narrowed to the table as it is.
       await checkSourceChanges(session, this.schema, this.log);
       await detectDisruptions(session, this.schema, this.log);
+      await trackMembers(session, this.schema, this.log);
       await this.capture.reconcile(session);
+      await correctionStep(session, this.schema);
       await settleWidenWaits(session, this.schema, this.log);
       const started = await startBackfills(session, this.schema);
       for (const target of started) this.log.info({ target }, 'backfill started');
