@@ -14,6 +14,10 @@ import type { Logger } from '../logger.js';
  *   sources as they are then, and rebuilds.
  * Capture itself never fails meanwhile (see trigger-sql.ts): what it records until the
  * transform is rebuilt does not matter.
+ *
+ * Targets are checked too: one dropped, a column of it dropped, renamed or retyped, its key
+ * or guard trigger removed stops the transform (`captureFailure.kind: 'halt'`); RESUME
+ * repairs what it can (`_repair_target`) and rebuilds.
  */
 export async function checkSourceChanges(
   session: Session,
@@ -98,7 +102,19 @@ export async function checkSourceChanges(
       WHERE t.id = f.transform_id
      RETURNING t.target_name AS target, f.error`,
   );
-  for (const { target, error } of stopped) {
+  // The targets: changed outside Trellis so the drain cannot keep them (a halt).
+  const halted = await session.query<{ target: string; error: string }>(
+    `UPDATE ${s}.transforms t
+        SET paused_at = coalesce(t.paused_at, now()),
+            pause_reason = CASE WHEN t.paused_at IS NULL THEN 'capture_failure' ELSE t.pause_reason END,
+            capture_failure = jsonb_build_object('kind', 'halt', 'error', p.error,
+                                                 'columns', to_jsonb(p.columns), 'detected_at', now()),
+            updated_at = now()
+       FROM ${s}._target_problems() p
+      WHERE t.id = p.transform_id
+     RETURNING t.target_name AS target, p.error`,
+  );
+  for (const { target, error } of [...stopped, ...halted]) {
     log.warn({ target, error }, `transform ${target} stopped: ${error}`);
   }
 }

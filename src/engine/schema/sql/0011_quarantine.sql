@@ -16,6 +16,15 @@ RETURNS text LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
   SELECT CASE WHEN cardinality(key) = 1 THEN key[1] ELSE key::text END
 $fn$;
 
+-- What RESUME does first for a transform stopped by a capture failure (of any kind): bind
+-- its statement to its sources again (see _rebind in 0009). Later migrations add kinds.
+CREATE FUNCTION @schema@._resume_stopped(t @schema@.transforms)
+RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+  PERFORM @schema@._rebind(t);
+END
+$fn$;
+
 -- RESUME, as before (0009); RESUME of a column also releases the keys held for it (the
 -- rebuild re-derives them), and RESUME of a transform retries the keys held for it and for
 -- each of its columns.
@@ -34,7 +43,7 @@ BEGIN
     -- bound to its sources again, and resumes through a rebuild: the ledger could not have
     -- covered what happened. Any other resumes from where it stopped.
     IF t.capture_failure IS NOT NULL THEN
-      PERFORM @schema@._rebind(t);
+      PERFORM @schema@._resume_stopped(t);
     END IF;
     addresses := addresses || t.target_name::text;
     UPDATE @schema@.transforms SET paused_at = NULL, pause_reason = NULL, updated_at = now() WHERE id = t.id;
