@@ -1,43 +1,17 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Trellis } from '../src/engine/index.js';
-import { freshDatabase, type TestDatabase } from './support/database.js';
-import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
-import { migratedTrellis, rejection, waitForStatus } from './support/trellis.js';
+import { describe, expect, it } from 'vitest';
+import { livePipeline } from './support/live.js';
+import { type Definition, transformStatement } from './support/oracle.js';
+import { rejection } from './support/trellis.js';
 
 // What a definition may read, and names the engine must never confuse with a user's
 // (issue #8, ADR 0008): a change to anything the definition reads flows; what could not
 // flow is refused when the transform is defined.
 
-let db: TestDatabase;
-let trellis: Trellis;
-
-beforeAll(async () => {
-  db = await freshDatabase();
-  trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
-});
-afterAll(async () => {
-  await trellis?.shutdown();
-});
-
-async function converged(...defs: Definition[]): Promise<void> {
-  const token = await trellis.watermarkToken();
-  for (const d of defs) {
-    await trellis.awaitConverged(d.target, token, { timeoutMs: 20_000 });
-    await expectMatchesDefinition(db.sql, d);
-  }
-}
-
-async function define(...defs: Definition[]): Promise<void> {
-  for (const d of defs) {
-    await trellis.apply(transformStatement(d));
-    await waitForStatus(trellis, d.target, 'live');
-  }
-  await converged(...defs);
-}
+const live = livePipeline();
 
 describe('what a definition reads', () => {
   it('writes to an INHERITS child flow into a transform over the parent, children created later too', async () => {
-    await db.sql.unsafe(`
+    await live.db.sql.unsafe(`
       CREATE TABLE vehicles (id int PRIMARY KEY, name text NOT NULL, wheels int NOT NULL);
       CREATE TABLE cars (doors int NOT NULL DEFAULT 4) INHERITS (vehicles);
       INSERT INTO vehicles VALUES (1, 'cart', 2);
@@ -48,20 +22,21 @@ describe('what a definition reads', () => {
       select: 'name, wheels',
       implicit: 'id',
     };
-    await define(d);
-    await db.sql`INSERT INTO cars VALUES (101, 'coupe', 4, 2)`;
-    await db.sql`UPDATE cars SET name = 'saloon' WHERE id = 100`;
-    await db.sql`DELETE FROM vehicles WHERE id = 1`;
-    await converged(d);
-    await db.sql.unsafe(`CREATE TABLE trucks () INHERITS (vehicles)`);
+    await live.define(d);
+    await live.converged([d]);
+    await live.db.sql`INSERT INTO cars VALUES (101, 'coupe', 4, 2)`;
+    await live.db.sql`UPDATE cars SET name = 'saloon' WHERE id = 100`;
+    await live.db.sql`DELETE FROM vehicles WHERE id = 1`;
+    await live.converged([d]);
+    await live.db.sql.unsafe(`CREATE TABLE trucks () INHERITS (vehicles)`);
     // A child made later is captured by the staging worker's next pass.
     await new Promise((resolve) => setTimeout(resolve, 1_000));
-    await db.sql`INSERT INTO trucks VALUES (200, 'hauler', 18)`;
-    await converged(d);
+    await live.db.sql`INSERT INTO trucks VALUES (200, 'hauler', 18)`;
+    await live.converged([d]);
   });
 
   it('refuses a STABLE function of the user (it may read other tables), accepts IMMUTABLE and built-in ones', async () => {
-    await db.sql.unsafe(`
+    await live.db.sql.unsafe(`
       CREATE TABLE rates (currency text PRIMARY KEY, rate numeric NOT NULL);
       INSERT INTO rates VALUES ('EUR', 1.1);
       CREATE TABLE prices (id int PRIMARY KEY, amount numeric NOT NULL, currency text NOT NULL,
@@ -71,7 +46,7 @@ describe('what a definition reads', () => {
         AS $$ SELECT amount * (SELECT rate FROM rates WHERE currency = cur) $$;
       CREATE FUNCTION doubled(x numeric) RETURNS numeric LANGUAGE sql IMMUTABLE AS $$ SELECT x * 2 $$;`);
     const stable = await rejection(
-      trellis.apply(
+      live.trellis.apply(
         transformStatement({
           target: 'usd_prices',
           from: 'prices',
@@ -88,15 +63,16 @@ describe('what a definition reads', () => {
       select: "doubled(amount) AS twice, date_trunc('day', at) AS day",
       implicit: 'id',
     };
-    await define(fine);
-    await db.sql`UPDATE prices SET amount = 11, at = '2026-02-03T04:05:06Z' WHERE id = 1`;
-    await converged(fine);
+    await live.define(fine);
+    await live.converged([fine]);
+    await live.db.sql`UPDATE prices SET amount = 11, at = '2026-02-03T04:05:06Z' WHERE id = 1`;
+    await live.converged([fine]);
   });
 
   it('refuses a table alias in the engine\u2019s own name space', async () => {
-    await db.sql.unsafe('CREATE TABLE plain (id int PRIMARY KEY, v int)');
+    await live.db.sql.unsafe('CREATE TABLE plain (id int PRIMARY KEY, v int)');
     const refused = await rejection(
-      trellis.apply('TRANSFORM reserved_alias FROM plain AS "trellis#g" SELECT v'),
+      live.trellis.apply('TRANSFORM reserved_alias FROM plain AS "trellis#g" SELECT v'),
     );
     expect(refused.code).toBe('validation');
     expect(refused.message).toContain('reserved');
@@ -106,7 +82,7 @@ describe('what a definition reads', () => {
 describe('names the engine uses in the SQL it generates', () => {
   it('aliases and columns named like the engine\u2019s own never change what a definition means', async () => {
     // Tables and columns named like the aliases, CTEs and columns of the re-derivation SQL.
-    await db.sql.unsafe(`
+    await live.db.sql.unsafe(`
       CREATE TABLE changed (id int PRIMARY KEY, g1 text, k1 int, key text, source_id int,
                             passes boolean, cat text NOT NULL, amount numeric NOT NULL);
       CREATE TABLE affected (id int PRIMARY KEY, k0_1 int, g1 text, groups text);
@@ -145,8 +121,9 @@ describe('names the engine uses in the SQL it generates', () => {
         implicit: 'c.id AS id',
       },
     ];
-    await define(...defs);
-    await db.sql.unsafe(`
+    await live.define(...defs);
+    await live.converged([...defs]);
+    await live.db.sql.unsafe(`
       UPDATE changed SET g1 = NULL WHERE id % 5 = 0;
       UPDATE changed SET g1 = 'g9', cat = 'c9' WHERE id % 7 = 0;
       UPDATE changed SET k1 = k1 + 1, passes = NOT passes WHERE id % 3 = 0;
@@ -154,6 +131,6 @@ describe('names the engine uses in the SQL it generates', () => {
       DELETE FROM affected WHERE id = 3;
       DELETE FROM changed WHERE id % 11 = 0;
       INSERT INTO changed SELECT i, NULL, 1, 'new', 1, false, 'c1', 1 FROM generate_series(500, 510) i;`);
-    await converged(...defs);
+    await live.converged([...defs]);
   });
 });

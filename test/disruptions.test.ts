@@ -1,41 +1,31 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Trellis } from '../src/engine/index.js';
+import { describe, expect, it } from 'vitest';
 import { ResumeRefused, resumeCaptureDisruptions } from '../src/testing/index.js';
-import { freshDatabase, type TestDatabase } from './support/database.js';
+import { livePipeline } from './support/live.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
-import { migratedTrellis, rejection, waitFor, waitForStatus } from './support/trellis.js';
+import { rejection, waitFor, waitForStatus } from './support/trellis.js';
 
 // Capture changed outside Trellis (issue #9): the rows written meanwhile never reached the
 // ledger, so every transform reading the table stops with kind 'disruption' rather than
 // show wrong data, until a RESUME rebuilds it.
 
-let db: TestDatabase;
-let trellis: Trellis;
-
-beforeAll(async () => {
-  db = await freshDatabase();
-  trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
-});
-afterAll(async () => {
-  await trellis?.shutdown();
-});
+const live = livePipeline();
 
 async function source(table: string): Promise<Definition> {
-  await db.sql.unsafe(`
+  await live.db.sql.unsafe(`
     CREATE TABLE ${table} (id int PRIMARY KEY, v int NOT NULL);
     INSERT INTO ${table} SELECT i, i FROM generate_series(1, 50) i;`);
   const d: Definition = { target: `${table}_t`, from: table, select: 'v', implicit: 'id' };
-  await trellis.apply(transformStatement(d));
-  await waitForStatus(trellis, d.target, 'live');
+  await live.trellis.apply(transformStatement(d));
+  await waitForStatus(live.trellis, d.target, 'live');
   return d;
 }
 
 async function disruptionOf(target: string) {
   await waitFor(
-    async () => (await trellis.status(target)).captureFailure?.kind === 'disruption',
+    async () => (await live.trellis.status(target)).captureFailure?.kind === 'disruption',
     `${target} to stop on a disruption`,
   );
-  const status = await trellis.status(target);
+  const status = await live.trellis.status(target);
   expect(status.status).toBe('paused');
   return status;
 }
@@ -43,7 +33,7 @@ async function disruptionOf(target: string) {
 describe('capture disruptions', () => {
   it('a fixture load with triggers disabled stops the readers; resumeCaptureDisruptions rebuilds them', async () => {
     const d = await source('fx_load');
-    await db.sql.begin(async (tx) => {
+    await live.db.sql.begin(async (tx) => {
       await tx`ALTER TABLE fx_load DISABLE TRIGGER ALL`;
       await tx`INSERT INTO fx_load SELECT i, i * 10 FROM generate_series(51, 80) i`;
       await tx`UPDATE fx_load SET v = -v WHERE id <= 5`;
@@ -55,83 +45,83 @@ describe('capture disruptions', () => {
       /^capture trigger trellis_capture_\w+ on public.fx_load was/,
     );
     // Nothing pretends the target has caught up.
-    const token = await trellis.watermarkToken();
+    const token = await live.trellis.watermarkToken();
     expect(
-      (await rejection(trellis.awaitConverged(d.target, token, { timeoutMs: 300 }))).code,
+      (await rejection(live.trellis.awaitConverged(d.target, token, { timeoutMs: 300 }))).code,
     ).toBe('timeout');
-    expect(await resumeCaptureDisruptions(trellis)).toEqual([d.target]);
-    expect((await trellis.status(d.target)).status).toBe('live');
-    await expectMatchesDefinition(db.sql, d);
+    expect(await resumeCaptureDisruptions(live.trellis)).toEqual([d.target]);
+    expect((await live.trellis.status(d.target)).status).toBe('live');
+    await expectMatchesDefinition(live.db.sql, d);
     // Capture is back, ALWAYS: later writes flow.
-    await db.sql`UPDATE fx_load SET v = 0 WHERE id = 60`;
-    await trellis.awaitConverged(d.target, await trellis.watermarkToken());
-    await expectMatchesDefinition(db.sql, d);
-    expect(await resumeCaptureDisruptions(trellis)).toEqual([]);
+    await live.db.sql`UPDATE fx_load SET v = 0 WHERE id = 60`;
+    await live.trellis.awaitConverged(d.target, await live.trellis.watermarkToken());
+    await expectMatchesDefinition(live.db.sql, d);
+    expect(await resumeCaptureDisruptions(live.trellis)).toEqual([]);
   });
 
   it('detectCaptureDisruptions() finds them at once: a trigger dropped, a function replaced', async () => {
     const dropped = await source('fx_dropped');
     const replaced = await source('fx_replaced');
-    await db.sql`DROP TRIGGER trellis_capture_update ON fx_dropped`;
-    const [fn] = await db.sql<{ fn: string }[]>`
+    await live.db.sql`DROP TRIGGER trellis_capture_update ON fx_dropped`;
+    const [fn] = await live.db.sql<{ fn: string }[]>`
       SELECT p.oid::regprocedure::text AS fn FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
        WHERE t.tgrelid = 'fx_replaced'::regclass AND t.tgname = 'trellis_capture_insert'`;
-    await db.sql.unsafe(
+    await live.db.sql.unsafe(
       `CREATE OR REPLACE FUNCTION ${fn!.fn} RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`,
     );
-    expect(await trellis.detectCaptureDisruptions()).toEqual([
+    expect(await live.trellis.detectCaptureDisruptions()).toEqual([
       'public.fx_dropped',
       'public.fx_replaced',
     ]);
-    expect((await trellis.status(dropped.target)).captureFailure).toMatchObject({
+    expect((await live.trellis.status(dropped.target)).captureFailure).toMatchObject({
       kind: 'disruption',
       error: 'capture trigger trellis_capture_update on public.fx_dropped was dropped',
       columns: [],
     });
-    expect((await trellis.status(replaced.target)).captureFailure?.error).toBe(
+    expect((await live.trellis.status(replaced.target)).captureFailure?.error).toBe(
       'capture functions of public.fx_replaced were replaced or dropped outside Trellis',
     );
-    await db.sql`INSERT INTO fx_replaced VALUES (99, 99)`;
-    expect((await resumeCaptureDisruptions(trellis)).sort()).toEqual([
+    await live.db.sql`INSERT INTO fx_replaced VALUES (99, 99)`;
+    expect((await resumeCaptureDisruptions(live.trellis)).sort()).toEqual([
       dropped.target,
       replaced.target,
     ]);
-    await expectMatchesDefinition(db.sql, dropped);
-    await expectMatchesDefinition(db.sql, replaced);
+    await expectMatchesDefinition(live.db.sql, dropped);
+    await expectMatchesDefinition(live.db.sql, replaced);
   });
 
   it('leaves operator pauses paused, and reports refused RESUMEs after resuming the rest', async () => {
     const kept = await source('fx_kept');
     const gone = await source('fx_gone');
     const fine = await source('fx_fine');
-    await trellis.apply(`PAUSE TRANSFORM ${kept.target}`);
+    await live.trellis.apply(`PAUSE TRANSFORM ${kept.target}`);
     for (const t of ['fx_kept', 'fx_gone', 'fx_fine']) {
-      await db.sql.unsafe(`ALTER TABLE ${t} DISABLE TRIGGER USER`);
-      await db.sql.unsafe(`INSERT INTO ${t} VALUES (1000, 1)`);
-      await db.sql.unsafe(`ALTER TABLE ${t} ENABLE TRIGGER USER`);
+      await live.db.sql.unsafe(`ALTER TABLE ${t} DISABLE TRIGGER USER`);
+      await live.db.sql.unsafe(`INSERT INTO ${t} VALUES (1000, 1)`);
+      await live.db.sql.unsafe(`ALTER TABLE ${t} ENABLE TRIGGER USER`);
     }
-    expect(await trellis.detectCaptureDisruptions()).toEqual([
+    expect(await live.trellis.detectCaptureDisruptions()).toEqual([
       'public.fx_fine',
       'public.fx_gone',
       'public.fx_kept',
     ]);
     // Its table dropped before the resume: that RESUME is refused.
-    await db.sql`DROP TABLE fx_gone`;
-    const refused = await rejection(resumeCaptureDisruptions(trellis));
+    await live.db.sql`DROP TABLE fx_gone`;
+    const refused = await rejection(resumeCaptureDisruptions(live.trellis));
     expect(refused).toBeInstanceOf(ResumeRefused);
     expect(Object.keys((refused as unknown as ResumeRefused).refused)).toEqual([gone.target]);
     expect((refused as unknown as ResumeRefused).resumed).toEqual([fine.target]);
-    await expectMatchesDefinition(db.sql, fine);
+    await expectMatchesDefinition(live.db.sql, fine);
     // The operator's pause stands; its own RESUME rebuilds it (it missed the load too).
-    const status = await trellis.status(kept.target);
+    const status = await live.trellis.status(kept.target);
     expect([status.status, status.pauseReason, status.captureFailure?.kind]).toEqual([
       'paused',
       'operator',
       'disruption',
     ]);
-    await trellis.apply(`RESUME TRANSFORM ${kept.target}`);
-    await waitForStatus(trellis, kept.target, 'live');
-    await trellis.awaitConverged(kept.target, await trellis.watermarkToken());
-    await expectMatchesDefinition(db.sql, kept);
+    await live.trellis.apply(`RESUME TRANSFORM ${kept.target}`);
+    await waitForStatus(live.trellis, kept.target, 'live');
+    await live.trellis.awaitConverged(kept.target, await live.trellis.watermarkToken());
+    await expectMatchesDefinition(live.db.sql, kept);
   });
 });

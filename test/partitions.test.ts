@@ -1,35 +1,18 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Trellis } from '../src/engine/index.js';
-import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
-import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
-import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
+import { describe, expect, it } from 'vitest';
+import { sqlClient } from './support/database.js';
+import { livePipeline } from './support/live.js';
+import { type Definition, transformStatement } from './support/oracle.js';
+import { waitFor, waitForStatus } from './support/trellis.js';
 
 // Rows that arrive or leave without DML (issue #9): ATTACH and DETACH PARTITION, a
 // partition dropped, INHERIT and NO INHERIT. Capture sees none of them; the staging
 // worker notices and corrects, while writes keep flowing.
 
-let db: TestDatabase;
-let trellis: Trellis;
-
-beforeAll(async () => {
-  db = await freshDatabase();
-  trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
-});
-afterAll(async () => {
-  await trellis?.shutdown();
-});
-
-async function converged(...defs: Definition[]): Promise<void> {
-  const token = await trellis.watermarkToken();
-  for (const d of defs) {
-    await trellis.awaitConverged(d.target, token, { timeoutMs: 25_000 });
-    await expectMatchesDefinition(db.sql, d);
-  }
-}
+const live = livePipeline();
 
 /** Inserts into `table` until stopped; any error fails the test. */
 function keepWriting(table: string, from: number): () => Promise<void> {
-  const sql = sqlClient(db.url, { max: 1 });
+  const sql = sqlClient(live.db.url, { max: 1 });
   let stopped = false;
   const done = (async () => {
     for (let id = from; !stopped; id += 1) {
@@ -46,7 +29,7 @@ function keepWriting(table: string, from: number): () => Promise<void> {
 
 describe('partitions and children whose rows come or go without DML', () => {
   it('corrects an attached partition (reported while it does), a detached one, and a dropped one', async () => {
-    await db.sql.unsafe(`
+    await live.db.sql.unsafe(`
       CREATE TABLE events (id int NOT NULL, kind text NOT NULL, amount int NOT NULL, PRIMARY KEY (id))
         PARTITION BY RANGE (id);
       CREATE TABLE events_live PARTITION OF events FOR VALUES FROM (0) TO (100000);
@@ -68,50 +51,51 @@ describe('partitions and children whose rows come or go without DML', () => {
       groupBy: 'kind',
     };
     for (const d of [rows, totals]) {
-      await trellis.apply(transformStatement(d));
-      await waitForStatus(trellis, d.target, 'live');
+      await live.trellis.apply(transformStatement(d));
+      await waitForStatus(live.trellis, d.target, 'live');
     }
     // Each change is made while a writer keeps inserting; the target is compared with its
     // definition once the writer has stopped (its later rows are not in the token).
     let stop = keepWriting('events', 5000);
     try {
-      await db.sql`ALTER TABLE events ATTACH PARTITION events_archive FOR VALUES FROM (100000) TO (200000)`;
+      await live.db
+        .sql`ALTER TABLE events ATTACH PARTITION events_archive FOR VALUES FROM (100000) TO (200000)`;
       // 40,000 keys go in chunks: the correction is seen while it runs.
       await waitFor(
-        async () => (await trellis.status(rows.target)).correcting.length > 0,
+        async () => (await live.trellis.status(rows.target)).correcting.length > 0,
         'the correction to be reported',
       );
-      const status = await trellis.status(rows.target);
+      const status = await live.trellis.status(rows.target);
       expect(status.status).toBe('backfilling');
       expect(status.correcting[0]).toMatchObject({ node: 'public.events_archive' });
       expect(status.correcting[0]!.since).toBeInstanceOf(Date);
     } finally {
       await stop();
     }
-    await converged(rows, totals);
-    expect((await trellis.status(rows.target)).correcting).toEqual([]);
+    await live.converged([rows, totals]);
+    expect((await live.trellis.status(rows.target)).correcting).toEqual([]);
 
     stop = keepWriting('events', 10_000);
     try {
-      await db.sql`ALTER TABLE events DETACH PARTITION events_old`;
+      await live.db.sql`ALTER TABLE events DETACH PARTITION events_old`;
       // The detached table's later writes are no longer the source's.
-      await db.sql`UPDATE events_old SET amount = 99`;
+      await live.db.sql`UPDATE events_old SET amount = 99`;
     } finally {
       await stop();
     }
-    await converged(rows, totals);
+    await live.converged([rows, totals]);
 
     stop = keepWriting('events', 20_000);
     try {
-      await db.sql`DROP TABLE events_archive`;
+      await live.db.sql`DROP TABLE events_archive`;
     } finally {
       await stop();
     }
-    await converged(rows, totals);
+    await live.converged([rows, totals]);
   });
 
   it('corrects a child that starts or stops inheriting', async () => {
-    await db.sql.unsafe(`
+    await live.db.sql.unsafe(`
       CREATE TABLE animals (id int PRIMARY KEY, kind text NOT NULL, amount int NOT NULL);
       INSERT INTO animals SELECT i, 'animal', i FROM generate_series(1, 100) i;
       CREATE TABLE cats (id int PRIMARY KEY, kind text NOT NULL, amount int NOT NULL);
@@ -122,13 +106,13 @@ describe('partitions and children whose rows come or go without DML', () => {
       select: 'kind, amount',
       implicit: 'id',
     };
-    await trellis.apply(transformStatement(d));
-    await waitForStatus(trellis, d.target, 'live');
-    await db.sql`ALTER TABLE cats INHERIT animals`;
-    await converged(d);
-    await db.sql`INSERT INTO cats VALUES (2000, 'kitten', 1)`;
-    await converged(d);
-    await db.sql`ALTER TABLE cats NO INHERIT animals`;
-    await converged(d);
+    await live.trellis.apply(transformStatement(d));
+    await waitForStatus(live.trellis, d.target, 'live');
+    await live.db.sql`ALTER TABLE cats INHERIT animals`;
+    await live.converged([d]);
+    await live.db.sql`INSERT INTO cats VALUES (2000, 'kitten', 1)`;
+    await live.converged([d]);
+    await live.db.sql`ALTER TABLE cats NO INHERIT animals`;
+    await live.converged([d]);
   });
 });

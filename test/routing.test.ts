@@ -1,42 +1,17 @@
-import { afterAll, beforeAll, describe, it } from 'vitest';
-import type { Trellis } from '../src/engine/index.js';
-import { freshDatabase, type TestDatabase } from './support/database.js';
-import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
-import { migratedTrellis, waitForStatus } from './support/trellis.js';
+import { describe, it } from 'vitest';
+import { livePipeline } from './support/live.js';
+import type { Definition } from './support/oracle.js';
 
 // A change must reach every target row it touched, before and after it (ENGINE.md,
 // capture; I7): through the old and the new join rows of the changed row, including join
 // rows a WHERE filtered out, whose change can make another row appear (an anti-join's
 // NULL-extended row when the last match goes away).
 
-let db: TestDatabase;
-let trellis: Trellis;
-
-beforeAll(async () => {
-  db = await freshDatabase();
-  trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
-});
-afterAll(async () => {
-  await trellis?.shutdown();
-});
-
-async function define(d: Definition): Promise<void> {
-  await trellis.apply(transformStatement(d));
-  await waitForStatus(trellis, d.target, 'live');
-  await expectMatchesDefinition(db.sql, d);
-}
-
-async function converged(...defs: Definition[]): Promise<void> {
-  const token = await trellis.watermarkToken();
-  for (const d of defs) {
-    await trellis.awaitConverged(d.target, token, { timeoutMs: 20_000 });
-    await expectMatchesDefinition(db.sql, d);
-  }
-}
+const live = livePipeline();
 
 describe('routing through old and new join rows', () => {
   it('an anti-join row reappears when its match is deleted, re-keyed or filtered away', async () => {
-    await db.sql.unsafe(`
+    await live.db.sql.unsafe(`
       CREATE TABLE anti_b (id int PRIMARY KEY, flag boolean NOT NULL, code text);
       CREATE TABLE anti_a (id int PRIMARY KEY, b_id int, g int NOT NULL);
       INSERT INTO anti_b SELECT i, true, 'c' || i FROM generate_series(1, 40) i;
@@ -55,22 +30,24 @@ describe('routing through old and new join rows', () => {
       where: 'b.id IS NULL',
       groupBy: 'a.g',
     };
-    await define(rows);
-    await define(grouped);
+    await live.define(rows);
+    await live.converged(rows);
+    await live.define(grouped);
+    await live.converged(grouped);
     // Each way for an a row to lose its last match: the b row deleted, its key changed,
     // its flag set to false; and the reverse, a match coming back.
-    await db.sql`DELETE FROM anti_b WHERE id = 3`;
-    await db.sql`UPDATE anti_b SET id = 1003 WHERE id = 4`;
-    await db.sql`UPDATE anti_b SET flag = false WHERE id IN (5, 6)`;
-    await converged(rows, grouped);
-    await db.sql`UPDATE anti_b SET flag = true WHERE id = 5`;
-    await db.sql`INSERT INTO anti_b VALUES (3, true, 'back')`;
-    await db.sql`UPDATE anti_a SET b_id = 7 WHERE id IN (10, 11)`;
-    await converged(rows, grouped);
+    await live.db.sql`DELETE FROM anti_b WHERE id = 3`;
+    await live.db.sql`UPDATE anti_b SET id = 1003 WHERE id = 4`;
+    await live.db.sql`UPDATE anti_b SET flag = false WHERE id IN (5, 6)`;
+    await live.converged([rows, grouped]);
+    await live.db.sql`UPDATE anti_b SET flag = true WHERE id = 5`;
+    await live.db.sql`INSERT INTO anti_b VALUES (3, true, 'back')`;
+    await live.db.sql`UPDATE anti_a SET b_id = 7 WHERE id IN (10, 11)`;
+    await live.converged([rows, grouped]);
   });
 
   it('an inner join with a WHERE on the joined side, a HAVING, and a chain follow every change', async () => {
-    await db.sql.unsafe(`
+    await live.db.sql.unsafe(`
       CREATE TABLE ij_cat (id int PRIMARY KEY, active boolean NOT NULL, label text NOT NULL);
       CREATE TABLE ij_item (id int PRIMARY KEY, cat_id int NOT NULL, price numeric NOT NULL);
       INSERT INTO ij_cat SELECT i, i % 3 <> 0, 'cat' || i FROM generate_series(1, 30) i;
@@ -97,19 +74,22 @@ describe('routing through old and new join rows', () => {
       where: "label <> 'cat7'",
       implicit: 'id, c_id',
     };
-    await define(active);
-    await define(big);
-    await define(chained);
-    await db.sql`UPDATE ij_cat SET active = NOT active WHERE id % 4 = 0`;
-    await db.sql`UPDATE ij_cat SET label = label || '!' WHERE id = 7`;
-    await db.sql`UPDATE ij_item SET cat_id = 3 WHERE id % 10 = 1`;
-    await db.sql`DELETE FROM ij_cat WHERE id = 8`;
-    await db.sql`UPDATE ij_item SET price = price + 1000 WHERE cat_id = 10`;
-    await converged(active, big, chained);
+    await live.define(active);
+    await live.converged(active);
+    await live.define(big);
+    await live.converged(big);
+    await live.define(chained);
+    await live.converged(chained);
+    await live.db.sql`UPDATE ij_cat SET active = NOT active WHERE id % 4 = 0`;
+    await live.db.sql`UPDATE ij_cat SET label = label || '!' WHERE id = 7`;
+    await live.db.sql`UPDATE ij_item SET cat_id = 3 WHERE id % 10 = 1`;
+    await live.db.sql`DELETE FROM ij_cat WHERE id = 8`;
+    await live.db.sql`UPDATE ij_item SET price = price + 1000 WHERE cat_id = 10`;
+    await live.converged([active, big, chained]);
   });
 
   it('a NOT IN written as an anti-join over three tables (TPC-H Q16 shape) survives churn', async () => {
-    await db.sql.unsafe(`
+    await live.db.sql.unsafe(`
       CREATE TABLE q_supplier (s_suppkey int PRIMARY KEY, s_comment text NOT NULL);
       CREATE TABLE q_part (p_partkey int PRIMARY KEY, p_brand text NOT NULL, p_size int NOT NULL);
       CREATE TABLE q_partsupp (ps_partkey int, ps_suppkey int, PRIMARY KEY (ps_partkey, ps_suppkey));
@@ -127,19 +107,22 @@ describe('routing through old and new join rows', () => {
       where: "s.s_suppkey IS NULL AND p.p_brand <> 'Brand#1'",
       groupBy: 'p.p_brand, p.p_size',
     };
-    await define(q16);
+    await live.define(q16);
+    await live.converged(q16);
     // A supplier that stops (or starts) complaining: its partsupp rows join it no longer
     // (or again), so they turn into anti-join rows (or stop being ones).
-    await db.sql`UPDATE q_supplier SET s_comment = CASE WHEN s_comment = 'ok' THEN 'Customer Complaints' ELSE 'ok' END
+    await live.db
+      .sql`UPDATE q_supplier SET s_comment = CASE WHEN s_comment = 'ok' THEN 'Customer Complaints' ELSE 'ok' END
                   WHERE s_suppkey IN (9, 18, 20, 21)`;
-    await converged(q16);
+    await live.converged([q16]);
     for (let round = 0; round < 3; round += 1) {
-      await db.sql`UPDATE q_supplier SET s_comment = CASE WHEN s_comment = 'ok' THEN 'Customer Complaints' ELSE 'ok' END
+      await live.db
+        .sql`UPDATE q_supplier SET s_comment = CASE WHEN s_comment = 'ok' THEN 'Customer Complaints' ELSE 'ok' END
                     WHERE s_suppkey % 7 = ${round}`;
-      await db.sql`DELETE FROM q_supplier WHERE s_suppkey = ${10 + round}`;
-      await db.sql`UPDATE q_part SET p_brand = 'Brand#1' WHERE p_partkey % 11 = ${round}`;
-      await db.sql`DELETE FROM q_partsupp WHERE ps_partkey % 13 = ${round}`;
+      await live.db.sql`DELETE FROM q_supplier WHERE s_suppkey = ${10 + round}`;
+      await live.db.sql`UPDATE q_part SET p_brand = 'Brand#1' WHERE p_partkey % 11 = ${round}`;
+      await live.db.sql`DELETE FROM q_partsupp WHERE ps_partkey % 13 = ${round}`;
     }
-    await converged(q16);
+    await live.converged([q16]);
   });
 });

@@ -1,46 +1,23 @@
-import { afterAll, beforeAll, describe, it } from 'vitest';
-import type { Trellis } from '../src/engine/index.js';
-import { freshDatabase, type TestDatabase } from './support/database.js';
-import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
-import { migratedTrellis, waitForStatus } from './support/trellis.js';
+import { describe, it } from 'vitest';
+import { livePipeline } from './support/live.js';
+import type { Definition } from './support/oracle.js';
 
 // "Changes" means a different value image, not the type's = (ENGINE.md, capture): an
 // UPDATE to a value equal to the old one but written differently must reach the target,
 // which compares by exact text (the oracle: 1.0 is not 1.00).
 
-let db: TestDatabase;
-let trellis: Trellis;
-
-beforeAll(async () => {
-  db = await freshDatabase();
-  await db.sql.unsafe(`
-    CREATE EXTENSION IF NOT EXISTS citext;
-    CREATE COLLATION case_blind (provider = icu, locale = 'und-u-ks-level2', deterministic = false);`);
-  trellis = await migratedTrellis(db, { staging: true, drainThreads: 1 });
+const live = livePipeline({
+  drainThreads: 1,
+  setup: async (db) => {
+    await db.sql.unsafe(`
+      CREATE EXTENSION IF NOT EXISTS citext;
+      CREATE COLLATION case_blind (provider = icu, locale = 'und-u-ks-level2', deterministic = false);`);
+  },
 });
-afterAll(async () => {
-  await trellis?.shutdown();
-});
-
-async function converged(...defs: Definition[]): Promise<void> {
-  const token = await trellis.watermarkToken();
-  for (const d of defs) {
-    await trellis.awaitConverged(d.target, token, { timeoutMs: 20_000 });
-    await expectMatchesDefinition(db.sql, d, { floatTolerance: 0 });
-  }
-}
-
-async function define(...defs: Definition[]): Promise<void> {
-  for (const d of defs) {
-    await trellis.apply(transformStatement(d));
-    await waitForStatus(trellis, d.target, 'live');
-  }
-  await converged(...defs);
-}
 
 describe('value images', () => {
   it('numeric scale, negative zero and case under citext or a case-blind collation are changes', async () => {
-    await db.sql.unsafe(`
+    await live.db.sql.unsafe(`
       CREATE TABLE images (id int PRIMARY KEY, amount numeric, ratio float8, nick citext,
                            label text COLLATE case_blind, doc json, g text COLLATE case_blind);
       INSERT INTO images VALUES (1, 1.0, 0, 'abc', 'abc', '{"a": 1}', 'x'), (2, 2.50, 1, 'Def', 'Def', '[]', 'y');`);
@@ -57,30 +34,32 @@ describe('value images', () => {
       select: 'g, sum(amount) AS total',
       groupBy: 'g',
     };
-    await define(rows, groups);
-    await db.sql.unsafe(`
+    await live.define(rows, groups);
+    await live.converged([rows, groups], { floatTolerance: 0 });
+    await live.db.sql.unsafe(`
       UPDATE images SET amount = 1.00 WHERE id = 1;
       UPDATE images SET ratio = '-0' WHERE id = 1;
       UPDATE images SET nick = 'ABC', label = 'ABC' WHERE id = 1;
       UPDATE images SET doc = '{"a":1}' WHERE id = 1;
       UPDATE images SET amount = 2.5 WHERE id = 2;
       UPDATE images SET g = 'X' WHERE id = 1;`);
-    await converged(rows, groups);
+    await live.converged([rows, groups], { floatTolerance: 0 });
   });
 
   it('a key changed only in case (case-blind collation) or only in scale moves the target row with it', async () => {
-    await db.sql.unsafe(`
+    await live.db.sql.unsafe(`
       CREATE TABLE keyed_ci (code text COLLATE case_blind PRIMARY KEY, v int);
       CREATE TABLE keyed_num (n numeric PRIMARY KEY, v int);
       INSERT INTO keyed_ci VALUES ('alpha', 1), ('Beta', 2);
       INSERT INTO keyed_num VALUES (1.0, 1), (2, 2);`);
     const ci: Definition = { target: 'keyed_ci_t', from: 'keyed_ci', select: 'code, v' };
     const num: Definition = { target: 'keyed_num_t', from: 'keyed_num', select: 'n, v' };
-    await define(ci, num);
-    await db.sql.unsafe(`
+    await live.define(ci, num);
+    await live.converged([ci, num], { floatTolerance: 0 });
+    await live.db.sql.unsafe(`
       UPDATE keyed_ci SET code = 'ALPHA' WHERE code = 'alpha';
       UPDATE keyed_num SET n = 1.000 WHERE n = 1;
       UPDATE keyed_num SET n = 2.0, v = 20 WHERE n = 2;`);
-    await converged(ci, num);
+    await live.converged([ci, num], { floatTolerance: 0 });
   });
 });

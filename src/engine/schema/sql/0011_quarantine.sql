@@ -25,7 +25,8 @@ BEGIN
 END
 $fn$;
 
--- RESUME, as before (0009); RESUME of a column also releases the keys held for it (the
+-- RESUME, as before (0006), and: a transform stopped by a capture failure is bound to its
+-- sources again and rebuilt (_resume_stopped); RESUME of a column also releases the keys held for it (the
 -- rebuild re-derives them), and RESUME of a transform retries the keys held for it and for
 -- each of its columns.
 CREATE OR REPLACE FUNCTION @schema@._resume(ast jsonb)

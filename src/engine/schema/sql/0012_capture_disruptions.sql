@@ -9,7 +9,7 @@ CREATE FUNCTION @schema@._capture_digest(p_source_id int)
 RETURNS text LANGUAGE sql STABLE AS $fn$
   SELECT CASE WHEN count(*) = 4 THEN md5(string_agg(p.prosrc || coalesce(array_to_string(p.proconfig, ','), ''), '|' ORDER BY p.proname)) END
     FROM pg_proc p
-   WHERE p.pronamespace = @schema_literal@::regnamespace
+   WHERE p.pronamespace = (SELECT n.oid FROM pg_namespace n WHERE n.nspname = @schema_literal@)
      AND p.proname IN (format('capture_%s_insert', p_source_id), format('capture_%s_update', p_source_id),
                        format('capture_%s_delete', p_source_id), format('capture_%s_truncate', p_source_id))
 $fn$;
