@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
-import { differences } from './support/catalog-oracle.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
 
 let db: TestDatabase;
@@ -25,10 +25,80 @@ afterAll(async () => {
   await trellis?.shutdown();
 });
 
-async function converge(target: string) {
+/** The transforms this file defines, each as its statement means it. */
+const D = {
+  widget_prices: {
+    target: 'widget_prices',
+    from: 'widgets',
+    select: 'name, price',
+    where: 'price > 10',
+    implicit: 'id',
+  },
+  widget_stock: { target: 'widget_stock', from: 'widgets', select: 'name, qty', implicit: 'id' },
+  chain_base: {
+    target: 'chain_base',
+    from: 'widgets',
+    select: 'name, price',
+    where: 'qty > 2',
+    implicit: 'id',
+  },
+  chain_top: {
+    target: 'chain_top',
+    from: 'chain_base',
+    select: 'upper(name) AS shout, price * 2 AS doubled',
+    where: "name <> 'w7'",
+    implicit: 'id',
+  },
+  big_lines: {
+    target: 'big_lines',
+    from: 'ledger_lines',
+    select: 'amount',
+    where: 'amount >= 500',
+    implicit: 'id',
+  },
+  big_lines_top: {
+    target: 'big_lines_top',
+    from: 'big_lines',
+    select: 'amount',
+    where: 'amount >= 900',
+    implicit: 'id',
+  },
+  mid_build: { target: 'mid_build', from: 'ledger_lines', select: 'amount', implicit: 'id' },
+  mid_build_top: {
+    target: 'mid_build_top',
+    from: 'mid_build',
+    select: 'amount',
+    where: 'amount < 10',
+    implicit: 'id',
+  },
+  gadget_labels: { target: 'gadget_labels', from: 'gadgets', select: 'label', implicit: 'id' },
+  gadget_shout: {
+    target: 'gadget_shout',
+    from: 'gadget_labels',
+    select: 'upper(label) AS label',
+    implicit: 'id',
+  },
+  paused_prices: { target: 'paused_prices', from: 'widgets', select: 'price', implicit: 'id' },
+  ratio_values: {
+    target: 'ratio_values',
+    from: 'ratios',
+    select: 'a / b AS ratio',
+    implicit: 'id',
+  },
+  doubled_measurements: {
+    target: 'doubled_measurements',
+    from: 'measurements',
+    select: 'value * 2 AS doubled',
+    // The source's key is (id, site).
+    implicit: 'id, site',
+  },
+} satisfies Record<string, Definition>;
+
+/** Waits for the target to take in every write so far, then compares it with its definition. */
+async function converge(d: Definition) {
   const token = await trellis.watermarkToken();
-  await trellis.awaitConverged(target, token, { timeoutMs: 20_000 });
-  expect(await differences(db.sql, target)).toEqual({ missing: [], extra: [] });
+  await trellis.awaitConverged(d.target, token, { timeoutMs: 20_000 });
+  await expectMatchesDefinition(db.sql, d);
 }
 
 /** Changed keys the ledger holds (a ledger row holds a statement's keys). */
@@ -63,8 +133,8 @@ async function holdBuild(target: string): Promise<void> {
 
 describe('the live pipeline', () => {
   it('backfills a projection, goes live, and follows inserts, updates and deletes', async () => {
-    await trellis.apply('TRANSFORM widget_prices FROM widgets SELECT name, price WHERE price > 10');
-    await converge('widget_prices');
+    await trellis.apply(transformStatement(D.widget_prices));
+    await converge(D.widget_prices);
     const live = await waitForStatus(trellis, 'widget_prices', 'live');
     expect(live.backfill).toMatchObject({ keysDone: 500, keysTotal: 500 });
     expect(await trellis.hasLiveStagingWorker()).toBe(true);
@@ -78,40 +148,38 @@ describe('the live pipeline', () => {
       DELETE FROM widgets WHERE id BETWEEN 40 AND 45;
       UPDATE widgets SET id = 5000 WHERE id = 50;        -- key change
     `);
-    await converge('widget_prices');
+    await converge(D.widget_prices);
   });
 
   it('captures nothing for an UPDATE that changes no column a transform reads', async () => {
-    await converge('widget_prices');
+    await converge(D.widget_prices);
     const before = await ledgerKeys();
     await db.sql`UPDATE widgets SET qty = qty + 1 WHERE id < 100`;
     expect(await ledgerKeys()).toBe(before);
     await db.sql`UPDATE widgets SET price = price + 1 WHERE id < 10`;
     expect(await ledgerKeys()).toBe(before + 9);
-    await converge('widget_prices');
+    await converge(D.widget_prices);
   });
 
   it('widens capture when a new transform reads more columns', async () => {
-    await trellis.apply('TRANSFORM widget_stock FROM widgets SELECT name, qty');
-    await converge('widget_stock');
+    await trellis.apply(transformStatement(D.widget_stock));
+    await converge(D.widget_stock);
     await db.sql`UPDATE widgets SET qty = qty * 10 WHERE id BETWEEN 100 AND 120`;
-    await converge('widget_stock');
-    await converge('widget_prices');
+    await converge(D.widget_stock);
+    await converge(D.widget_prices);
   });
 
   it('keeps a chain (a transform over another’s target) in step', async () => {
-    await trellis.apply('TRANSFORM chain_base FROM widgets SELECT name, price WHERE qty > 2');
-    await trellis.apply(
-      "TRANSFORM chain_top FROM chain_base SELECT upper(name) AS shout, price * 2 AS doubled WHERE name <> 'w7'",
-    );
-    await converge('chain_top');
+    await trellis.apply(transformStatement(D.chain_base));
+    await trellis.apply(transformStatement(D.chain_top));
+    await converge(D.chain_top);
     await db.sql.unsafe(`
       UPDATE widgets SET qty = 0 WHERE id BETWEEN 200 AND 220;
       UPDATE widgets SET name = name || '!' WHERE id BETWEEN 300 AND 320;
       INSERT INTO widgets SELECT g, 'fresh' || g, g, 5 FROM generate_series(2000, 2050) g;
     `);
-    await converge('chain_top');
-    await converge('chain_base');
+    await converge(D.chain_top);
+    await converge(D.chain_base);
   });
 
   it('builds a chain and its upstream together over a table of several backfill chunks', async () => {
@@ -122,8 +190,8 @@ describe('the live pipeline', () => {
     // Defined in one migration: the upstream's build runs while the chain drains what it
     // writes, looking its rows up by key all along.
     await db.sql.begin(async (tx) => {
-      await tx`SELECT trellis.apply('TRANSFORM big_lines FROM ledger_lines SELECT amount WHERE amount >= 500')`;
-      await tx`SELECT trellis.apply('TRANSFORM big_lines_top FROM big_lines SELECT amount WHERE amount >= 900')`;
+      await tx`SELECT trellis.apply(${transformStatement(D.big_lines)})`;
+      await tx`SELECT trellis.apply(${transformStatement(D.big_lines_top)})`;
     });
     // Caught between chunks, the upstream's build still has its key.
     await holdBuild('big_lines');
@@ -131,20 +199,20 @@ describe('the live pipeline', () => {
     expect(await primaryKeys('big_lines')).toBe(1);
     await trellis.apply('RESUME TRANSFORM big_lines');
     await db.sql`UPDATE ledger_lines SET amount = 950 WHERE id % 1000 = 1`;
-    await converge('big_lines');
-    await converge('big_lines_top');
+    await converge(D.big_lines);
+    await converge(D.big_lines_top);
   });
 
   it('gives a target its key back mid-build when a transform is defined over it', async () => {
-    await trellis.apply('TRANSFORM mid_build FROM ledger_lines SELECT amount');
+    await trellis.apply(transformStatement(D.mid_build));
     await holdBuild('mid_build');
     expect((await trellis.status('mid_build')).backfill?.keysDone).toBeLessThan(250_000);
     expect(await primaryKeys('mid_build')).toBe(0); // deferred to the end of the build
-    await trellis.apply('TRANSFORM mid_build_top FROM mid_build SELECT amount WHERE amount < 10');
+    await trellis.apply(transformStatement(D.mid_build_top));
     expect(await primaryKeys('mid_build')).toBe(1);
     await trellis.apply('RESUME TRANSFORM mid_build');
-    await converge('mid_build');
-    await converge('mid_build_top');
+    await converge(D.mid_build);
+    await converge(D.mid_build_top);
   });
 
   it('flows a TRUNCATE of a source through, down the chain', async () => {
@@ -152,31 +220,31 @@ describe('the live pipeline', () => {
       CREATE TABLE gadgets (id int PRIMARY KEY, label text);
       INSERT INTO gadgets SELECT g, 'g' || g FROM generate_series(1, 100) g;
     `);
-    await trellis.apply('TRANSFORM gadget_labels FROM gadgets SELECT label');
-    await trellis.apply('TRANSFORM gadget_shout FROM gadget_labels SELECT upper(label) AS label');
-    await converge('gadget_shout');
+    await trellis.apply(transformStatement(D.gadget_labels));
+    await trellis.apply(transformStatement(D.gadget_shout));
+    await converge(D.gadget_shout);
     await db.sql.begin(async (tx) => {
       await tx`TRUNCATE gadgets`;
       await tx`INSERT INTO gadgets VALUES (7, 'after')`;
     });
-    await converge('gadget_labels');
-    await converge('gadget_shout');
+    await converge(D.gadget_labels);
+    await converge(D.gadget_shout);
     const rows = await db.sql`SELECT label FROM gadget_shout`;
     expect(rows.map((r) => r.label)).toEqual(['AFTER']);
   });
 
   it('holds a paused transform still while others flow, and catches it up on RESUME', async () => {
-    await trellis.apply('TRANSFORM paused_prices FROM widgets SELECT price');
-    await converge('paused_prices');
+    await trellis.apply(transformStatement(D.paused_prices));
+    await converge(D.paused_prices);
     await trellis.apply('PAUSE TRANSFORM paused_prices');
     const [before] = await db.sql`SELECT price FROM paused_prices WHERE id = 1`;
     await db.sql`UPDATE widgets SET price = 777 WHERE id = 1`;
-    await converge('widget_prices');
+    await converge(D.widget_prices);
     const [during] = await db.sql`SELECT price FROM paused_prices WHERE id = 1`;
     expect(during?.price).toBe(before?.price);
     expect((await trellis.status('paused_prices')).status).toBe('paused');
     await trellis.apply('RESUME TRANSFORM paused_prices');
-    await converge('paused_prices');
+    await converge(D.paused_prices);
     const [after] = await db.sql`SELECT price FROM paused_prices WHERE id = 1`;
     expect(after?.price).toBe('777.00');
   });
@@ -184,7 +252,7 @@ describe('the live pipeline', () => {
   it('rebuilds a target on requestBackfill', async () => {
     await trellis.requestBackfill('widget_stock');
     await waitForStatus(trellis, 'widget_stock', 'live');
-    await converge('widget_stock');
+    await converge(D.widget_stock);
     await expect(trellis.requestBackfill('nothing')).rejects.toMatchObject({ code: 'not_found' });
   });
 
@@ -193,8 +261,8 @@ describe('the live pipeline', () => {
       CREATE TABLE ratios (id int PRIMARY KEY, a int, b int);
       INSERT INTO ratios SELECT g, g, 1 + g % 3 FROM generate_series(1, 50) g;
     `);
-    await trellis.apply('TRANSFORM ratio_values FROM ratios SELECT a / b AS ratio');
-    await converge('ratio_values');
+    await trellis.apply(transformStatement(D.ratio_values));
+    await converge(D.ratio_values);
     await db.sql.unsafe(`
       UPDATE ratios SET b = 0 WHERE id = 17;
       UPDATE ratios SET a = a + 100 WHERE id IN (16, 18, 40);
@@ -217,7 +285,7 @@ describe('the live pipeline', () => {
     // Fix the row, resume: the held key is re-derived.
     await db.sql`UPDATE ratios SET b = 1 WHERE id = 17`;
     await trellis.apply('RESUME TRANSFORM ratio_values');
-    await converge('ratio_values');
+    await converge(D.ratio_values);
     expect((await trellis.status('ratio_values')).heldKeys).toBe(0);
   });
 
@@ -228,16 +296,14 @@ describe('the live pipeline', () => {
       CREATE TABLE measurements_b PARTITION OF measurements FOR VALUES IN ('b');
       INSERT INTO measurements SELECT g, CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM generate_series(1, 100) g;
     `);
-    await trellis.apply(
-      'TRANSFORM doubled_measurements FROM measurements SELECT value * 2 AS doubled',
-    );
-    await converge('doubled_measurements');
+    await trellis.apply(transformStatement(D.doubled_measurements));
+    await converge(D.doubled_measurements);
     await db.sql.unsafe(`
       UPDATE measurements_a SET value = value + 1000 WHERE id < 20;
       DELETE FROM measurements_b WHERE id > 90;
       INSERT INTO measurements_b VALUES (501, 'b', 5);
     `);
-    await converge('doubled_measurements');
+    await converge(D.doubled_measurements);
     await db.sql`CREATE TABLE measurements_c PARTITION OF measurements FOR VALUES IN ('c')`;
     await waitFor(
       async () =>
@@ -248,7 +314,7 @@ describe('the live pipeline', () => {
     );
     await db.sql`INSERT INTO measurements_c VALUES (700, 'c', 7), (701, 'c', 8)`;
     await db.sql`INSERT INTO measurements VALUES (702, 'c', 9)`;
-    await converge('doubled_measurements');
+    await converge(D.doubled_measurements);
     await trellis.apply('DROP TRANSFORM doubled_measurements');
     await waitFor(
       async () =>
