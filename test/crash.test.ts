@@ -1,8 +1,8 @@
 import type postgres from 'postgres';
 import { afterAll, describe, expect, it } from 'vitest';
 import { startPostgres } from '../src/testing/index.js';
-import { differences } from './support/catalog-oracle.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
+import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import {
   killAllWorkerProcesses,
   killHard,
@@ -14,9 +14,15 @@ import { ACCOUNTS_DDL, prng, runWorkload, seedAccounts } from './support/workloa
 
 afterAll(killAllWorkerProcesses);
 
-const DEFINITIONS = [
-  'TRANSFORM acct_all FROM accounts SELECT owner, balance',
-  "TRANSFORM acct_active FROM accounts SELECT owner, balance * 2 AS doubled WHERE status = 'active'",
+const DEFINITIONS: Definition[] = [
+  { target: 'acct_all', from: 'accounts', select: 'owner, balance', implicit: 'id' },
+  {
+    target: 'acct_active',
+    from: 'accounts',
+    select: 'owner, balance * 2 AS doubled',
+    where: "status = 'active'",
+    implicit: 'id',
+  },
 ];
 
 async function prepare(db: TestDatabase, rows: number): Promise<void> {
@@ -29,13 +35,9 @@ async function expectConverged(
   trellis: Awaited<ReturnType<typeof migratedTrellis>>,
 ) {
   const token = await trellis.watermarkToken();
-  for (const target of ['acct_all', 'acct_active']) {
-    await trellis.awaitConverged(target, token, { timeoutMs: 25_000 });
-    expect({ target, ...(await differences(db.sql, target)) }).toEqual({
-      target,
-      missing: [],
-      extra: [],
-    });
+  for (const d of DEFINITIONS) {
+    await trellis.awaitConverged(d.target, token, { timeoutMs: 25_000 });
+    await expectMatchesDefinition(db.sql, d);
   }
 }
 
@@ -47,7 +49,7 @@ describe('crashes', { timeout: 120_000 }, () => {
     const api = await migratedTrellis(db);
     try {
       const doomed = await startWorkerProcess(db.url, { drainThreads: 2, staging: true });
-      for (const d of DEFINITIONS) await api.apply(d);
+      for (const d of DEFINITIONS) await api.apply(transformStatement(d));
       await waitForStatus(api, 'acct_all', 'live');
       // A big change: a range of many pages, being drained when the process dies.
       await db.sql`INSERT INTO accounts (id, owner, balance, status)
@@ -79,7 +81,7 @@ describe('crashes', { timeout: 120_000 }, () => {
       await sql.end({ timeout: 2 });
       {
         await using definer = await migratedTrellis({ name, url, sql });
-        for (const d of DEFINITIONS) await definer.apply(d);
+        for (const d of DEFINITIONS) await definer.apply(transformStatement(d));
       }
       const app = await startAppProcess(url, ['acct_all', 'acct_active']);
       const writes = runWorkload(sql, {

@@ -2,8 +2,8 @@ import type postgres from 'postgres';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
 import { LOCK_CLASS } from '../src/engine/internal/advisory-locks.js';
-import { differences } from './support/catalog-oracle.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
+import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
 import { ACCOUNTS_DDL, runWorkload, seedAccounts } from './support/workload.js';
 
@@ -14,14 +14,47 @@ import { ACCOUNTS_DDL, runWorkload, seedAccounts } from './support/workload.js';
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-async function converge(db: TestDatabase, trellis: Trellis, target: string): Promise<void> {
+/** The transforms this file defines, each as its statement means it. */
+const D = {
+  part_names: { target: 'part_names', from: 'parts', select: 'name, qty', implicit: 'id' },
+  bin_sizes: { target: 'bin_sizes', from: 'bins', select: 'size', implicit: 'id' },
+  acct_owners: {
+    target: 'acct_owners',
+    from: 'accounts',
+    select: 'owner',
+    where: "status = 'active'",
+    implicit: 'id',
+  },
+  acct_balances: {
+    target: 'acct_balances',
+    from: 'accounts',
+    select: 'owner, balance',
+    implicit: 'id',
+  },
+  burst_values: { target: 'burst_values', from: 'bursts', select: 'v', implicit: 'id' },
+  tool_labels: { target: 'tool_labels', from: 'tools', select: 'label', implicit: 'id' },
+  tool_weights: { target: 'tool_weights', from: 'tools', select: 'label, weight', implicit: 'id' },
+  job_states: {
+    target: 'job_states',
+    from: 'jobs',
+    select: 'upper(state) AS state',
+    where: 'id % 3 <> 0',
+    implicit: 'id',
+  },
+  event_values: { target: 'event_values', from: 'events', select: 'v', implicit: 'id' },
+  event_doubled: {
+    target: 'event_doubled',
+    from: 'events',
+    select: 'v * 2 AS doubled',
+    implicit: 'id',
+  },
+} satisfies Record<string, Definition>;
+
+/** Waits for the target to take in every write so far, then compares it with its definition. */
+async function converge(db: TestDatabase, trellis: Trellis, d: Definition): Promise<void> {
   const token = await trellis.watermarkToken();
-  await trellis.awaitConverged(target, token, { timeoutMs: 20_000 });
-  expect({ target, ...(await differences(db.sql, target)) }).toEqual({
-    target,
-    missing: [],
-    extra: [],
-  });
+  await trellis.awaitConverged(d.target, token, { timeoutMs: 20_000 });
+  await expectMatchesDefinition(db.sql, d);
 }
 
 /** Sessions holding the instance's staging lock (the elected staging worker). */
@@ -113,7 +146,7 @@ describe('capture on a busy table', () => {
     const writerSql = sqlClient(db.url, { max: 1, connection: { application_name: 'writer' } });
     try {
       const defined = new Date();
-      await api.apply('TRANSFORM part_names FROM parts SELECT name, qty');
+      await api.apply(transformStatement(D.part_names));
 
       let waiting = await api.status('part_names');
       await waitFor(async () => {
@@ -159,9 +192,9 @@ describe('capture on a busy table', () => {
       expect(n).toBe(8);
 
       // A transform over another table is not held up by this one's wait.
-      await api.apply('TRANSFORM bin_sizes FROM bins SELECT size');
+      await api.apply(transformStatement(D.bin_sizes));
       await waitForStatus(api, 'bin_sizes', 'live', 10_000);
-      await converge(db, api, 'bin_sizes');
+      await converge(db, api, D.bin_sizes);
       expect((await api.status('part_names')).status).toBe('waiting_to_backfill');
 
       // One blocker ends: still waiting, since the same moment, on the other alone.
@@ -183,7 +216,7 @@ describe('capture on a busy table', () => {
     }
     const live = await waitForStatus(api, 'part_names', 'live');
     expect(live.captureWait).toBeNull();
-    await converge(db, api, 'part_names');
+    await converge(db, api, D.part_names);
     const rows = await db.sql`SELECT id FROM part_names WHERE id = 1001 OR id >= 2000 ORDER BY id`;
     expect(rows.map((r) => r.id)).toEqual([1001, 2000, 2001, 2002, 2003, 2004, 2005, 2006, 2007]);
   });
@@ -199,25 +232,25 @@ describe('capture on a busy table', () => {
     });
     await sleep(500);
     // Installed while writers (some in multi-statement transactions) hold the table...
-    await api.apply("TRANSFORM acct_owners FROM accounts SELECT owner WHERE status = 'active'");
+    await api.apply(transformStatement(D.acct_owners));
     await waitForStatus(api, 'acct_owners', 'live');
     // ...and widened to a column no transform read before.
-    await api.apply('TRANSFORM acct_balances FROM accounts SELECT owner, balance');
+    await api.apply(transformStatement(D.acct_balances));
     expect(await writes).toBeGreaterThan(50);
-    await converge(db, api, 'acct_owners');
-    await converge(db, api, 'acct_balances');
+    await converge(db, api, D.acct_owners);
+    await converge(db, api, D.acct_balances);
   });
 
   it('summarises the ledger index behind a burst, so a later range reads only its tail', async () => {
     await db.sql.unsafe('CREATE TABLE bursts (id int PRIMARY KEY, v int NOT NULL)');
-    await api.apply('TRANSFORM burst_values FROM bursts SELECT v');
+    await api.apply(transformStatement(D.burst_values));
     await waitForStatus(api, 'burst_values', 'live');
     // A ledger row per statement: 40,000 single-row statements.
     await db.sql.unsafe(`
       DO $$ BEGIN
         FOR i IN 1..40000 LOOP INSERT INTO bursts VALUES (i, i); END LOOP;
       END $$`);
-    await converge(db, api, 'burst_values');
+    await converge(db, api, D.burst_values);
     const [{ blocks } = { blocks: 0 }] = await db.sql<{ blocks: number }[]>`
       SELECT sum(pg_relation_size(inhrelid) / 8192)::int AS blocks FROM pg_inherits
        WHERE inhparent = 'trellis.ledger'::regclass`;
@@ -253,8 +286,8 @@ describe('capture on a busy table', () => {
   });
 
   it('installs capture triggers ENABLE ALWAYS, so replication-mode writes are captured', async () => {
-    await api.apply('TRANSFORM tool_labels FROM tools SELECT label');
-    await converge(db, api, 'tool_labels');
+    await api.apply(transformStatement(D.tool_labels));
+    await converge(db, api, D.tool_labels);
     const triggers = await db.sql`
       SELECT tgname, tgenabled FROM pg_trigger
        WHERE tgrelid = 'tools'::regclass AND NOT tgisinternal ORDER BY tgname`;
@@ -272,7 +305,7 @@ describe('capture on a busy table', () => {
       await tx`UPDATE tools SET label = 'relabelled' WHERE id = 3`;
       await tx`DELETE FROM tools WHERE id = 4`;
     });
-    await converge(db, api, 'tool_labels');
+    await converge(db, api, D.tool_labels);
     const rows =
       await db.sql`SELECT id, label FROM tool_labels WHERE id IN (3, 4, 500) ORDER BY id`;
     expect(rows.map((r) => [r.id, r.label])).toEqual([
@@ -282,8 +315,8 @@ describe('capture on a busy table', () => {
   });
 
   it('narrows capture again when the transform that read more columns is dropped', async () => {
-    await api.apply('TRANSFORM tool_weights FROM tools SELECT label, weight');
-    await converge(db, api, 'tool_weights');
+    await api.apply(transformStatement(D.tool_weights));
+    await converge(db, api, D.tool_weights);
     const weightUpdate = (tx: postgres.TransactionSql) =>
       tx`UPDATE tools SET weight = weight + 1 WHERE id = 7`;
     expect(await ledgerKeysOf(db.sql, weightUpdate)).toBe(1);
@@ -297,7 +330,7 @@ describe('capture on a busy table', () => {
     const labelUpdate = (tx: postgres.TransactionSql) =>
       tx`UPDATE tools SET label = label || '!' WHERE id = 7`;
     expect(await ledgerKeysOf(db.sql, labelUpdate)).toBe(1);
-    await converge(db, api, 'tool_labels');
+    await converge(db, api, D.tool_labels);
   });
 });
 
@@ -331,7 +364,7 @@ describe('standby staging workers', () => {
       UPDATE jobs SET state = state || '+' WHERE id % 10 = ${round};
       DELETE FROM jobs WHERE id % 37 = ${round};
     `);
-    await converge(db, api, 'job_states');
+    await converge(db, api, D.job_states);
   }
 
   beforeAll(async () => {
@@ -365,11 +398,9 @@ describe('standby staging workers', () => {
   it('elects one staging worker of two, and the standby takes over when the leader shuts down', async () => {
     await startNode('node-a');
     await startNode('node-b');
-    await api.apply(
-      'TRANSFORM job_states FROM jobs SELECT upper(state) AS state WHERE id % 3 <> 0',
-    );
+    await api.apply(transformStatement(D.job_states));
     await waitForStatus(api, 'job_states', 'live');
-    await converge(db, api, 'job_states');
+    await converge(db, api, D.job_states);
     expect(await api.hasLiveStagingWorker()).toBe(true);
     // Both run; exactly one session holds the staging lock.
     const first = await leader();
@@ -468,7 +499,7 @@ describe('ledger rotation', () => {
     `);
     api = await migratedTrellis(db);
     worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
-    await api.apply('TRANSFORM event_values FROM events SELECT v');
+    await api.apply(transformStatement(D.event_values));
     await waitForStatus(api, 'event_values', 'live');
   });
 
@@ -488,7 +519,7 @@ describe('ledger rotation', () => {
     expect(second).toBe((first + 1) % 3);
     await db.sql`UPDATE events SET v = v + 1 WHERE id > 30`;
     expect((await partitions())[second]!.rows).toBeGreaterThanOrEqual(70);
-    await converge(db, api, 'event_values');
+    await converge(db, api, D.event_values);
 
     // Every cursor has passed the first epoch's rows: that generation is truncated.
     await waitFor(async () => {
@@ -500,7 +531,7 @@ describe('ledger rotation', () => {
 
     await nextEpoch();
     await db.sql`UPDATE events SET v = v + 1 WHERE id = 1`;
-    await converge(db, api, 'event_values');
+    await converge(db, api, D.event_values);
     await waitFor(
       async () => (await partitions())[second]!.rows === 0,
       `generation ${second} to be truncated`,
@@ -510,9 +541,9 @@ describe('ledger rotation', () => {
   });
 
   it('keeps a generation a paused transform still needs, and frees it after RESUME', async () => {
-    await api.apply('TRANSFORM event_doubled FROM events SELECT v * 2 AS doubled');
+    await api.apply(transformStatement(D.event_doubled));
     await waitForStatus(api, 'event_doubled', 'live');
-    await converge(db, api, 'event_doubled');
+    await converge(db, api, D.event_doubled);
     await api.apply('PAUSE TRANSFORM event_doubled');
 
     const gen = await currentGeneration();
@@ -523,7 +554,7 @@ describe('ledger rotation', () => {
     // The epoch moves on and the live transform passes these rows...
     await nextEpoch();
     await db.sql`UPDATE events SET v = v + 1 WHERE id = 99`;
-    await converge(db, api, 'event_values');
+    await converge(db, api, D.event_values);
     // ...but the generation stays, rows and storage, through maintenance passes while paused.
     await sleep(3_000);
     expect((await partitions())[gen]).toMatchObject({ relfilenode: held.relfilenode });
@@ -531,7 +562,7 @@ describe('ledger rotation', () => {
     expect((await api.status('event_doubled')).status).toBe('paused');
 
     await api.apply('RESUME TRANSFORM event_doubled');
-    await converge(db, api, 'event_doubled');
+    await converge(db, api, D.event_doubled);
     await waitFor(async () => {
       const p = (await partitions())[gen]!;
       return p.rows === 0 && p.relfilenode !== held.relfilenode;
