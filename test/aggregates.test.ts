@@ -1,4 +1,3 @@
-import type postgres from 'postgres';
 import { afterAll, describe, expect, it } from 'vitest';
 import { freshDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
@@ -7,26 +6,15 @@ import {
   startWorkerProcess,
   stopWorkerProcess,
 } from './support/processes.js';
+import { announceSeed, scaled, testSeeds, timeoutFor } from './support/seeds.js';
 import { migratedTrellis } from './support/trellis.js';
-import { prng } from './support/workload.js';
+import { runWorkload } from './support/workload.js';
+import { ORDERS_DDL, ordersWorkload } from './support/workload-orders.js';
 
 afterAll(killAllWorkerProcesses);
 
-const SCHEMA = `
-  CREATE TABLE regions (code text PRIMARY KEY, label text NOT NULL);
-  CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL, region_code text, tier int NOT NULL);
-  CREATE TABLE orders (id int PRIMARY KEY, customer_id int, amount numeric NOT NULL, status text NOT NULL, qty int NOT NULL);
-  CREATE INDEX ON orders (customer_id);
-  CREATE INDEX ON orders (status);
-  CREATE INDEX ON customers (region_code);
-  CREATE INDEX ON customers (tier);
-  CREATE AGGREGATE product_of(numeric) (sfunc = numeric_mul, stype = numeric, initcond = '1');
-  INSERT INTO regions SELECT 'r' || g, 'Region ' || g FROM generate_series(1, 8) g;
-  INSERT INTO customers SELECT g, 'c' || g, CASE WHEN g % 5 = 0 THEN NULL ELSE 'r' || (1 + g % 10) END, g % 4
-    FROM generate_series(1, 300) g;
-  INSERT INTO orders SELECT g, CASE WHEN g % 50 = 0 THEN NULL ELSE 1 + g % 330 END, g % 97,
-                            (ARRAY['open', 'paid', 'void'])[1 + g % 3], g % 6
-    FROM generate_series(1, 6000) g;`;
+/** Steps per writer (a statement or a transaction): about as long as 3.5 s of writes. */
+const OPERATIONS = 180;
 
 /** One transform of each shape issue #5 names. */
 const DEFINITIONS = {
@@ -99,96 +87,50 @@ const DEFINITIONS = {
 
 const ALL = Object.values(DEFINITIONS);
 
-/** Concurrent writes touching every side of every join, and every grouping column. */
-async function workload(sql: postgres.Sql, seed: number, durationMs: number): Promise<number> {
-  const random = prng(seed);
-  const pick = (n: number) => 1 + Math.floor(random() * n);
-  let nextOrder = 7000;
-  let nextCustomer = 400;
-  let committed = 0;
-  const deadline = Date.now() + durationMs;
-  const ops: Array<(tx: postgres.Sql | postgres.TransactionSql) => Promise<unknown>> = [
-    (tx) =>
-      tx`INSERT INTO orders VALUES (${nextOrder++}, ${pick(420)}, ${pick(200)}, 'open', ${pick(5)})`,
-    (tx) => tx`UPDATE orders SET customer_id = ${pick(420)} WHERE id = ${pick(nextOrder)}`,
-    (tx) =>
-      tx`UPDATE orders SET status = ${['open', 'paid', 'void'][pick(3) - 1]!}, qty = ${pick(5)} WHERE id = ${pick(nextOrder)}`,
-    (tx) =>
-      tx`UPDATE orders SET amount = amount + ${pick(40) - 20} WHERE id BETWEEN ${pick(nextOrder)} AND ${pick(nextOrder) + 40}`,
-    (tx) => tx`DELETE FROM orders WHERE id = ${pick(nextOrder)}`,
-    (tx) => tx`UPDATE orders SET id = ${nextOrder++} WHERE id = ${pick(nextOrder)}`,
-    (tx) =>
-      tx`INSERT INTO customers VALUES (${nextCustomer++}, ${`n${pick(99)}`}, ${`r${pick(10)}`}, ${pick(4)})`,
-    (tx) =>
-      tx`UPDATE customers SET tier = ${pick(4)}, name = name || '+' WHERE id = ${pick(nextCustomer)}`,
-    (tx) =>
-      tx`UPDATE customers SET region_code = ${random() < 0.2 ? null : `r${pick(10)}`} WHERE id = ${pick(nextCustomer)}`,
-    (tx) => tx`DELETE FROM customers WHERE id = ${pick(nextCustomer)}`,
-    (tx) => tx`UPDATE customers SET id = ${nextCustomer++} WHERE id = ${pick(nextCustomer)}`,
-    (tx) => tx`UPDATE regions SET label = label || '*' WHERE code = ${`r${pick(10)}`}`,
-    (tx) => tx`DELETE FROM regions WHERE code = ${`r${pick(10)}`}`,
-    (tx) => tx`INSERT INTO regions VALUES (${`r${pick(12)}`}, 'again') ON CONFLICT DO NOTHING`,
-  ];
-  const op = () => ops[Math.floor(random() * ops.length)]!;
-  const client = async () => {
-    while (Date.now() < deadline) {
-      const roll = random();
+describe.each(testSeeds([101, 202]))(
+  'GROUP BY and JOIN under concurrent writes (seed %i)',
+  (seed) => {
+    it('leaves every target equal to its definition', { timeout: timeoutFor(60_000) }, async () => {
+      announceSeed('aggregates', seed, 'test/aggregates.test.ts');
+      const db = await freshDatabase();
+      await db.sql.unsafe(ORDERS_DDL);
+      await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+      const other = await startWorkerProcess(db.url, { drainThreads: 1, staging: false });
       try {
-        if (roll < 0.1) {
-          await sql
-            .begin(async (tx) => {
-              for (let i = 0; i < 3; i += 1) await op()(tx);
-              throw new Error('rollback');
-            })
-            .catch((e: Error) => {
-              if (e.message !== 'rollback') throw e;
-            });
-        } else if (roll < 0.25) {
-          await sql.begin(async (tx) => {
-            for (let i = 0; i < 3; i += 1) await op()(tx);
-          });
-          committed += 3;
-        } else {
-          await op()(sql);
-          committed += 1;
+        for (const d of ALL) await trellis.apply(transformStatement(d));
+        const truncates = seed % 2 === 0 ? 1 : 0;
+        const result = await runWorkload(db.sql, ordersWorkload(), {
+          seed,
+          writers: 4,
+          operations: scaled(OPERATIONS),
+          truncates,
+          longTransactions: scaled(2),
+        });
+        console.log(`[workload] aggregates ${seed} ${JSON.stringify(result)}`);
+        expect(result.committed).toBeGreaterThan(20);
+        expect(result.truncates).toBe(truncates);
+        expect(result.longTransactions).toBe(scaled(2));
+        expect(result.savepointsRolledBack).toBeGreaterThan(0);
+        expect(result.expected.uniqueViolation).toBeGreaterThan(0);
+        const token = await trellis.watermarkToken();
+        for (const d of ALL) {
+          await trellis.awaitConverged(d.target, token, { timeoutMs: timeoutFor(25_000, 120_000) });
         }
-      } catch (error) {
-        const code = (error as { code?: string }).code;
-        if (!code || !['40P01', '23505', '40001'].includes(code)) throw error;
+        for (const d of ALL) {
+          await expectMatchesDefinition(db.sql, d);
+          expect((await trellis.status(d.target)).heldKeys).toBe(0);
+        }
+      } finally {
+        await stopWorkerProcess(other);
       }
-    }
-  };
-  await Promise.all([client(), client(), client(), client()]);
-  return committed;
-}
-
-describe.each([101, 202])('GROUP BY and JOIN under concurrent writes (seed %i)', (seed) => {
-  it('leaves every target equal to its definition', async () => {
-    const db = await freshDatabase();
-    await db.sql.unsafe(SCHEMA);
-    await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
-    const other = await startWorkerProcess(db.url, { drainThreads: 1, staging: false });
-    try {
-      for (const d of ALL) await trellis.apply(transformStatement(d));
-      expect(await workload(db.sql, seed, 3_500)).toBeGreaterThan(20);
-      const token = await trellis.watermarkToken();
-      for (const d of ALL) {
-        await trellis.awaitConverged(d.target, token, { timeoutMs: 25_000 });
-      }
-      for (const d of ALL) {
-        await expectMatchesDefinition(db.sql, d);
-        expect((await trellis.status(d.target)).heldKeys).toBe(0);
-      }
-    } finally {
-      await stopWorkerProcess(other);
-    }
-  });
-});
+    });
+  },
+);
 
 describe('GROUP BY and JOIN specifics', () => {
   it('shows a left join’s unmatched rows appear and disappear, and a grand total is one row', async () => {
     const db = await freshDatabase();
-    await db.sql.unsafe(SCHEMA);
+    await db.sql.unsafe(ORDERS_DDL);
     await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
     const { left_join, grand_total } = DEFINITIONS;
     await trellis.apply(transformStatement(left_join));

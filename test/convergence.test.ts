@@ -6,8 +6,10 @@ import {
   startWorkerProcess,
   stopWorkerProcess,
 } from './support/processes.js';
+import { announceSeed, scaled, testSeeds, timeoutFor } from './support/seeds.js';
 import { migratedTrellis } from './support/trellis.js';
-import { ACCOUNTS_DDL, runWorkload, seedAccounts } from './support/workload.js';
+import { runWorkload } from './support/workload.js';
+import { ACCOUNTS_DDL, accountsWorkload, seedAccounts } from './support/workload-accounts.js';
 
 afterAll(killAllWorkerProcesses);
 
@@ -32,11 +34,12 @@ const DEFINITIONS: Definition[] = [
 
 /**
  * I4 under load: random concurrent writes while targets backfill and afterwards, drained
- * by loops in two processes; after awaitConverged each target equals its definition
- * run by Postgres as a plain SELECT.
+ * by loops in two processes; after awaitConverged each target equals its definition run
+ * by Postgres as a plain SELECT.
  */
-describe.each([11, 22, 33])('convergence under concurrent writes (seed %i)', (seed) => {
-  it('leaves every target equal to its definition', async () => {
+describe.each(testSeeds([11, 22, 33]))('convergence under concurrent writes (seed %i)', (seed) => {
+  it('leaves every target equal to its definition', { timeout: timeoutFor(60_000) }, async () => {
+    announceSeed('convergence', seed, 'test/convergence.test.ts');
     const db = await freshDatabase();
     await db.sql.unsafe(ACCOUNTS_DDL);
     await db.sql.unsafe(seedAccounts(30_000));
@@ -45,17 +48,25 @@ describe.each([11, 22, 33])('convergence under concurrent writes (seed %i)', (se
     try {
       for (const d of DEFINITIONS) await trellis.apply(transformStatement(d));
       // Writes start while the targets are still backfilling.
-      const committed = await runWorkload(db.sql, {
+      const truncates = seed % 3 === 0 ? 1 : 0;
+      const result = await runWorkload(db.sql, accountsWorkload(30_000), {
         seed,
-        clients: 4,
-        durationMs: 3_000,
-        initialRows: 30_000,
-        truncate: seed === 33,
+        writers: 4,
+        operations: scaled(150),
+        truncates,
+        longTransactions: scaled(2),
       });
-      expect(committed).toBeGreaterThan(50);
+      console.log(`[workload] convergence ${seed} ${JSON.stringify(result)}`);
+      expect(result.committed).toBeGreaterThan(50);
+      expect(result.truncates).toBe(truncates);
+      expect(result.longTransactions).toBe(scaled(2));
+      expect(result.savepointsRolledBack).toBeGreaterThan(0);
+      expect(result.rolledBack).toBeGreaterThan(0);
+      // Key changes onto keys that exist fail, as they must.
+      expect(result.expected.uniqueViolation).toBeGreaterThan(0);
       const token = await trellis.watermarkToken();
       for (const d of DEFINITIONS)
-        await trellis.awaitConverged(d.target, token, { timeoutMs: 25_000 });
+        await trellis.awaitConverged(d.target, token, { timeoutMs: timeoutFor(25_000, 120_000) });
       for (const d of DEFINITIONS) await expectMatchesDefinition(db.sql, d);
       for (const d of DEFINITIONS) expect((await trellis.status(d.target)).heldKeys).toBe(0);
     } finally {

@@ -9,10 +9,15 @@ import {
   startAppProcess,
   startWorkerProcess,
 } from './support/processes.js';
+import { announceSeed, scaled, testSeeds, timeoutFor } from './support/seeds.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
-import { ACCOUNTS_DDL, prng, runWorkload, seedAccounts } from './support/workload.js';
+import { prng, runWorkload, streamSeed } from './support/workload.js';
+import { ACCOUNTS_DDL, accountsWorkload, seedAccounts } from './support/workload-accounts.js';
 
 afterAll(killAllWorkerProcesses);
+
+/** Steps per writer of the restart test's workload: about 12 s of writes. */
+const OPERATIONS = 1200;
 
 const DEFINITIONS: Definition[] = [
   { target: 'acct_all', from: 'accounts', select: 'owner, balance', implicit: 'id' },
@@ -70,8 +75,14 @@ describe('crashes', { timeout: 120_000 }, () => {
       await api.shutdown();
     }
   });
+});
 
-  it('an app process survives hundreds of cut connections and a Postgres restart, and catches up', async () => {
+/** I6 with the app's own process under fire, while random writers write through a restart. */
+describe.each(testSeeds([9], 5))('crashes under concurrent writes (seed %i)', (seed) => {
+  it('an app process survives hundreds of cut connections and a Postgres restart, and catches up', {
+    timeout: timeoutFor(120_000, 600_000),
+  }, async () => {
+    announceSeed('crash', seed, 'test/crash.test.ts');
     const server = await startPostgres();
     let check: postgres.Sql | undefined;
     try {
@@ -84,22 +95,33 @@ describe('crashes', { timeout: 120_000 }, () => {
         for (const d of DEFINITIONS) await definer.apply(transformStatement(d));
       }
       const app = await startAppProcess(url, ['acct_all', 'acct_active']);
-      const writes = runWorkload(sql, {
-        newClient: () => sqlClient(url, { max: 1 }),
-        seed: 9,
-        clients: 2,
-        durationMs: 12_000,
-        initialRows: 10_000,
-        survivesRestarts: true,
-      });
       // Backends the app process has, or is opening: its sessions are named trellis-pg…,
       // and a backend still starting up has no name yet.
-      const cutter = new Cutter(url, name);
-      await cutter.cut(130);
+      const cutter = new Cutter(url, name, streamSeed(seed, 1000));
+      const firstCuts = cutter.cut(130);
+      // Single statements from two writers, a client each, through the cuts and the
+      // restart: writers that get halfway before the first cuts are done wait for them, so
+      // the restart comes while they still have half their writes to make.
+      const operations = scaled(OPERATIONS);
+      const writes = runWorkload(sql, accountsWorkload(10_000), {
+        newClient: () => sqlClient(url, { max: 1 }),
+        seed,
+        writers: 2,
+        operations,
+        survivesRestarts: true,
+        holdAt: { step: operations / 2, until: firstCuts },
+      });
+      // Awaited below; a failure meanwhile is not an unhandled rejection.
+      writes.catch(() => undefined);
+      await firstCuts;
       await server.restart('immediate');
       await cutter.cut(130);
       await cutter.end();
-      await writes;
+      const result = await writes;
+      console.log(`[workload] crash ${seed} ${JSON.stringify(result)}`);
+      // The writers were writing when Postgres restarted, and saw it.
+      expect(result.expected.connectionLost).toBeGreaterThan(0);
+      expect(result.committed).toBeGreaterThan(100);
       expect(app.alive()).toBe(true);
       expect(cutter.terminated).toBeGreaterThanOrEqual(260);
       expect(cutter.duringConnect).toBeGreaterThan(0);
@@ -136,13 +158,15 @@ class Cutter {
   terminated = 0;
   duringConnect = 0;
   private sql: postgres.Sql;
-  private readonly random = prng(4242);
+  private readonly random: () => number;
 
   constructor(
     private readonly url: string,
     private readonly database: string,
+    seed: number,
   ) {
     this.sql = sqlClient(url, { max: 1 });
+    this.random = prng(seed);
   }
 
   /** Cuts until `wanted` more backends were terminated (gives up after 20 tries each). */

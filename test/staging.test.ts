@@ -4,8 +4,10 @@ import type { Trellis } from '../src/engine/index.js';
 import { LOCK_CLASS } from '../src/engine/internal/advisory-locks.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
+import { announceSeed, scaled, testSeeds, timeoutFor } from './support/seeds.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
-import { ACCOUNTS_DDL, runWorkload, seedAccounts } from './support/workload.js';
+import { runWorkload } from './support/workload.js';
+import { ACCOUNTS_DDL, accountsWorkload, seedAccounts } from './support/workload-accounts.js';
 
 // The staging worker as an operator sees it (issue #4): capture that waits for a lock
 // without blocking the app and says who holds it, a standby that takes over, a ledger
@@ -221,26 +223,6 @@ describe('capture on a busy table', () => {
     expect(rows.map((r) => r.id)).toEqual([1001, 2000, 2001, 2002, 2003, 2004, 2005, 2006, 2007]);
   });
 
-  it('installs and widens capture on a table being written to, losing no change', async () => {
-    await db.sql.unsafe(ACCOUNTS_DDL);
-    await db.sql.unsafe(seedAccounts(5_000));
-    const writes = runWorkload(db.sql, {
-      seed: 4,
-      clients: 3,
-      durationMs: 4_000,
-      initialRows: 5_000,
-    });
-    await sleep(500);
-    // Installed while writers (some in multi-statement transactions) hold the table...
-    await api.apply(transformStatement(D.acct_owners));
-    await waitForStatus(api, 'acct_owners', 'live');
-    // ...and widened to a column no transform read before.
-    await api.apply(transformStatement(D.acct_balances));
-    expect(await writes).toBeGreaterThan(50);
-    await converge(db, api, D.acct_owners);
-    await converge(db, api, D.acct_balances);
-  });
-
   it('summarises the ledger index behind a burst, so a later range reads only its tail', async () => {
     await db.sql.unsafe('CREATE TABLE bursts (id int PRIMARY KEY, v int NOT NULL)');
     await api.apply(transformStatement(D.burst_values));
@@ -331,6 +313,52 @@ describe('capture on a busy table', () => {
       tx`UPDATE tools SET label = label || '!' WHERE id = 7`;
     expect(await ledgerKeysOf(db.sql, labelUpdate)).toBe(1);
     await converge(db, api, D.tool_labels);
+  });
+});
+
+/**
+ * Capture installed, then widened, on a table that random writers (some in long and
+ * multi-statement transactions) hold all along: no change may be lost.
+ */
+describe.each(testSeeds([4], 10))('capture installed under concurrent writes (seed %i)', (seed) => {
+  it('installs and widens capture on a table being written to, losing no change', {
+    timeout: timeoutFor(60_000),
+  }, async () => {
+    announceSeed('staging', seed, 'test/staging.test.ts');
+    const db = await freshDatabase();
+    await db.sql.unsafe(ACCOUNTS_DDL);
+    await db.sql.unsafe(seedAccounts(5_000));
+    await using api = await migratedTrellis(db);
+    await using _worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+    let writing = true;
+    const writes = runWorkload(db.sql, accountsWorkload(5_000), {
+      seed,
+      writers: 3,
+      operations: scaled(360),
+      longTransactions: scaled(3),
+    }).finally(() => {
+      writing = false;
+    });
+    // Awaited below; a failure meanwhile is not an unhandled rejection.
+    writes.catch(() => undefined);
+    await sleep(500);
+    // Installed while writers (some in multi-statement transactions) hold the table...
+    await api.apply(transformStatement(D.acct_owners));
+    await waitForStatus(api, 'acct_owners', 'live');
+    const installedWhileWriting = writing;
+    // ...and widened to a column no transform read before.
+    await api.apply(transformStatement(D.acct_balances));
+    const widenedWhileWriting = writing;
+    const result = await writes;
+    // Whether the install got its lock while the writers still held the table depends on
+    // the interleaving (it waits for a moment no writer holds it): shown, not asserted.
+    console.log(
+      `[workload] staging ${seed} ${JSON.stringify({ ...result, installedWhileWriting, widenedWhileWriting })}`,
+    );
+    expect(result.committed).toBeGreaterThan(50);
+    expect(result.longTransactions).toBe(scaled(3));
+    await converge(db, api, D.acct_owners);
+    await converge(db, api, D.acct_balances);
   });
 });
 

@@ -1,4 +1,16 @@
+import { createHash } from 'node:crypto';
 import type postgres from 'postgres';
+
+/**
+ * Random concurrent writes for the convergence tests, replayable from a seed (issue #10).
+ *
+ * A workload is planned before it runs: each writer draws its steps (statements,
+ * transactions, TRUNCATEs) from a PRNG of its own, derived from the seed, and its new keys
+ * from a key range of its own, so what a writer does depends on the seed and nothing else
+ * (not on timing, nor on what other writers did). Running a plan then meets whatever the
+ * interleaving brings; every error a write gets is either expected (and counted) or fails
+ * the run (see `classify`).
+ */
 
 /** A small seeded PRNG (mulberry32): a failing seed replays the same choices. */
 export function prng(seed: number): () => number {
@@ -12,27 +24,259 @@ export function prng(seed: number): () => number {
   };
 }
 
+/** The seed of one stream (a writer, a helper) of a run, mixed from the run's seed. */
+export function streamSeed(seed: number, stream: number): number {
+  let z = (seed ^ Math.imul(stream + 1, 0x9e3779b9)) >>> 0;
+  z = Math.imul(z ^ (z >>> 16), 0x85ebca6b) >>> 0;
+  z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35) >>> 0;
+  return (z ^ (z >>> 16)) >>> 0;
+}
+
+/** Draws from one writer's PRNG. */
+export class Dice {
+  readonly random: () => number;
+
+  constructor(seed: number) {
+    this.random = prng(seed);
+  }
+
+  chance(p: number): boolean {
+    return this.random() < p;
+  }
+
+  /** 1..n */
+  int(n: number): number {
+    return 1 + Math.floor(this.random() * n);
+  }
+
+  /** 0..n-1 */
+  below(n: number): number {
+    return Math.floor(this.random() * n);
+  }
+
+  /** One of `weighted`'s functions, chosen by weight. */
+  weighted<T>(weighted: ReadonlyArray<readonly [number, () => T]>): () => T {
+    const total = weighted.reduce((sum, [weight]) => sum + weight, 0);
+    let r = this.random() * total;
+    for (const [weight, fn] of weighted) {
+      r -= weight;
+      if (r < 0) return fn;
+    }
+    return weighted[weighted.length - 1]![1];
+  }
+}
+
+/**
+ * The integer keys one writer uses for one table: the rows the table starts with
+ * (1..initial), and new keys from a range of its own (`span` keys after the initial ones,
+ * one range per writer), so no two writers ever make the same new key.
+ */
+export class KeySpace {
+  private used = 0;
+
+  constructor(
+    private readonly dice: Dice,
+    private readonly initial: number,
+    private readonly writer: number,
+    private readonly writers: number,
+    private readonly span: number,
+  ) {
+    if (initial + 1 + writers * span > 2 ** 31 - 1) throw new Error('key ranges beyond int');
+  }
+
+  private base(writer: number): number {
+    return this.initial + 1 + writer * this.span;
+  }
+
+  /** The first of `n` new keys, never used before. */
+  fresh(n = 1): number {
+    if (this.used + n > this.span) throw new Error('a writer ran out of new keys');
+    const first = this.base(this.writer) + this.used;
+    this.used += n;
+    return first;
+  }
+
+  /**
+   * A key that probably exists: one the table started with, one this writer made, or one
+   * another writer may have made by now (guessed from this writer's own progress).
+   */
+  existing(): number {
+    const r = this.dice.random();
+    if (this.used === 0 || r < 0.5) return this.dice.int(this.initial);
+    if (r < 0.85 || this.writers === 1) return this.base(this.writer) + this.dice.below(this.used);
+    const other = (this.writer + this.dice.int(this.writers - 1)) % this.writers;
+    return this.base(other) + this.dice.below(this.used);
+  }
+}
+
+/** A savepoint inside a transaction: its statements, then RELEASE or ROLLBACK TO. */
+export interface SavepointStep {
+  savepoint: string[];
+  rollback: boolean;
+}
+
+/** One step of a writer's plan. */
+export type Step =
+  | { kind: 'statement'; sql: string }
+  | { kind: 'truncate'; sql: string }
+  | {
+      kind: 'transaction';
+      body: Array<string | SavepointStep>;
+      /** Ends with ROLLBACK instead of COMMIT. */
+      rollback: boolean;
+      /** Pause after each part of the body but the last (a long transaction holds it open). */
+      holdMs: number;
+    };
+
+/** What a workload writes: its tables and how a writer makes its statements. */
+export interface WorkloadShape {
+  /** The tables it writes (in `public`): a deadlock on these alone is its writers' own. */
+  tables: string[];
+  writer(dice: Dice, writer: number, writers: number): WriterStatements;
+}
+
+export interface WriterStatements {
+  /** The next random statement (each call draws from the writer's dice). */
+  statement(): string;
+  /** A TRUNCATE of one of the tables. */
+  truncate(): string;
+}
+
 export interface WorkloadOptions {
   seed: number;
-  /** Concurrent writers. */
-  clients: number;
-  durationMs: number;
-  /** Rows `accounts` starts with (ids 1..initialRows). */
-  initialRows: number;
-  /** Include an occasional TRUNCATE of the table. */
-  truncate?: boolean;
+  /** Concurrent writers, each with a PRNG of its own (and a client, with newClient). */
+  writers: number;
+  /** Steps per writer: a statement, a transaction (of a few statements) or a TRUNCATE. */
+  operations: number;
+  /** TRUNCATEs in the whole run, spread over the writers at random steps. */
+  truncates?: number;
   /**
-   * Shrug off lost connections too (the server is being restarted under the workload).
-   * Pass newClient then: each writer gets a client of its own and replaces it after a
-   * lost connection (a postgres.js client reused after one can hang).
+   * Transactions held open for about a second (many of the staging worker's 50 ms ticks)
+   * while the other writers commit, spread over the writers at random steps.
+   */
+  longTransactions?: number;
+  /**
+   * The server is being restarted under the workload: single statements only, and a lost
+   * connection is expected (counted). Pass newClient then: each writer gets a client of
+   * its own and replaces it after a lost connection (a postgres.js client reused after one
+   * can hang).
    */
   survivesRestarts?: boolean;
   /** Makes a client for one writer (instead of sharing the one passed in). */
   newClient?: () => postgres.Sql;
+  /**
+   * Every writer waits before its step `step` until `until` settles: a test that must act
+   * while the writers still have work left (restart the server under them) does it then.
+   */
+  holdAt?: { step: number; until: Promise<unknown> };
 }
 
-/** Errors concurrent writers can cause each other; the workload shrugs them off. */
-const EXPECTED = new Set(['40P01', '40001', '23505', '55P03']);
+export interface WorkloadResult {
+  /** Steps each writer took. */
+  operations: number;
+  /** A digest of every writer's plan: the same for two runs of one seed and size. */
+  fingerprint: string;
+  /** Statements that committed (in transactions that committed, or on their own). */
+  committed: number;
+  /** Transactions rolled back on purpose. */
+  rolledBack: number;
+  /** Savepoints rolled back on purpose inside transactions that then committed. */
+  savepointsRolledBack: number;
+  /** Long transactions that committed. */
+  longTransactions: number;
+  /** TRUNCATEs that committed. */
+  truncates: number;
+  /** How long the run took (not part of what a seed replays). */
+  elapsedMs: number;
+  /** Errors the writers can cause each other (or a restart causes): counted, not failed. */
+  expected: { uniqueViolation: number; deadlock: number; connectionLost: number };
+}
+
+type ExpectedError = keyof WorkloadResult['expected'];
+
+/** Each writer's steps: a function of the seed, the shape and the sizes, nothing else. */
+export function planWorkload(shape: WorkloadShape, options: WorkloadOptions): Step[][] {
+  const { writers, operations } = options;
+  const share = (total: number, writer: number) =>
+    Math.floor(total / writers) + (writer < total % writers ? 1 : 0);
+  return Array.from({ length: writers }, (_, writer) => {
+    const dice = new Dice(streamSeed(options.seed, writer));
+    const make = shape.writer(dice, writer, writers);
+    // Where this writer's TRUNCATEs and long transactions go: distinct random steps.
+    const truncates = share(options.truncates ?? 0, writer);
+    const longs = options.survivesRestarts ? 0 : share(options.longTransactions ?? 0, writer);
+    if (truncates + longs > operations) throw new Error('more special steps than steps');
+    const special = new Map<number, 'truncate' | 'long'>();
+    while (special.size < truncates + longs) {
+      const at = dice.below(operations);
+      if (!special.has(at)) special.set(at, special.size < truncates ? 'truncate' : 'long');
+    }
+    const body = (statements: number, savepoint: boolean): Array<string | SavepointStep> => {
+      const parts: Array<string | SavepointStep> = [];
+      for (let i = 0; i < statements; i += 1) parts.push(make.statement());
+      if (savepoint) {
+        const step = {
+          savepoint: [make.statement(), make.statement()],
+          rollback: dice.chance(0.7),
+        };
+        parts.splice(dice.below(parts.length + 1), 0, step);
+      }
+      return parts;
+    };
+    const steps: Step[] = [];
+    for (let i = 0; i < operations; i += 1) {
+      const kind = special.get(i);
+      if (kind === 'truncate') {
+        steps.push({ kind: 'truncate', sql: make.truncate() });
+      } else if (kind === 'long') {
+        // Each statement in a savepoint of its own, so an error the writers cause each
+        // other (a unique violation, a deadlock) rolls back that statement alone and the
+        // transaction still commits after having been held open.
+        const parts = Array.from({ length: 4 }, () => ({
+          savepoint: [make.statement()],
+          rollback: false,
+        }));
+        parts.splice(dice.below(parts.length + 1), 0, {
+          savepoint: [make.statement(), make.statement()],
+          rollback: true,
+        });
+        steps.push({ kind: 'transaction', body: parts, rollback: false, holdMs: 250 });
+      } else if (options.survivesRestarts) {
+        // No transactions here: postgres.js's begin() sends its ROLLBACK on the dead
+        // connection and throws from a timer (porsager/postgres#1208).
+        steps.push({ kind: 'statement', sql: make.statement() });
+      } else {
+        const roll = dice.random();
+        if (roll < 0.08) {
+          // Rolls back: none of it may show.
+          steps.push({ kind: 'transaction', body: body(3, false), rollback: true, holdMs: 0 });
+        } else if (roll < 0.25) {
+          // Commits, often with a savepoint rolled back inside (whose writes must not show).
+          steps.push({
+            kind: 'transaction',
+            body: body(3, dice.chance(0.5)),
+            rollback: false,
+            holdMs: 0,
+          });
+        } else {
+          steps.push({ kind: 'statement', sql: make.statement() });
+        }
+      }
+    }
+    return steps;
+  });
+}
+
+/** The digest of a plan (see WorkloadResult.fingerprint). */
+export function planFingerprint(plan: Step[][]): string {
+  return createHash('sha256').update(JSON.stringify(plan)).digest('hex').slice(0, 16);
+}
+
+/** A write failed in a way Trellis could have caused: the test fails with it. */
+export class SuspectWriteError extends Error {
+  override name = 'SuspectWriteError';
+}
+
 /** What a server restart looks like to a client. */
 const CONNECTION_LOST = new Set([
   '57P01',
@@ -40,145 +284,196 @@ const CONNECTION_LOST = new Set([
   '57P03',
   'CONNECTION_CLOSED',
   'CONNECTION_DESTROYED',
+  'CONNECTION_ENDED',
   'ECONNREFUSED',
   'ECONNRESET',
   'CONNECT_TIMEOUT',
 ]);
+const UNIQUE_VIOLATION = '23505';
+const DEADLOCK_DETECTED = '40P01';
 
-export const ACCOUNTS_DDL = `
-  CREATE TABLE accounts (
-    id int PRIMARY KEY, owner text NOT NULL, balance numeric NOT NULL,
-    status text NOT NULL, tag int NOT NULL DEFAULT 0);`;
-
-export function seedAccounts(rows: number): string {
-  return `INSERT INTO accounts (id, owner, balance, status)
-          SELECT g, 'owner' || (g % 97), (g * 7919) % 1000, CASE WHEN g % 3 = 0 THEN 'closed' ELSE 'active' END
-            FROM generate_series(1, ${rows}) g`;
+interface PgErrorFields {
+  code?: string;
+  message?: string;
+  detail?: string;
+  where?: string;
+  table_name?: string;
+  schema_name?: string;
 }
 
+/** Marks a planned rollback (of a transaction or a savepoint). */
+class PlannedRollback extends Error {}
+
 /**
- * Random writes to `accounts` from several clients at once, for the convergence tests:
- * single and multi-row inserts, updates moving rows in and out of filters, deletes,
- * key changes, transactions that roll back, bulk inserts, updates of uncaptured columns,
- * and (optionally) TRUNCATE. Returns how many statements committed.
+ * Sorts an error a write got into what the workload expects, or throws a
+ * SuspectWriteError: an error raised inside a capture trigger (its context names a
+ * `capture_` function), a unique violation on a table the workload does not write, a
+ * deadlock that involves any other table (Trellis's ledger, a target) or a Trellis
+ * session (application_name `trellis-pg…`), a lost connection when no restart is
+ * expected, and any other error at all.
  */
-export async function runWorkload(shared: postgres.Sql, options: WorkloadOptions): Promise<number> {
-  const random = prng(options.seed);
-  let nextId = options.initialRows + 1;
-  let committed = 0;
-  const deadline = Date.now() + options.durationMs;
-  const pick = () => 1 + Math.floor(random() * (nextId - 1));
-  const status = () => (random() < 0.6 ? 'active' : random() < 0.5 ? 'closed' : 'frozen');
-  const amount = () => Math.floor(random() * 2000) - 200;
-
-  const operations: Array<
-    [number, (tx: postgres.Sql | postgres.TransactionSql) => Promise<unknown>]
-  > = [
-    [
-      10,
-      (tx) =>
-        tx`INSERT INTO accounts (id, owner, balance, status) VALUES (${nextId++}, ${`o${Math.floor(random() * 50)}`}, ${amount()}, ${status()})`,
-    ],
-    [
-      5,
-      (tx) => {
-        const first = nextId;
-        nextId += 10;
-        return tx`INSERT INTO accounts (id, owner, balance, status)
-                SELECT g, 'multi', g % 300, 'active' FROM generate_series(${first}::int, ${first + 9}::int) g`;
-      },
-    ],
-    [
-      15,
-      (tx) =>
-        tx`UPDATE accounts SET balance = ${amount()}, status = ${status()} WHERE id = ${pick()}`,
-    ],
-    [
-      5,
-      (tx) => {
-        const from = pick();
-        return tx`UPDATE accounts SET balance = balance + ${amount()} WHERE id BETWEEN ${from} AND ${from + 30}`;
-      },
-    ],
-    [6, (tx) => tx`DELETE FROM accounts WHERE id = ${pick()}`],
-    [
-      2,
-      (tx) => {
-        const from = pick();
-        return tx`DELETE FROM accounts WHERE id BETWEEN ${from} AND ${from + 20}`;
-      },
-    ],
-    [4, (tx) => tx`UPDATE accounts SET id = ${nextId++} WHERE id = ${pick()}`],
-    [4, (tx) => tx`UPDATE accounts SET owner = owner || 'x' WHERE id = ${pick()}`],
-    [4, (tx) => tx`UPDATE accounts SET tag = tag + 1 WHERE id = ${pick()}`],
-    [
-      1,
-      (tx) => {
-        const first = nextId;
-        nextId += 2000;
-        return tx`INSERT INTO accounts (id, owner, balance, status)
-                SELECT g, 'bulk' || (g % 13), g % 900, CASE WHEN g % 2 = 0 THEN 'active' ELSE 'closed' END
-                  FROM generate_series(${first}::int, ${first + 1999}::int) g`;
-      },
-    ],
-  ];
-  const total = operations.reduce((sum, [weight]) => sum + weight, 0);
-  const choose = () => {
-    let r = random() * total;
-    for (const [weight, op] of operations) {
-      r -= weight;
-      if (r < 0) return op;
+async function classify(
+  error: unknown,
+  lookup: postgres.Sql,
+  shape: WorkloadShape,
+  options: WorkloadOptions,
+  context: string,
+): Promise<ExpectedError> {
+  const e = (typeof error === 'object' && error !== null ? error : {}) as PgErrorFields;
+  const suspect = (why: string) =>
+    new SuspectWriteError(
+      `${context}: ${why}: ${e.code ?? 'no code'} ${e.message ?? String(error)}` +
+        (e.detail ? `\ndetail: ${e.detail}` : '') +
+        (e.where ? `\ncontext: ${e.where}` : ''),
+      { cause: error },
+    );
+  if (e.where?.includes('capture_')) throw suspect('raised inside a capture trigger');
+  if (e.code && options.survivesRestarts && CONNECTION_LOST.has(e.code)) return 'connectionLost';
+  if (e.code === UNIQUE_VIOLATION) {
+    if (e.schema_name === 'public' && e.table_name && shape.tables.includes(e.table_name)) {
+      return 'uniqueViolation';
     }
-    return operations[0]![1];
-  };
+    throw suspect('a unique violation on a table the workload does not write');
+  }
+  if (e.code === DEADLOCK_DETECTED) {
+    const detail = e.detail ?? '';
+    const relations = [...detail.matchAll(/relation (\d+) of database/g)].map((m) => m[1]!);
+    const pids = [...detail.matchAll(/process (\d+)/g)].map((m) => Number(m[1]));
+    let found: Array<{ oid: string; schema: string; name: string }>;
+    let trellisSessions: Array<{ pid: number }>;
+    try {
+      // A relation is named by its table (an index counts as its table).
+      found = await lookup.unsafe(
+        `SELECT c.oid::text AS oid, n.nspname AS schema, coalesce(t.relname, c.relname) AS name
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           LEFT JOIN pg_index i ON i.indexrelid = c.oid
+           LEFT JOIN pg_class t ON t.oid = i.indrelid
+          WHERE c.oid = ANY($1::oid[])`,
+        [relations],
+      );
+      trellisSessions = await lookup.unsafe(
+        `SELECT pid FROM pg_stat_activity
+          WHERE pid = ANY($1::int[]) AND application_name LIKE 'trellis-pg%'`,
+        [pids],
+      );
+    } catch (lookupError) {
+      const code = (lookupError as PgErrorFields).code;
+      if (code && options.survivesRestarts && CONNECTION_LOST.has(code)) return 'connectionLost';
+      throw lookupError;
+    }
+    const own = (r: { schema: string; name: string }) =>
+      r.schema === 'public' && shape.tables.includes(r.name);
+    const others = relations.filter((oid) => !found.some((r) => r.oid === oid && own(r)));
+    if (others.length > 0) {
+      const names = others.map((oid) => {
+        const r = found.find((f) => f.oid === oid);
+        return r ? `${r.schema}.${r.name}` : `relation ${oid} (gone)`;
+      });
+      throw suspect(`a deadlock involving ${names.join(', ')}`);
+    }
+    if (trellisSessions.length > 0) {
+      throw suspect(`a deadlock with a Trellis session (pid ${trellisSessions[0]!.pid})`);
+    }
+    return 'deadlock';
+  }
+  throw suspect('an unexpected error');
+}
 
-  const client = async () => {
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * Runs a workload: every writer its plan, at once. Resolves with what happened; rejects
+ * with the first SuspectWriteError (the other writers stop at their next step).
+ */
+export async function runWorkload(
+  shared: postgres.Sql,
+  shape: WorkloadShape,
+  options: WorkloadOptions,
+): Promise<WorkloadResult> {
+  if (options.survivesRestarts && !options.newClient) {
+    throw new Error('survivesRestarts needs newClient (a client per writer)');
+  }
+  const plan = planWorkload(shape, options);
+  const result: WorkloadResult = {
+    operations: options.operations,
+    fingerprint: planFingerprint(plan),
+    committed: 0,
+    rolledBack: 0,
+    savepointsRolledBack: 0,
+    longTransactions: 0,
+    truncates: 0,
+    elapsedMs: 0,
+    expected: { uniqueViolation: 0, deadlock: 0, connectionLost: 0 },
+  };
+  const started = Date.now();
+  let failure: unknown;
+
+  const writer = async (steps: Step[], index: number) => {
     let sql = options.newClient ? options.newClient() : shared;
-    while (Date.now() < deadline) {
-      const roll = random();
-      try {
-        if (options.truncate && roll < 0.003) {
-          await sql`TRUNCATE accounts`;
-        } else if (options.survivesRestarts) {
-          // No transactions here: postgres.js's begin() sends its ROLLBACK on the dead
-          // connection and throws from a timer (porsager/postgres#1208).
-          await choose()(sql);
-          committed += 1;
-        } else if (roll < 0.12) {
-          // A multi-statement transaction that rolls back: none of it may show.
-          await sql
-            .begin(async (tx) => {
-              for (let i = 0; i < 3; i += 1) await choose()(tx);
-              throw new Error('rollback');
-            })
-            .catch((error: Error) => {
-              if (error.message !== 'rollback') throw error;
-            });
-        } else if (roll < 0.25) {
-          await sql.begin(async (tx) => {
-            for (let i = 0; i < 3; i += 1) await choose()(tx);
-          });
-          committed += 3;
-        } else {
-          await choose()(sql);
-          committed += 1;
-        }
-      } catch (error) {
-        const code = (error as { code?: string }).code;
-        if (code && options.survivesRestarts && CONNECTION_LOST.has(code)) {
-          // A client that lost its connection is not reused (see isConnectionLoss).
-          if (options.newClient) {
-            void sql.end({ timeout: 0 });
-            sql = options.newClient();
-          }
-          await new Promise((resolve) => setTimeout(resolve, 50));
-          continue;
-        }
-        if (!code || !EXPECTED.has(code)) throw error;
+    const tally = async (error: unknown, context: string) => {
+      if (error instanceof SuspectWriteError) throw error;
+      const kind = await classify(error, sql, shape, options, `writer ${index} ${context}`);
+      result.expected[kind] += 1;
+      if (kind === 'connectionLost' && options.newClient) {
+        // A client that lost its connection is not reused.
+        void sql.end({ timeout: 0 });
+        sql = options.newClient();
+        await sleep(50);
       }
+    };
+    try {
+      for (const [at, step] of steps.entries()) {
+        if (at === options.holdAt?.step) await options.holdAt.until.catch(() => undefined);
+        if (failure !== undefined) break;
+        const context = `step ${at} (${step.kind === 'transaction' ? 'transaction' : step.sql})`;
+        try {
+          if (step.kind !== 'transaction') {
+            await sql.unsafe(step.sql);
+            if (step.kind === 'truncate') result.truncates += 1;
+            else result.committed += 1;
+            continue;
+          }
+          let statements = 0;
+          let savepointsRolledBack = 0;
+          await sql.begin(async (tx) => {
+            for (const [i, part] of step.body.entries()) {
+              if (typeof part === 'string') {
+                await tx.unsafe(part);
+                statements += 1;
+              } else {
+                try {
+                  const kept = await tx.savepoint(async (sp) => {
+                    for (const s of part.savepoint) await sp.unsafe(s);
+                    if (part.rollback) throw new PlannedRollback();
+                    return part.savepoint.length;
+                  });
+                  statements += kept;
+                } catch (error) {
+                  // A savepoint's error rolls back to it; the transaction goes on.
+                  if (error instanceof PlannedRollback) savepointsRolledBack += 1;
+                  else await tally(error, `${context}, in a savepoint: ${part.savepoint}`);
+                }
+              }
+              if (step.holdMs > 0 && i < step.body.length - 1) await sleep(step.holdMs);
+            }
+            if (step.rollback) throw new PlannedRollback();
+          });
+          result.committed += statements;
+          result.savepointsRolledBack += savepointsRolledBack;
+          if (step.holdMs > 0) result.longTransactions += 1;
+        } catch (error) {
+          if (error instanceof PlannedRollback) result.rolledBack += 1;
+          else await tally(error, context);
+        }
+      }
+    } catch (error) {
+      failure ??= error;
+    } finally {
+      if (options.newClient) await sql.end({ timeout: 2 });
     }
-    if (options.newClient) await sql.end({ timeout: 2 });
   };
-  await Promise.all(Array.from({ length: options.clients }, client));
-  return committed;
+  await Promise.all(plan.map(writer));
+  result.elapsedMs = Date.now() - started;
+  if (failure !== undefined) throw failure;
+  return result;
 }
