@@ -131,32 +131,25 @@ export async function compareWithDefinition(
     const columns: Column[] = targetColumns
       .filter((c) => produced.has(c.name))
       .map((c) => ({ name: c.name, float: tolerance > 0 && FLOAT_TYPES.has(c.type) }));
+    // Exact multiset difference first, in Postgres (EXCEPT ALL over the text forms, compared
+    // byte for byte); leftovers then pair up when only floats differ, and within the
+    // tolerance.
     const asText = (from: string) =>
-      `SELECT ${columns.map((c) => `${quote(c.name)}::text AS ${quote(c.name)}`).join(', ') || '1'} FROM ${from}`;
-    const fromTarget = (await tx.unsafe(asText(target))) as unknown as Array<
-      Record<string, string | null>
-    >;
-    const fromDefinition = (await tx.unsafe(
-      asText('trellis_oracle_definition'),
+      `SELECT ${columns.map((c) => `${quote(c.name)}::text COLLATE "C" AS ${quote(c.name)}`).join(', ') || '1 AS trellis_oracle_none'} FROM ${from}`;
+    const side = 'trellis_oracle_side';
+    const leftovers = (await tx.unsafe(
+      `WITH t AS (${asText(target)}), d AS (${asText('trellis_oracle_definition')})
+       SELECT 'extra' AS ${side}, * FROM (TABLE t EXCEPT ALL TABLE d) x
+       UNION ALL
+       SELECT 'missing' AS ${side}, * FROM (TABLE d EXCEPT ALL TABLE t) y`,
     )) as unknown as Array<Record<string, string | null>>;
     await tx.unsafe('DROP VIEW trellis_oracle_definition');
-
-    // Exact multiset difference first; leftovers then pair up when only floats differ,
-    // and within the tolerance.
-    const counts = new Map<string, { row: Record<string, string | null>; n: number }>();
-    for (const row of fromDefinition) {
-      const k = rowKey(row, columns);
-      const entry = counts.get(k);
-      if (entry) entry.n += 1;
-      else counts.set(k, { row, n: 1 });
-    }
-    let extra: Array<Record<string, string | null>> = [];
-    for (const row of fromTarget) {
-      const entry = counts.get(rowKey(row, columns));
-      if (entry && entry.n > 0) entry.n -= 1;
-      else extra.push(row);
-    }
-    let missing = [...counts.values()].flatMap(({ row, n }) => Array(n).fill(row));
+    const rowsOf = (which: string) =>
+      leftovers
+        .filter((row) => row[side] === which)
+        .map((row) => Object.fromEntries(columns.map((c) => [c.name, row[c.name] ?? null])));
+    let extra = rowsOf('extra');
+    let missing = rowsOf('missing');
     if (columns.some((c) => c.float) && missing.length > 0 && extra.length > 0) {
       const exact = columns.filter((c) => !c.float);
       const floats = columns.filter((c) => c.float);
