@@ -13,7 +13,10 @@ import { ACCOUNTS_DDL, accountsWorkload, seedAccounts } from './support/workload
 
 afterAll(killAllWorkerProcesses);
 
-/** A projection, a filter, and a chain over the filter. */
+/**
+ * A projection, a filter, a chain over the filter, a GROUP BY with HAVING (groups come and
+ * go), and a join of two tables that both change.
+ */
 const DEFINITIONS: Definition[] = [
   { target: 'acct_all', from: 'accounts', select: 'owner, balance', implicit: 'id' },
   {
@@ -29,6 +32,22 @@ const DEFINITIONS: Definition[] = [
     select: 'upper(owner) AS owner, doubled',
     where: 'doubled > 900',
     implicit: 'id',
+  },
+  {
+    target: 'acct_by_owner',
+    from: 'accounts',
+    select: 'owner, count(*) AS n, sum(balance) AS total, min(branch_id) AS first_branch',
+    where: "status <> 'frozen'",
+    groupBy: 'owner',
+    having: 'count(*) > 1',
+  },
+  {
+    target: 'acct_branch',
+    from: 'accounts a JOIN branches b ON b.id = a.branch_id',
+    select: 'a.owner, a.balance, b.city',
+    where: "a.status = 'active'",
+    // Both keys: accounts' id, and branches' id under its alias (id is taken).
+    implicit: 'a.id AS id, b.id AS b_id',
   },
 ];
 
