@@ -7,7 +7,7 @@ import {
   stopWorkerProcess,
 } from './support/processes.js';
 import { announceSeed, scaled, testSeeds, timeoutFor } from './support/seeds.js';
-import { migratedTrellis } from './support/trellis.js';
+import { awaitConvergedWithin, migratedTrellis } from './support/trellis.js';
 import { runWorkload } from './support/workload.js';
 import { ORDERS_DDL, ordersWorkload } from './support/workload-orders.js';
 
@@ -114,7 +114,7 @@ describe.each(testSeeds([101, 202]))(
         expect(result.expected.uniqueViolation).toBeGreaterThan(0);
         const token = await trellis.watermarkToken();
         for (const d of ALL) {
-          await trellis.awaitConverged(d.target, token, { timeoutMs: timeoutFor(25_000, 120_000) });
+          await awaitConvergedWithin(trellis, d.target, token, timeoutFor(25_000, 180_000));
         }
         for (const d of ALL) {
           await expectMatchesDefinition(db.sql, d);

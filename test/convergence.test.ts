@@ -7,7 +7,7 @@ import {
   stopWorkerProcess,
 } from './support/processes.js';
 import { announceSeed, scaled, testSeeds, timeoutFor } from './support/seeds.js';
-import { migratedTrellis } from './support/trellis.js';
+import { awaitConvergedWithin, migratedTrellis } from './support/trellis.js';
 import { runWorkload } from './support/workload.js';
 import { ACCOUNTS_DDL, accountsWorkload, seedAccounts } from './support/workload-accounts.js';
 
@@ -85,7 +85,7 @@ describe.each(testSeeds([11, 22, 33]))('convergence under concurrent writes (see
       expect(result.expected.uniqueViolation).toBeGreaterThan(0);
       const token = await trellis.watermarkToken();
       for (const d of DEFINITIONS)
-        await trellis.awaitConverged(d.target, token, { timeoutMs: timeoutFor(25_000, 120_000) });
+        await awaitConvergedWithin(trellis, d.target, token, timeoutFor(25_000, 180_000));
       for (const d of DEFINITIONS) await expectMatchesDefinition(db.sql, d);
       for (const d of DEFINITIONS) expect((await trellis.status(d.target)).heldKeys).toBe(0);
     } finally {

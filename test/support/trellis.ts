@@ -67,3 +67,34 @@ export async function waitFor(
   }
   throw new Error(`timed out waiting for ${what}`);
 }
+
+/**
+ * awaitConverged for longer than one call may take (a call gives up after 30 s): waits in
+ * calls of at most 30 s until `timeoutMs` has passed, then fails with the target's status.
+ * For soak runs, whose workloads leave much more to drain.
+ */
+export async function awaitConvergedWithin(
+  trellis: Trellis,
+  target: string,
+  token: string,
+  timeoutMs: number,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const left = deadline - Date.now();
+    try {
+      await trellis.awaitConverged(target, token, {
+        timeoutMs: Math.max(1, Math.min(left, 30_000)),
+      });
+      return;
+    } catch (error) {
+      if ((error as { code?: string }).code !== 'timeout') throw error;
+      if (Date.now() < deadline - 100) continue;
+      const status = await trellis.status(target);
+      throw new Error(
+        `${target} did not converge within ${timeoutMs} ms; its status: ${JSON.stringify(status)}`,
+        { cause: error },
+      );
+    }
+  }
+}
