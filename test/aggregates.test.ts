@@ -5,6 +5,7 @@ import {
   killAllWorkerProcesses,
   startWorkerProcess,
   stopWorkerProcess,
+  watchDrainWork,
 } from './support/processes.js';
 import { announceSeed, scaled, testSeeds, timeoutFor } from './support/seeds.js';
 import { awaitConvergedWithin, migratedTrellis } from './support/trellis.js';
@@ -95,7 +96,13 @@ describe.each(testSeeds([101, 202]))(
       const db = await freshDatabase();
       await db.sql.unsafe(ORDERS_DDL);
       await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
-      const other = await startWorkerProcess(db.url, { drainThreads: 1, staging: false });
+      const other = await startWorkerProcess(db.url, {
+        drainThreads: 1,
+        staging: false,
+        applicationName: 'second-process',
+      });
+      // The second process must really share the work (seen applying one), and live on.
+      const otherDrained = watchDrainWork(db.sql, 'second-process:worker');
       try {
         for (const d of ALL) await trellis.apply(transformStatement(d));
         const truncates = seed % 2 === 0 ? 1 : 0;
@@ -120,7 +127,10 @@ describe.each(testSeeds([101, 202]))(
           await expectMatchesDefinition(db.sql, d);
           expect((await trellis.status(d.target)).heldKeys).toBe(0);
         }
+        expect(await otherDrained()).toBe(true);
+        expect(other.exitCode).toBeNull();
       } finally {
+        await otherDrained();
         await stopWorkerProcess(other);
       }
     });

@@ -5,6 +5,7 @@ import {
   killAllWorkerProcesses,
   startWorkerProcess,
   stopWorkerProcess,
+  watchDrainWork,
 } from './support/processes.js';
 import { announceSeed, scaled, testSeeds, timeoutFor } from './support/seeds.js';
 import { awaitConvergedWithin, migratedTrellis } from './support/trellis.js';
@@ -63,7 +64,13 @@ describe.each(testSeeds([11, 22, 33]))('convergence under concurrent writes (see
     await db.sql.unsafe(ACCOUNTS_DDL);
     await db.sql.unsafe(seedAccounts(30_000));
     await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
-    const other = await startWorkerProcess(db.url, { drainThreads: 2, staging: false });
+    const other = await startWorkerProcess(db.url, {
+      drainThreads: 2,
+      staging: false,
+      applicationName: 'second-process',
+    });
+    // The second process must really share the work (seen applying one), and live on.
+    const otherDrained = watchDrainWork(db.sql, 'second-process:worker');
     try {
       for (const d of DEFINITIONS) await trellis.apply(transformStatement(d));
       // Writes start while the targets are still backfilling.
@@ -88,7 +95,10 @@ describe.each(testSeeds([11, 22, 33]))('convergence under concurrent writes (see
         await awaitConvergedWithin(trellis, d.target, token, timeoutFor(25_000, 180_000));
       for (const d of DEFINITIONS) await expectMatchesDefinition(db.sql, d);
       for (const d of DEFINITIONS) expect((await trellis.status(d.target)).heldKeys).toBe(0);
+      expect(await otherDrained()).toBe(true);
+      expect(other.exitCode).toBeNull();
     } finally {
+      await otherDrained();
       await stopWorkerProcess(other);
     }
   });

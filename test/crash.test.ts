@@ -38,9 +38,10 @@ async function prepare(db: TestDatabase, rows: number): Promise<void> {
 async function expectConverged(
   db: TestDatabase,
   trellis: Awaited<ReturnType<typeof migratedTrellis>>,
+  definitions: Definition[] = DEFINITIONS,
 ) {
   const token = await trellis.watermarkToken();
-  for (const d of DEFINITIONS) {
+  for (const d of definitions) {
     await trellis.awaitConverged(d.target, token, { timeoutMs: 25_000 });
     await expectMatchesDefinition(db.sql, d);
   }
@@ -53,18 +54,27 @@ describe('crashes', { timeout: 120_000 }, () => {
     await prepare(db, 20_000);
     const api = await migratedTrellis(db);
     try {
-      const doomed = await startWorkerProcess(db.url, { drainThreads: 2, staging: true });
+      const doomed = await startWorkerProcess(db.url, {
+        drainThreads: 2,
+        staging: true,
+        applicationName: 'doomed',
+      });
       for (const d of DEFINITIONS) await api.apply(transformStatement(d));
       await waitForStatus(api, 'acct_all', 'live');
       // A big change: a range of many pages, being drained when the process dies.
       await db.sql`INSERT INTO accounts (id, owner, balance, status)
                    SELECT g, 'bulk', g % 500, 'active' FROM generate_series(100001, 200000) g`;
       await db.sql`UPDATE accounts SET balance = balance + 1 WHERE id % 3 = 0`;
+      // Killed while it is applying a page (a claim held in an open transaction), not idle.
       await waitFor(
-        async () => (await db.sql`SELECT count(*)::int AS n FROM trellis.pages`)[0]!.n > 1,
-        'pages to open',
+        async () => (await busyWith(db, 'doomed:worker', 'WITH changed%')) > 0,
+        'a page being applied',
+        30_000,
       );
       await killHard(doomed);
+      // The range was left half done: pages the dead process claimed or never got to.
+      const [left] = await db.sql<{ n: number }[]>`SELECT count(*)::int AS n FROM trellis.pages`;
+      expect(left!.n).toBeGreaterThan(0);
       await waitFor(async () => !(await api.hasLiveDrainWorkers()), 'the dead drains to be gone');
       expect(await api.hasLiveStagingWorker()).toBe(false);
       // Another process takes over what the dead one held.
@@ -72,6 +82,81 @@ describe('crashes', { timeout: 120_000 }, () => {
       await db.sql`DELETE FROM accounts WHERE id BETWEEN 1 AND 500`;
       await expectConverged(db, successor);
     } finally {
+      await api.shutdown();
+    }
+  });
+});
+
+/** Backends of `applicationName` inside a transaction whose statement matches `like`. */
+async function busyWith(db: TestDatabase, applicationName: string, like: string): Promise<number> {
+  const [row] = await db.sql<{ n: number }[]>`
+    SELECT count(*)::int AS n FROM pg_stat_activity
+     WHERE application_name = ${applicationName} AND xact_start IS NOT NULL
+       AND state IN ('active', 'idle in transaction') AND query LIKE ${like}`;
+  return row?.n ?? 0;
+}
+
+describe('crashes in the middle of a build or a capture install', { timeout: 120_000 }, () => {
+  it('loses nothing when the process building a target is killed -9 while the target has no key', async () => {
+    const db = await freshDatabase();
+    await prepare(db, 200_000);
+    const api = await migratedTrellis(db);
+    try {
+      const doomed = await startWorkerProcess(db.url, {
+        drainThreads: 1,
+        staging: true,
+        applicationName: 'doomed',
+      });
+      await api.apply(transformStatement(DEFINITIONS[0]!));
+      // A build into an empty target drops its key and indexes until it is done: kill it
+      // while a chunk is being filled with the key gone.
+      await waitFor(
+        async () => {
+          const [row] = await db.sql<{ keyless: boolean }[]>`
+            SELECT p.deferred_ddl IS NOT NULL AS keyless FROM trellis.pipeline p`;
+          return row?.keyless === true && (await busyWith(db, 'doomed:worker', 'WITH filled%')) > 0;
+        },
+        'a chunk being filled into a target without its key',
+        60_000,
+      );
+      await killHard(doomed);
+      await using successor = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+      await db.sql`UPDATE accounts SET balance = balance + 7 WHERE id % 1000 = 0`;
+      await waitForStatus(successor, 'acct_all', 'live', 90_000);
+      // Its key back (the oracle checks), and every row.
+      await expectConverged(db, successor, [DEFINITIONS[0]!]);
+    } finally {
+      await api.shutdown();
+    }
+  });
+
+  it('loses nothing when the staging worker is killed -9 while capture waits to install', async () => {
+    const db = await freshDatabase();
+    await prepare(db, 1_000);
+    const api = await migratedTrellis(db);
+    const writer = sqlClient(db.url, { max: 1 });
+    try {
+      const doomed = await startWorkerProcess(db.url, {
+        drainThreads: 1,
+        staging: true,
+        applicationName: 'doomed',
+      });
+      // An app transaction holds the table: installing capture has to wait for it.
+      await writer`BEGIN`;
+      await writer`INSERT INTO accounts (id, owner, balance, status) VALUES (5000001, 'held', 1, 'active')`;
+      await api.apply(transformStatement(DEFINITIONS[0]!));
+      await waitFor(
+        async () => (await api.status('acct_all')).captureWait?.operation === 'install',
+        'capture to wait to install',
+      );
+      await killHard(doomed);
+      await writer`COMMIT`;
+      await db.sql`UPDATE accounts SET owner = 'after' WHERE id <= 10`;
+      await using successor = await migratedTrellis(db, { staging: true, drainThreads: 1 });
+      await waitForStatus(successor, 'acct_all', 'live');
+      await expectConverged(db, successor, [DEFINITIONS[0]!]);
+    } finally {
+      await writer.end({ timeout: 2 });
       await api.shutdown();
     }
   });
@@ -122,6 +207,9 @@ describe.each(testSeeds([9], 5))('crashes under concurrent writes (seed %i)', (s
       // The writers were writing when Postgres restarted, and saw it.
       expect(result.expected.connectionLost).toBeGreaterThan(0);
       expect(result.committed).toBeGreaterThan(100);
+      // Real transactions were in flight: some rolled back, some with savepoints rolled back.
+      expect(result.rolledBack).toBeGreaterThan(0);
+      expect(result.savepointsRolledBack).toBeGreaterThan(0);
       expect(app.alive()).toBe(true);
       expect(cutter.terminated).toBeGreaterThanOrEqual(260);
       expect(cutter.duringConnect).toBeGreaterThan(0);

@@ -241,10 +241,6 @@ export function planWorkload(shape: WorkloadShape, options: WorkloadOptions): St
           rollback: true,
         });
         steps.push({ kind: 'transaction', body: parts, rollback: false, holdMs: 250 });
-      } else if (options.survivesRestarts) {
-        // No transactions here: postgres.js's begin() sends its ROLLBACK on the dead
-        // connection and throws from a timer (porsager/postgres#1208).
-        steps.push({ kind: 'statement', sql: make.statement() });
       } else {
         const roll = dice.random();
         if (roll < 0.08) {
@@ -382,6 +378,59 @@ async function classify(
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /**
+ * A transaction step written out (BEGIN, SAVEPOINT, ROLLBACK TO, COMMIT or ROLLBACK) on a
+ * client of one connection, for workloads that live through restarts: postgres.js's
+ * begin() sends its ROLLBACK on a connection the server has closed, and throws from a
+ * timer then (porsager/postgres#1208). Here a lost connection gets nothing more: the
+ * error goes up and the writer takes a new client. Errors inside a savepoint roll back
+ * to it (and are tallied); any other error rolls the transaction back.
+ */
+async function explicitTransaction(
+  sql: postgres.Sql,
+  step: Extract<Step, { kind: 'transaction' }>,
+  tally: (error: unknown, where: string) => Promise<void>,
+): Promise<{ statements: number; savepointsRolledBack: number }> {
+  let statements = 0;
+  let savepointsRolledBack = 0;
+  await sql.unsafe('BEGIN');
+  try {
+    for (const part of step.body) {
+      if (typeof part === 'string') {
+        await sql.unsafe(part);
+        statements += 1;
+        continue;
+      }
+      await sql.unsafe('SAVEPOINT trellis_workload');
+      try {
+        for (const s of part.savepoint) await sql.unsafe(s);
+      } catch (error) {
+        if (isConnectionLoss(error)) throw error;
+        await sql.unsafe('ROLLBACK TO SAVEPOINT trellis_workload');
+        await tally(error, `in a savepoint: ${part.savepoint}`);
+        continue;
+      }
+      if (part.rollback) {
+        await sql.unsafe('ROLLBACK TO SAVEPOINT trellis_workload');
+        savepointsRolledBack += 1;
+      } else {
+        await sql.unsafe('RELEASE SAVEPOINT trellis_workload');
+        statements += part.savepoint.length;
+      }
+    }
+    await sql.unsafe(step.rollback ? 'ROLLBACK' : 'COMMIT');
+  } catch (error) {
+    if (!isConnectionLoss(error)) await sql.unsafe('ROLLBACK').catch(() => undefined);
+    throw error;
+  }
+  return { statements: step.rollback ? 0 : statements, savepointsRolledBack };
+}
+
+function isConnectionLoss(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === 'string' && CONNECTION_LOST.has(code);
+}
+
+/**
  * Runs a workload: every writer its plan, at once. Resolves with what happened; rejects
  * with the first SuspectWriteError (the other writers stop at their next step).
  */
@@ -435,6 +484,15 @@ export async function runWorkload(
           }
           let statements = 0;
           let savepointsRolledBack = 0;
+          if (options.survivesRestarts) {
+            const done = await explicitTransaction(sql, step, (error, where) =>
+              tally(error, `${context}, ${where}`),
+            );
+            result.committed += done.statements;
+            result.savepointsRolledBack += done.savepointsRolledBack;
+            if (step.rollback) result.rolledBack += 1;
+            continue;
+          }
           await sql.begin(async (tx) => {
             for (const [i, part] of step.body.entries()) {
               if (typeof part === 'string') {
