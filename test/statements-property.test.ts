@@ -267,6 +267,8 @@ interface Source {
   qualifier: string;
   /** FROM / JOIN text: the (maybe qualified) name and the alias clause. */
   text: string;
+  /** The alias it must end up with: the one written, or the table's name. */
+  alias: string;
 }
 
 /** A table reference with or without an alias, in any of its spellings. */
@@ -288,12 +290,13 @@ const sourceRef = (key: string) => {
     )
     .chain(([text, alias, as]) =>
       alias === undefined
-        ? ident(table.name).map((q): Source => ({ table, qualifier: q, text }))
+        ? ident(table.name).map((q): Source => ({ table, qualifier: q, text, alias: table.name }))
         : fc.tuple(ident(alias), ident(alias), as ? keyword('AS') : fc.constant('')).map(
             ([q, written, asText]): Source => ({
               table,
               qualifier: q,
               text: `${text} ${asText}${asText ? ' ' : ''}${written}`,
+              alias,
             }),
           ),
     );
@@ -303,6 +306,8 @@ interface Scene {
   sources: Source[];
   /** FROM ... JOIN ... ON ..., rendered. */
   from: string;
+  /** What definitions() must list for the sources, in order (from the generator's choices). */
+  expected: Array<{ table: string; alias: string; join: 'inner' | 'left' | null }>;
 }
 
 /** A FROM table and up to two tables joined to it on key columns (inner or left). */
@@ -341,13 +346,19 @@ const scene: fc.Arbitrary<Scene> = fc
           .tuple(...joins.map((j) => fc.tuple(side(j.left), side(j.right))))
           .map((refs): Scene => {
             let from = sources[0]!.text;
+            const expected: Scene['expected'] = names.map((n, i) => ({
+              table: `${TABLES[n]!.schema}.${TABLES[n]!.name}`,
+              alias: sources[i]!.alias,
+              join: null,
+            }));
             joins.forEach((j, i) => {
               const [l, r] = refs[i]!;
               const [kw, on] = kws[i]!;
               const cond = joinPicks[i]![1] ? `${r} = ${l}` : `${l}${gaps[i]}=${gaps[i + 2]}${r}`;
               from += `${gaps[i + 4]}${kw} ${byName.get(j.table)!.text} ${on} ${cond}`;
+              expected[i + 1]!.join = /left/i.test(kw) ? 'left' : 'inner';
             });
-            return { sources, from };
+            return { sources, from, expected };
           });
       });
   });
@@ -482,6 +493,11 @@ interface ValidTransform {
   /** Key columns the definition must have. */
   keyColumns: number;
   aggregates: boolean;
+  /** The sources definitions() must list: table, alias, join type, in order. */
+  sources: Scene['expected'];
+  /** Which optional clauses the statement has. */
+  clauses: { where: boolean; groupBy: boolean; having: boolean };
+  withoutSourceIndex: boolean;
 }
 
 const validTransform: fc.Arbitrary<ValidTransform> = scene.chain((sc) =>
@@ -545,6 +561,14 @@ const validTransform: fc.Arbitrary<ValidTransform> = scene.chain((sc) =>
           names: rendered.map((x) => x.name),
           keyColumns,
           aggregates: r.aggregate,
+          // Every clause the generator wrote, to hold the parse to.
+          sources: sc.expected,
+          clauses: {
+            where: r.where !== undefined,
+            groupBy: r.aggregate && groupsSql !== '',
+            having: r.aggregate && r.having !== undefined,
+          },
+          withoutSourceIndex: r.wsi,
         };
       });
     }),
@@ -604,9 +628,20 @@ describe('valid TRANSFORM statements', () => {
               defined = true;
               expect(result).toEqual({ kind: 'transform_defined', target: target.value });
               const first = await definitionOf(target.value);
+              // Every clause as the generator wrote it: sources, aliases and join types, the
+              // SELECT names, the key, the clauses present, the options.
               expect(first.columns.filter((c) => !c.implicit).map((c) => c.name)).toEqual(v.names);
               expect(first.columns.filter((c) => c.key)).toHaveLength(v.keyColumns);
               expect(first.aggregates).toBe(v.aggregates);
+              expect(
+                first.sources.map(({ table, alias, join }) => ({ table, alias, join })),
+              ).toEqual(v.sources);
+              expect(first.options.withoutSourceIndex).toBe(v.withoutSourceIndex);
+              expect({
+                where: / WHERE /.test(first.statement),
+                groupBy: / GROUP BY /.test(first.statement),
+                having: / HAVING /.test(first.statement),
+              }).toEqual(v.clauses);
 
               await trellis.apply(`DROP TRANSFORM ${quote(target.value)}`);
               defined = false;
