@@ -1,8 +1,8 @@
 import { execFile } from 'node:child_process';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { inspect, promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Trellis, TrellisError } from '../src/engine/index.js';
@@ -265,7 +265,7 @@ describe('TLS and authentication, on a cluster with TLS', () => {
       url('tls_user', `sslmode=verify-full&sslrootcert=${encodeURIComponent(otherCa)}`, SECRET),
     );
     expect(wrongCa.code).toBe('connection');
-    expect(wrongCa.message).toContain('cannot be verified');
+    expect(wrongCa.message).toMatch(/cannot be verified|not trusted/);
     expect(wrongCa.message).toContain('sslrootcert=');
 
     const missingFile = join(scratch!, 'no-such-ca.crt');
@@ -281,5 +281,73 @@ describe('TLS and authentication, on a cluster with TLS', () => {
     );
     expect(requireWrongCa.code).toBe('connection');
     expect(requireWrongCa.message).toContain('sslrootcert=');
+  });
+
+  it('logs in with a client certificate (sslcert, sslkey) where the server requires one', async (ctx) => {
+    if (!tls || !tls.dataDirectory) return ctx.skip();
+    // A role the server admits only by a certificate its CA signed, for that role's name.
+    await tls.adminQuery(
+      'CREATE ROLE cert_user LOGIN; GRANT CREATE ON DATABASE postgres TO cert_user',
+    );
+    const hba = join(tls.dataDirectory, 'pg_hba.conf');
+    await writeFile(hba, `hostssl all cert_user 127.0.0.1/32 cert\n${await readFile(hba, 'utf8')}`);
+    await tls.adminQuery('SELECT pg_reload_conf()');
+    const ca = dirname(tls.caFile!);
+    const key = join(scratch!, 'cert_user.key');
+    const csr = join(scratch!, 'cert_user.csr');
+    const cert = join(scratch!, 'cert_user.crt');
+    const openssl = (args: string[]) => promisify(execFile)('openssl', args);
+    await openssl([
+      'req',
+      '-newkey',
+      'rsa:2048',
+      '-nodes',
+      '-subj',
+      '/CN=cert_user',
+      '-keyout',
+      key,
+      '-out',
+      csr,
+    ]);
+    await openssl([
+      'x509',
+      '-req',
+      '-in',
+      csr,
+      '-CA',
+      join(ca, 'ca.crt'),
+      '-CAkey',
+      join(ca, 'ca.key'),
+      '-CAcreateserial',
+      '-days',
+      '1',
+      '-out',
+      cert,
+    ]);
+    const root = `sslmode=verify-full&sslrootcert=${encodeURIComponent(tls.caFile!)}`;
+    const withCert = `${root}&sslcert=${encodeURIComponent(cert)}&sslkey=${encodeURIComponent(key)}`;
+    const app = `trellis-tls-cert-${process.pid}`;
+    {
+      await using trellis = await Trellis.connect({
+        url: url('cert_user', withCert),
+        schema: 'cert_user_trellis',
+        applicationName: app,
+        ...quiet,
+      });
+      expect(await trellis.hasLiveDrainWorkers()).toBe(false);
+      expect(await encrypted(app)).toEqual([true]);
+    }
+    // Without the certificate the server turns it away, and the error says who and where.
+    const refused = await connectError(url('cert_user', root));
+    expect(refused.code).toBe('connection');
+    expect(refused.message).toContain('cert_user');
+    // A key file that cannot be read is named.
+    const missing = await connectError(
+      url(
+        'cert_user',
+        `${root}&sslcert=${encodeURIComponent(cert)}&sslkey=${encodeURIComponent(`${key}.gone`)}`,
+      ),
+    );
+    expect(missing.message).toContain('cannot read sslkey file');
   });
 });

@@ -221,6 +221,8 @@ export class LocalCluster {
       settings.ssl = 'on';
       settings.ssl_cert_file = `'${join(this.dir, 'server.crt')}'`;
       settings.ssl_key_file = `'${join(this.dir, 'server.key')}'`;
+      // The CA client certificates are checked against (hba lines with `cert`).
+      settings.ssl_ca_file = `'${join(this.dir, 'ca.crt')}'`;
     }
     const conf = Object.entries(settings)
       .map(([k, v]) => `${k} = ${v}`)
