@@ -284,7 +284,7 @@ describe('TLS and authentication, on a cluster with TLS', () => {
   });
 
   it('logs in with a client certificate (sslcert, sslkey) where the server requires one', async (ctx) => {
-    if (!tls || !tls.dataDirectory) return ctx.skip();
+    if (!tls?.dataDirectory) return ctx.skip();
     // A role the server admits only by a certificate its CA signed, for that role's name.
     await tls.adminQuery(
       'CREATE ROLE cert_user LOGIN; GRANT CREATE ON DATABASE postgres TO cert_user',
