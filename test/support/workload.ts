@@ -156,8 +156,8 @@ export interface WorkloadOptions {
    */
   longTransactions?: number;
   /**
-   * The server is being restarted under the workload: single statements only, and a lost
-   * connection is expected (counted). Pass newClient then: each writer gets a client of
+   * The server is being restarted under the workload: no long transactions, transactions
+   * written out statement by statement, and a lost connection is expected (counted). Pass newClient then: each writer gets a client of
    * its own and replaces it after a lost connection (a postgres.js client reused after one
    * can hang).
    */
