@@ -2,7 +2,8 @@ import type { Figure } from './scenario.js';
 
 function number(value: number, unit: string): string {
   if (!Number.isFinite(value)) return String(value);
-  const digits = unit === 'ms' && value < 100 ? 1 : 0;
+  // Small figures keep their decimals (an idle cost of 0.4% of a core is not "0 %").
+  const digits = unit === 'ms' ? (value < 100 ? 1 : 0) : value < 10 ? 2 : value < 100 ? 1 : 0;
   return `${value.toLocaleString('en-US', { maximumFractionDigits: digits, minimumFractionDigits: digits })} ${unit}`;
 }
 

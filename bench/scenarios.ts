@@ -3,6 +3,7 @@ import { bulkInsert } from './bulk-insert.js';
 import { drain } from './drain-throughput.js';
 import { freshness } from './freshness.js';
 import { groupBy } from './group-by.js';
+import { idle } from './idle.js';
 import type { Scenario } from './scenario.js';
 import { writeThroughput } from './write-throughput.js';
 
@@ -11,6 +12,7 @@ export const SCENARIOS: Scenario[] = [
   writeThroughput,
   bulkInsert,
   freshness,
+  idle,
   drain,
   backfill,
   groupBy,
