@@ -34,7 +34,7 @@ import {
 } from './schema/migrator.js';
 import { detectDisruptions } from './staging/disruptions.js';
 import { type ApplyResult, applyStatement } from './statements/apply.js';
-import { awaitConverged, watermarkToken } from './watermark.js';
+import { ConvergenceWaits, waitTimeout, watermarkToken } from './watermark.js';
 import { Background } from './workers/background.js';
 
 /**
@@ -78,6 +78,7 @@ export class Trellis implements AsyncDisposable {
   private installed = false;
 
   private readonly background: Background | undefined;
+  private readonly waits: ConvergenceWaits;
 
   private constructor(
     private readonly options: ResolvedOptions,
@@ -88,6 +89,9 @@ export class Trellis implements AsyncDisposable {
   ) {
     this.instance = `${database}/${options.schema}`;
     this.log = instanceLogger(options.logger, this.instance);
+    this.waits = new ConvergenceWaits(calls, options.schema, (session) =>
+      this.requireInstalled(session),
+    );
     if (options.staging || options.drainThreads > 0) {
       this.background = new Background(
         connection,
@@ -230,22 +234,28 @@ export class Trellis implements AsyncDisposable {
 
   /**
    * Resolves once every write committed before `token` was taken is reflected in
-   * `target` (read-your-writes); fails with `timeout` after `timeoutMs` (at most the call
-   * timeout). Needs a staging worker and a drain somewhere in the fleet.
+   * `target` (read-your-writes); fails with `timeout` after `timeoutMs` (the call timeout
+   * by default; any longer wait the caller asks for, up to MAX_WAIT_MS, is honoured).
+   * The wait holds no connection between its checks, so any number of waits share the
+   * pool with other calls. Needs a staging worker and a drain somewhere in the fleet.
    */
   awaitConverged(
     target: string,
     token: string,
     options: { timeoutMs?: number } = {},
   ): Promise<void> {
-    const timeoutMs = Math.min(
-      options.timeoutMs ?? this.options.callTimeoutMs,
-      this.options.callTimeoutMs - 50,
-    );
-    return this.calls.run('awaitConverged', async (session) => {
-      await this.requireInstalled(session);
-      await awaitConverged(session, this.options.schema, target, token, Math.max(0, timeoutMs));
-    });
+    if (this.calls.isShutDown) {
+      return Promise.reject(
+        new TrellisError('shutdown', 'awaitConverged: the handle is shut down'),
+      );
+    }
+    let timeoutMs: number;
+    try {
+      timeoutMs = waitTimeout(options?.timeoutMs, this.options.callTimeoutMs);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    return this.waits.wait(target, token, timeoutMs);
   }
 
   /** Whether some process runs a drain loop for this instance now. */
@@ -415,6 +425,7 @@ export class Trellis implements AsyncDisposable {
   shutdown(): Promise<void> {
     this.shutdownPromise ??= (async () => {
       try {
+        this.waits.shutdown();
         await this.background?.stop();
         await this.calls.shutdown();
         await this.pool.end(5);

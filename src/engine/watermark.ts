@@ -1,10 +1,17 @@
+import type { CallRunner } from './calls.js';
 import type { Session } from './db/session.js';
 import { TrellisError } from './errors.js';
 import { quoteIdent } from './identifiers.js';
-import { sleep } from './workers/sleep.js';
 
 const PREFIX = 'wm1:';
 const SNAPSHOT = /^\d+:\d+:(\d+(,\d+)*)?$/;
+
+/** The longest wait `awaitConverged` accepts: what a Node timer can hold (about 24.8 days). */
+export const MAX_WAIT_MS = 2 ** 31 - 1;
+
+/** Checks of waiting calls: the first soon after a wait starts, then less often. */
+const FIRST_CHECK_MS = 5;
+const MAX_CHECK_MS = 50;
 
 /**
  * A token standing for "every write committed so far": the server's current snapshot.
@@ -27,102 +34,320 @@ function snapshotOf(token: string): string {
   return snap;
 }
 
+/** `timeoutMs` as given, or `validation`: never shortened, never stretched. */
+export function waitTimeout(timeoutMs: unknown, fallback: number): number {
+  if (timeoutMs === undefined) return fallback;
+  if (
+    typeof timeoutMs !== 'number' ||
+    !Number.isFinite(timeoutMs) ||
+    timeoutMs < 0 ||
+    timeoutMs > MAX_WAIT_MS
+  ) {
+    throw new TrellisError(
+      'validation',
+      `awaitConverged timeoutMs must be a number of milliseconds from 0 to ${MAX_WAIT_MS}, got ${String(timeoutMs)}`,
+    );
+  }
+  return timeoutMs;
+}
+
 interface Progress {
+  /** The transform exists. */
   found: boolean;
+  /**
+   * It reflects every captured write the snapshot sees (`<schema>._converged`), and its
+   * sources are settled.
+   */
   covered: boolean;
-  /** No rows came or went without DML that are still to be put into the ledger. */
+  /**
+   * No rows came or went without DML that are still to be put into the ledger
+   * (`<schema>._sources_settled`: a partition attached or detached, being corrected).
+   */
   settled: boolean;
+  /**
+   * A source has (or had) partitions or inheritance children: rows can come or go
+   * without DML there, and be corrected after the token was taken.
+   */
+  members: boolean;
+  /** Transforms whose targets it reads (a chain). */
   upstream: number[];
 }
 
-/**
- * Whether transform `id` has applied every write visible in `snap`: its phase is past the
- * backfill and its cursor's tick sees every transaction `snap` sees. A tick sees them
- * when it is not older (xmax) and every transaction it still counts as running was
- * running for `snap` too (or began after it).
- */
-async function progress(
-  session: Session,
-  schema: string,
-  target: string | number,
-  snap: string,
-): Promise<Progress & { id: number }> {
-  const s = quoteIdent(schema);
-  const byName = typeof target === 'string';
-  const [row] = await session.query<{
-    id: number;
-    covered: boolean;
-    settled: boolean;
-    upstream: number[];
-  }>(
-    `SELECT t.id,
-            (t.paused_at IS NULL AND p.phase IN ('catching_up', 'live') AND p.cursor_tick IS NOT NULL
-             AND EXISTS (
-               SELECT 1 FROM ${s}.ticks k
-                WHERE k.seq = p.cursor_tick
-                  AND pg_snapshot_xmax(k.snap) >= pg_snapshot_xmax($2::pg_snapshot)
-                  AND NOT EXISTS (
-                    SELECT 1 FROM pg_snapshot_xip(k.snap) x
-                     WHERE x < pg_snapshot_xmax($2::pg_snapshot)
-                       AND x NOT IN (SELECT pg_snapshot_xip($2::pg_snapshot))))) AS covered,
-            -- Rows attached or detached without DML are re-derived too (corrections).
-            ${s}._sources_settled(t.id) AS settled,
-            ARRAY(SELECT u.id FROM ${s}.transform_sources ts
-                    JOIN ${s}.transforms u ON u.target_oid = ts.source_oid
-                   WHERE ts.transform_id = t.id) AS upstream
-       FROM ${s}.transforms t JOIN ${s}.pipeline p ON p.transform_id = t.id
-      WHERE ${byName ? 't.target_name = $1' : 't.id = $1::int'}`,
-    [String(target), snap],
-  );
-  if (!row) {
-    if (byName) throw new TrellisError('not_found', `there is no transform named ${target}`);
-    return { id: -1, found: false, covered: true, settled: true, upstream: [] };
-  }
-  return {
-    id: row.id,
-    found: true,
-    covered: row.covered && row.settled,
-    settled: row.settled,
-    upstream: row.upstream,
-  };
+/** One check a wait asks for: a transform's progress on a snapshot, or a fresh snapshot. */
+interface Check {
+  wait: Wait;
+  transform: string | number | null;
+  snap: string | null;
+  resolve: (result: { progress: Progress | null; snapshot: string }) => void;
+}
+
+interface Wait {
+  settled: boolean;
+  fail: (error: TrellisError) => void;
 }
 
 /**
- * Resolves once every write committed before `token` was taken is reflected in `target`
- * (read-your-writes). For a chain, each upstream transform converges first; the target
- * then converges on a snapshot taken after that, which covers what the upstream wrote.
+ * The handle's convergence waits (`awaitConverged`). A wait is not a call stuck on the
+ * server: it lasts as long as its caller asks (`timeoutMs`), and holds no connection while
+ * it waits. All the handle's waits are checked together, one short query at a time (each
+ * a call of its own, bounded by the call timeout, on a pooled session released at once),
+ * so any number of waits cost one session for a moment per check, and calls always find
+ * connections. A wait fails with `timeout` at its own deadline and with `shutdown` when
+ * the handle shuts down; a check that fails fails the waits it was checking.
  */
-export async function awaitConverged(
-  session: Session,
-  schema: string,
-  target: string,
-  token: string,
-  timeoutMs: number,
-): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  const signal = new AbortController().signal;
-  const converge = async (t: string | number, snap: string): Promise<void> => {
-    let state = await progress(session, schema, t, snap);
-    for (const up of state.upstream) await converge(up, snap);
-    // Upstream writes happened after `snap`: wait for them through a fresh snapshot.
-    const own = state.upstream.length > 0 ? snapshotOf(await watermarkToken(session)) : snap;
-    let pause = 5;
-    let current = own;
-    state = await progress(session, schema, t, current);
-    while (!state.covered) {
-      if (Date.now() >= deadline) {
-        throw new TrellisError(
-          'timeout',
-          `${target} did not converge within ${timeoutMs} ms (is it paused, or are no staging and drain workers running?)`,
-        );
-      }
-      await sleep(pause, signal);
-      pause = Math.min(50, pause * 2);
-      // A correction writes its keys into the ledger after the token was taken: wait for
-      // them through a snapshot taken after it is done.
-      if (!state.settled) current = snapshotOf(await watermarkToken(session));
-      state = await progress(session, schema, t, current);
+export class ConvergenceWaits {
+  private readonly waits = new Set<Wait>();
+  private queue: Check[] = [];
+  private timer: NodeJS.Timeout | undefined;
+  private checking = false;
+  private lastCheck = 0;
+  private gap = FIRST_CHECK_MS;
+  private shutDown = false;
+
+  constructor(
+    private readonly calls: CallRunner,
+    private readonly schema: string,
+    /** Runs first in every check (the handle's not_migrated check). */
+    private readonly prepare: (session: Session) => Promise<void>,
+  ) {}
+
+  /**
+   * Resolves once every write committed before `token` was taken is reflected in
+   * `target` (read-your-writes). For a chain, each upstream transform converges first;
+   * the target then converges on a snapshot taken after that, which covers what the
+   * upstream wrote.
+   */
+  wait(target: string, token: string, timeoutMs: number): Promise<void> {
+    if (this.shutDown) {
+      return Promise.reject(
+        new TrellisError('shutdown', 'awaitConverged: the handle is shut down'),
+      );
     }
-  };
-  await converge(target, snapshotOf(token));
+    let snap: string;
+    try {
+      snap = snapshotOf(token);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    return new Promise<void>((resolve, reject) => {
+      const wait: Wait = {
+        settled: false,
+        fail: (error) => {
+          if (wait.settled) return;
+          wait.settled = true;
+          clearTimeout(deadline);
+          this.waits.delete(wait);
+          reject(error);
+        },
+      };
+      const deadline = setTimeout(
+        () =>
+          wait.fail(
+            new TrellisError(
+              'timeout',
+              `${target} did not converge within ${timeoutMs} ms (is it paused, or are no staging and drain workers running?)`,
+            ),
+          ),
+        timeoutMs,
+      );
+      this.waits.add(wait);
+      this.gap = FIRST_CHECK_MS;
+
+      const converge = async (t: string | number, on: string): Promise<void> => {
+        const first = await this.check(wait, t, on);
+        if (!first.progress.found) {
+          if (typeof t === 'string') {
+            throw new TrellisError('not_found', `there is no transform named ${t}`);
+          }
+          return; // an upstream transform dropped meanwhile
+        }
+        for (const up of first.progress.upstream) await converge(up, on);
+        // Upstream writes happened after `on`: wait for them through a fresh snapshot.
+        const chained = first.progress.upstream.length > 0;
+        let current = chained ? await this.snapshot(wait) : on;
+        let state = chained ? await this.check(wait, t, current) : first;
+        // Where rows can come or go without DML, a change the token saw (an ATTACH, say)
+        // is corrected later, its keys written into the ledger after the token: converge
+        // on a snapshot of a round that saw the sources settled, which sees those keys.
+        let pinned = !state.progress.members;
+        for (;;) {
+          if (!state.progress.settled) {
+            pinned = false;
+          } else if (!pinned) {
+            current = state.snapshot;
+            pinned = true;
+          } else if (state.progress.covered) {
+            return;
+          }
+          state = await this.check(wait, t, current);
+        }
+      };
+      converge(target, snap).then(
+        () => {
+          if (wait.settled) return;
+          wait.settled = true;
+          clearTimeout(deadline);
+          this.waits.delete(wait);
+          resolve();
+        },
+        (error: unknown) =>
+          wait.fail(
+            error instanceof TrellisError
+              ? error
+              : new TrellisError('unknown', String(error), { cause: error }),
+          ),
+      );
+    });
+  }
+
+  /** Fails every wait with `shutdown`; later waits are refused the same way. */
+  shutdown(): void {
+    this.shutDown = true;
+    clearTimeout(this.timer);
+    for (const wait of [...this.waits]) {
+      wait.fail(
+        new TrellisError('shutdown', 'the handle was shut down while awaitConverged waited'),
+      );
+    }
+    this.queue = [];
+  }
+
+  /** A transform's progress on `snap`, and the snapshot of the round that checked it. */
+  private check(
+    wait: Wait,
+    transform: string | number,
+    snap: string,
+  ): Promise<{ progress: Progress; snapshot: string }> {
+    return this.enqueue(wait, transform, snap).then((r) => ({
+      progress: r.progress!,
+      snapshot: r.snapshot,
+    }));
+  }
+
+  private snapshot(wait: Wait): Promise<string> {
+    return this.enqueue(wait, null, null).then((r) => r.snapshot);
+  }
+
+  /** Queues a check for the next round; a wait that has settled never gets its answer. */
+  private enqueue(
+    wait: Wait,
+    transform: string | number | null,
+    snap: string | null,
+  ): Promise<{ progress: Progress | null; snapshot: string }> {
+    return new Promise((resolve) => {
+      this.queue.push({ wait, transform, snap, resolve });
+      this.schedule();
+    });
+  }
+
+  /** The next round of checks: one at a time, FIRST_CHECK_MS to MAX_CHECK_MS apart. */
+  private schedule(): void {
+    if (this.checking || this.timer !== undefined || this.shutDown) return;
+    const delay = Math.max(0, this.lastCheck + this.gap - Date.now());
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      void this.round();
+    }, delay);
+  }
+
+  private async round(): Promise<void> {
+    const checks = this.queue.filter((c) => !c.wait.settled);
+    this.queue = [];
+    if (checks.length === 0) return;
+    this.checking = true;
+    try {
+      const result = await this.calls.run('awaitConverged', async (session) => {
+        await this.prepare(session);
+        return this.query(session, checks);
+      });
+      checks.forEach((c, i) => {
+        c.resolve({ progress: result.progress[i] ?? null, snapshot: result.snapshot });
+      });
+    } catch (error) {
+      const failure =
+        error instanceof TrellisError
+          ? error
+          : new TrellisError('unknown', String(error), { cause: error });
+      for (const c of checks) c.wait.fail(failure);
+    } finally {
+      this.checking = false;
+      this.lastCheck = Date.now();
+      this.gap = Math.min(MAX_CHECK_MS, this.gap * 2);
+      if (this.queue.length > 0) this.schedule();
+    }
+  }
+
+  /**
+   * Every check of a round in one query, with the current snapshot for those asking one.
+   * Identical checks (many waits on one transform and token) are made once.
+   */
+  private async query(
+    session: Session,
+    checks: Check[],
+  ): Promise<{ progress: Array<Progress | null>; snapshot: string }> {
+    const s = quoteIdent(this.schema);
+    const unique = new Map<string, number>();
+    const of = checks.map((c) => {
+      if (c.snap === null || c.transform === null) return -1;
+      const key = `${typeof c.transform}:${c.transform}:${c.snap}`;
+      let index = unique.get(key);
+      if (index === undefined) {
+        index = unique.size;
+        unique.set(key, index);
+      }
+      return index;
+    });
+    const rows = [...unique.keys()].map((key) => checks[of.indexOf(unique.get(key)!)]!);
+    const names = rows.map((c) => (typeof c.transform === 'string' ? c.transform : null));
+    const ids = rows.map((c) => (typeof c.transform === 'number' ? c.transform : null));
+    const snaps = rows.map((c) => c.snap);
+    const [row] = await session.query<{
+      snapshot: string;
+      progress: Array<{
+        ord: number;
+        found: boolean;
+        covered: boolean;
+        settled: boolean;
+        members: boolean;
+        upstream: number[];
+      }>;
+    }>(
+      `SELECT pg_current_snapshot()::text AS snapshot,
+              coalesce((
+                SELECT json_agg(json_build_object(
+                         'ord', r.ord, 'found', t.id IS NOT NULL,
+                         -- Rows attached or detached without DML are re-derived too
+                         -- (corrections): not covered until they are.
+                         'settled', coalesce(st.settled, false),
+                         'covered', coalesce(st.settled AND ${s}._converged(t.id, r.snap::pg_snapshot), false),
+                         'members', EXISTS (
+                           SELECT 1 FROM ${s}.transform_sources ts
+                             LEFT JOIN ${s}.sources src ON src.source_oid = ts.source_oid
+                            WHERE ts.transform_id = t.id
+                              AND (EXISTS (SELECT 1 FROM ${s}._descendants(ts.source_oid))
+                                   OR EXISTS (SELECT 1 FROM ${s}.source_members m
+                                               WHERE m.source_id = src.id))),
+                         'upstream', ARRAY(SELECT u.id FROM ${s}.transform_sources ts
+                                             JOIN ${s}.transforms u ON u.target_oid = ts.source_oid
+                                            WHERE ts.transform_id = t.id))
+                         ORDER BY r.ord)
+                  FROM unnest($1::text[], $2::int[], $3::text[]) WITH ORDINALITY AS r(name, id, snap, ord)
+                  LEFT JOIN ${s}.transforms t
+                    ON CASE WHEN r.id IS NOT NULL THEN t.id = r.id ELSE t.target_name = r.name END
+                  LEFT JOIN LATERAL (SELECT ${s}._sources_settled(t.id) AS settled) st ON t.id IS NOT NULL),
+                '[]') AS progress`,
+      [names, ids, snaps],
+    );
+    const found: Array<Progress | undefined> = [];
+    for (const p of row?.progress ?? []) {
+      found[p.ord - 1] = {
+        found: p.found,
+        covered: p.covered,
+        settled: p.settled,
+        members: p.members,
+        upstream: p.upstream,
+      };
+    }
+    return { progress: of.map((i) => found[i] ?? null), snapshot: row!.snapshot };
+  }
 }

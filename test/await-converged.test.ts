@@ -1,0 +1,167 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Trellis } from '../src/engine/index.js';
+import { MAX_WAIT_MS } from '../src/engine/watermark.js';
+import { freshDatabase, type TestDatabase } from './support/database.js';
+import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
+import { migratedTrellis, quietLogger, rejection, waitForStatus } from './support/trellis.js';
+
+// awaitConverged is a wait, not a call stuck on the server: it lasts as long as its caller
+// asks (even past the call timeout), holds no pooled connection between its checks, and
+// ends at its own deadline (`timeout`) or at shutdown (`shutdown`).
+
+let db: TestDatabase;
+/** The fleet's worker: staging and two drain loops. */
+let worker: Trellis;
+
+const items: Definition = { target: 'item_sizes', from: 'items', select: 'size', implicit: 'id' };
+
+/** Call timeout of the handles under test: every wait below outlasts it. */
+const CALL_TIMEOUT_MS = 1_000;
+
+beforeAll(async () => {
+  db = await freshDatabase();
+  await db.sql.unsafe(`
+    CREATE TABLE items (id int PRIMARY KEY, size int NOT NULL);
+    INSERT INTO items SELECT g, g FROM generate_series(1, 100) g;`);
+  worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+  await worker.define(transformStatement(items));
+  await waitForStatus(worker, 'item_sizes', 'live');
+});
+
+afterAll(async () => {
+  await worker?.shutdown();
+});
+
+/** A handle for calls only, with a short call timeout and a small pool. */
+function caller(pool = { max: 2, acquireTimeoutMs: 1_000 }): Promise<Trellis> {
+  return Trellis.connect({
+    url: db.url,
+    logger: quietLogger,
+    callTimeoutMs: CALL_TIMEOUT_MS,
+    pool,
+  });
+}
+
+/** Pauses the transform, writes, and returns a token covering the write (not yet applied). */
+async function pendingWrite(trellis: Trellis, id: number): Promise<string> {
+  await trellis.apply('PAUSE TRANSFORM item_sizes');
+  await db.sql`INSERT INTO items VALUES (${id}, ${id})`;
+  return trellis.watermarkToken();
+}
+
+describe('awaitConverged', () => {
+  it('waits longer than the call timeout when asked to, and resolves once the write is in', async () => {
+    await using trellis = await caller();
+    const token = await pendingWrite(trellis, 1001);
+    const started = Date.now();
+    const waited = trellis.awaitConverged('item_sizes', token, { timeoutMs: 20_000 });
+    await new Promise((resolve) => setTimeout(resolve, CALL_TIMEOUT_MS * 2));
+    await trellis.apply('RESUME TRANSFORM item_sizes');
+    await waited;
+    expect(Date.now() - started).toBeGreaterThan(CALL_TIMEOUT_MS * 2);
+    await expectMatchesDefinition(db.sql, items);
+  });
+
+  it('fails with timeout at the deadline the caller gave, not at the call timeout', async () => {
+    await using trellis = await caller();
+    const token = await pendingWrite(trellis, 1002);
+    try {
+      const started = Date.now();
+      const error = await rejection(
+        trellis.awaitConverged('item_sizes', token, { timeoutMs: 3_000 }),
+      );
+      const took = Date.now() - started;
+      expect(error.code).toBe('timeout');
+      expect(error.message).toContain('3000 ms');
+      expect(took).toBeGreaterThanOrEqual(2_950);
+      expect(took).toBeLessThan(6_000);
+    } finally {
+      await trellis.apply('RESUME TRANSFORM item_sizes');
+    }
+    await trellis.awaitConverged('item_sizes', token, { timeoutMs: 20_000 });
+    await expectMatchesDefinition(db.sql, items);
+  });
+
+  it('defaults to the call timeout, and refuses a timeout it cannot honour', async () => {
+    await using trellis = await caller();
+    const token = await pendingWrite(trellis, 1003);
+    try {
+      const started = Date.now();
+      expect((await rejection(trellis.awaitConverged('item_sizes', token))).code).toBe('timeout');
+      expect(Date.now() - started).toBeGreaterThanOrEqual(CALL_TIMEOUT_MS - 50);
+      for (const timeoutMs of [-1, Number.NaN, Number.POSITIVE_INFINITY, MAX_WAIT_MS + 1]) {
+        const error = await rejection(trellis.awaitConverged('item_sizes', token, { timeoutMs }));
+        expect(error.code).toBe('validation');
+        expect(error.message).toContain('timeoutMs');
+      }
+    } finally {
+      await trellis.apply('RESUME TRANSFORM item_sizes');
+    }
+  });
+
+  it('fails with not_found for a transform that does not exist, and validation for a bad token', async () => {
+    await using trellis = await caller();
+    const token = await trellis.watermarkToken();
+    const missing = await rejection(trellis.awaitConverged('no_such', token, { timeoutMs: 5_000 }));
+    expect(missing.code).toBe('not_found');
+    expect(missing.message).toContain('no_such');
+    const bad = await rejection(trellis.awaitConverged('item_sizes', 'nonsense'));
+    expect(bad.code).toBe('validation');
+  });
+
+  it('holds no connection while it waits: many more waits than pool.max leave calls their connections', async () => {
+    const app = `trellis-test-waits-${process.pid}`;
+    await using trellis = await Trellis.connect({
+      url: db.url,
+      logger: quietLogger,
+      callTimeoutMs: CALL_TIMEOUT_MS,
+      applicationName: app,
+      pool: { max: 2, acquireTimeoutMs: 1_000 },
+    });
+    const token = await pendingWrite(trellis, 1004);
+    const waits = Array.from({ length: 40 }, () =>
+      trellis.awaitConverged('item_sizes', token, { timeoutMs: 30_000 }),
+    );
+    let settled = 0;
+    for (const w of waits)
+      void w.then(
+        () => (settled += 1),
+        () => (settled += 1),
+      );
+    try {
+      // Other calls still get a connection (within acquireTimeoutMs, or they would fail
+      // with timeout), again and again while the waits go on.
+      for (let i = 0; i < 20; i += 1) {
+        const status = await trellis.status('item_sizes');
+        expect(status.status).toBe('paused');
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      }
+      const [sessions] = await db.sql<{ n: number }[]>`
+        SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = ${app}`;
+      expect(sessions!.n).toBeLessThanOrEqual(2);
+      expect(settled).toBe(0);
+    } finally {
+      await trellis.apply('RESUME TRANSFORM item_sizes');
+    }
+    await Promise.all(waits);
+    await expectMatchesDefinition(db.sql, items);
+  });
+
+  it('is cancelled by shutdown() with shutdown', async () => {
+    const trellis = await caller();
+    const token = await pendingWrite(trellis, 1005);
+    try {
+      const waited = rejection(trellis.awaitConverged('item_sizes', token, { timeoutMs: 30_000 }));
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      const started = Date.now();
+      await trellis.shutdown();
+      const error = await waited;
+      expect(error.code).toBe('shutdown');
+      expect(Date.now() - started).toBeLessThan(5_000);
+      expect((await rejection(trellis.awaitConverged('item_sizes', token))).code).toBe('shutdown');
+    } finally {
+      await trellis.shutdown();
+      await worker.apply('RESUME TRANSFORM item_sizes');
+    }
+  });
+});
