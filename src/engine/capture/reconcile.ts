@@ -68,6 +68,13 @@ export class CaptureReconciler {
     private readonly log: Logger,
   ) {}
 
+  /** When the next capture change that waited for a lock is due to be tried again (ms epoch). */
+  nextRetryAt(): number {
+    let next = Number.POSITIVE_INFINITY;
+    for (const at of this.retryAt.values()) next = Math.min(next, at);
+    return next;
+  }
+
   async reconcile(session: Session): Promise<void> {
     const s = quoteIdent(this.schema);
     const desired = await session.query<DesiredRow>(
@@ -191,6 +198,8 @@ export class CaptureReconciler {
       if (wantedOids.has(row.oid) || (this.retryAt.get(row.oid) ?? 0) > now) continue;
       await this.uninstall(session, row);
     }
+    // A retry that came due and was not made (its table is gone) is not due any more.
+    for (const [oid, at] of this.retryAt) if (at <= now) this.retryAt.delete(oid);
   }
 
   /**

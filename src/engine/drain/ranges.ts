@@ -26,10 +26,12 @@ interface Candidate {
  * Opens the next ledger range for one transform that is behind: everything after its
  * cursor up to the newest tick, split into pages of about PAGE_ROWS changed keys (by
  * ledger blocks, so each page reads only its own), and for a single-table transform
- * further by key hash into BUCKETS, whose pages can be applied at once. A range with no changes moves the
- * cursor at once; one holding a TRUNCATE of a source sends the transform to be rebuilt.
- * Says whether it opened a range (work to do), only advanced a cursor over an empty range
- * (keepalive ticks make those often), or found nothing to do.
+ * further by key hash into BUCKETS, whose pages can be applied at once. A range with no
+ * changes moves the cursor at once, and with it every other transform's that has none
+ * either (one statement, `<schema>._advance_idle_cursors`); one holding a TRUNCATE of a
+ * source sends the transform to be rebuilt. Says whether it opened a range (work to do),
+ * only advanced cursors over empty ranges (others may be behind with changes), or found
+ * no transform behind.
  */
 export type OpenRangeResult = 'none' | 'advanced' | 'opened';
 
@@ -78,6 +80,10 @@ export async function openRange(
     }
     if (rows === 0) {
       await advanceCursor(session, schema, c.transform_id, c.hi_seq);
+      // Nothing here: most likely nothing either for the others behind the same tick (a
+      // write to one table leaves every other transform behind). All of them move on in
+      // one statement, rather than a transaction each.
+      await session.query(`SELECT ${s}._advance_idle_cursors()`);
       return 'advanced';
     }
     if (rows <= PAGE_ROWS) {
@@ -146,23 +152,4 @@ export async function openRange(
     );
     return 'opened';
   });
-}
-
-/**
- * Whether any drain work is waiting: an open page, a transform behind the newest tick,
- * or a backfill. One cheap query, outside any transaction, for an idle loop to poll.
- */
-export async function hasDrainWork(session: Session, schema: string): Promise<boolean> {
-  const s = quoteIdent(schema);
-  const [row] = await session.query<{ work: boolean }>(
-    `SELECT EXISTS (SELECT 1 FROM ${s}.pages p JOIN ${s}.transforms t ON t.id = p.transform_id
-                     WHERE t.paused_at IS NULL AND (p.not_before IS NULL OR p.not_before <= now()))
-         OR EXISTS (SELECT 1 FROM ${s}.pipeline p JOIN ${s}.transforms t ON t.id = p.transform_id
-                     WHERE t.paused_at IS NULL
-                       AND ((p.phase IN ('catching_up', 'live') AND p.open_lo IS NULL
-                             AND p.cursor_tick < (SELECT max(seq) FROM ${s}.ticks))
-                            OR (p.phase = 'backfilling'
-                                AND (p.build_next_at IS NULL OR p.build_next_at <= now())))) AS work`,
-  );
-  return row?.work === true;
 }

@@ -14,7 +14,8 @@ const OLDEST_NEEDED_TICK = (s: string) => `coalesce(
 
 /**
  * Keeps the ledger small without DELETE, and prunes old ticks. Each step is its own short
- * transaction.
+ * transaction. What it can free depends only on the oldest cursor (and its tick), so the
+ * staging worker runs it when that moved (or a TRUNCATE was left for later).
  *
  * Rows go to generation `(xid >> 16) % 3`, so transactions move on to the next generation
  * every 65,536 xids. A generation other than the current epoch's holds only rows of
@@ -23,12 +24,29 @@ const OLDEST_NEEDED_TICK = (s: string) => `coalesce(
  * every cursor has passed its rows: the partition is TRUNCATEd. A paused transform holds
  * its cursor, and with it truncation; so does a long-running transaction.
  */
-export async function maintainLedger(session: Session, schema: string, log: Logger): Promise<void> {
+export interface MaintenanceResult {
+  /** The oldest cursor (`<schema>._cursor_floor()`) this pass worked from. */
+  floor: string | null;
+  /** A generation due for TRUNCATE was left for a later pass (its lock was not free). */
+  skipped: boolean;
+}
+
+export async function maintainLedger(
+  session: Session,
+  schema: string,
+  log: Logger,
+): Promise<MaintenanceResult> {
   const s = quoteIdent(schema);
-  const [state] = await session.query<{ next_xid: string; oldest_xmin: string | null }>(
+  const [state] = await session.query<{
+    next_xid: string;
+    oldest_xmin: string | null;
+    floor: string | null;
+  }>(
     `SELECT pg_snapshot_xmax(pg_current_snapshot())::text AS next_xid,
-            (SELECT pg_snapshot_xmin(snap)::text FROM ${s}.ticks WHERE seq = ${OLDEST_NEEDED_TICK(s)}) AS oldest_xmin`,
+            (SELECT pg_snapshot_xmin(snap)::text FROM ${s}.ticks WHERE seq = ${OLDEST_NEEDED_TICK(s)}) AS oldest_xmin,
+            ${s}._cursor_floor()::text AS floor`,
   );
+  let skipped = false;
   if (state?.oldest_xmin != null) {
     const epoch = BigInt(state.next_xid) >> BigInt(EPOCH_BITS);
     const oldestXmin = BigInt(state.oldest_xmin);
@@ -38,25 +56,29 @@ export async function maintainLedger(session: Session, schema: string, log: Logg
       // The latest epoch that wrote to this generation, and the first xid after it.
       const latest = epoch - ((epoch - generation) % BigInt(GENERATIONS));
       const end = (latest + 1n) << BigInt(EPOCH_BITS);
-      if (oldestXmin >= end) await truncateGeneration(session, schema, gen, log);
+      if (oldestXmin >= end && !(await truncateGeneration(session, schema, gen, log))) {
+        skipped = true;
+      }
     }
   }
   await session.query(
     `DELETE FROM ${s}.ticks WHERE seq < ${OLDEST_NEEDED_TICK(s)} AND seq < (SELECT max(seq) FROM ${s}.ticks)`,
   );
+  return { floor: state?.floor ?? null, skipped };
 }
 
+/** Truncates a generation; false when its lock was not free (a later pass tries again). */
 async function truncateGeneration(
   session: Session,
   schema: string,
   gen: number,
   log: Logger,
-): Promise<void> {
+): Promise<boolean> {
   const partition = `${quoteIdent(schema)}.${quoteIdent(`ledger_${gen}`)}`;
   const [rows] = await session.query<{ any: boolean }>(
     `SELECT EXISTS (SELECT 1 FROM ${partition}) AS any`,
   );
-  if (!rows?.any) return;
+  if (!rows?.any) return true;
   try {
     await session.transaction(async () => {
       // Drains read the ledger through its parent and so lock every partition for a moment:
@@ -65,7 +87,9 @@ async function truncateGeneration(
       await session.query(`TRUNCATE ${partition}`);
     });
     log.debug({ gen }, 'ledger generation truncated');
+    return true;
   } catch (error) {
     if (sqlstateOf(error) !== SQLSTATE.lockNotAvailable) throw error;
+    return false;
   }
 }

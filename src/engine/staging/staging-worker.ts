@@ -1,6 +1,7 @@
 import { CaptureReconciler } from '../capture/reconcile.js';
 import type { ConnectionPool } from '../db/pool.js';
 import type { Session } from '../db/session.js';
+import { quoteIdent } from '../identifiers.js';
 import { LOCK_CLASS } from '../internal/advisory-locks.js';
 import type { Logger } from '../logger.js';
 import { WorkerLoop } from '../workers/worker-loop.js';
@@ -10,38 +11,82 @@ import { maintainLedger } from './ledger-maintenance.js';
 import { LedgerSummaries } from './ledger-summaries.js';
 import { correctionStep, trackMembers } from './partition-corrections.js';
 import { checkSourceChanges } from './source-changes.js';
-import { tick } from './ticker.js';
+import { KEEPALIVE_TICK_MS, tick } from './ticker.js';
 import { settleWidenWaits } from './widen-wait.js';
 
 export interface StagingTimings {
-  /** Between ticks. */
+  /** At least this long between ticks: a busy ledger is sealed in segments about this long. */
   tickMs: number;
-  /** Between capture reconciliations (and backfill starts). */
+  /**
+   * Between reconcile passes when nothing they read has changed (a safety net: a change
+   * to what they read is seen within a poll, see `_capture_fingerprint`).
+   */
   reconcileMs: number;
-  /** Between ledger rotation/truncation passes. */
+  /**
+   * Between reconcile passes while one has something to come back to (a backfill not
+   * started, a widen wait), and between checks for changes while ticks keep coming.
+   */
+  pendingReconcileMs: number;
+  /**
+   * Ledger maintenance (rotation, truncation, old ticks) runs when the oldest cursor has
+   * moved since its last pass, at most this often; and again this soon after a TRUNCATE it
+   * had to leave for later.
+   */
   maintenanceMs: number;
+  /** Between ledger maintenance passes otherwise (a safety net). */
+  idleMaintenanceMs: number;
+  /** Longest single wait for work (one statement, see `<schema>._await_staging_work`). */
+  idleWaitMs: number;
+  /** How often that wait looks for work during its first fastMs. */
+  pollMs: number;
+  fastMs: number;
+  /** After that, the pause grows to this (what a write after idle time may wait). */
+  maxPollMs: number;
   /** Between attempts of a standby to take over. */
   standbyMs: number;
 }
 
 export const STAGING_TIMINGS: StagingTimings = {
   tickMs: 50,
-  reconcileMs: 200,
+  reconcileMs: 30_000,
+  pendingReconcileMs: 200,
   maintenanceMs: 1_000,
+  idleMaintenanceMs: 30_000,
+  idleWaitMs: 5_000,
+  pollMs: 10,
+  fastMs: 200,
+  maxPollMs: 50,
   standbyMs: 500,
 };
+
+type Wake = 'tick' | 'capture' | 'maintain' | 'timeout' | 'due';
 
 /**
  * The instance's staging worker: ticks (sealing ledger segments), installs and adjusts
  * capture, starts backfills, and keeps the ledger small. One per instance, elected by a
  * session-level advisory lock; a second `staging: true` handle waits as a standby and
  * takes over when the leader's session ends.
+ *
+ * Idle, it costs next to nothing: it waits for work inside one statement
+ * (`_await_staging_work`), which returns as soon as captured changes commit (a tick is
+ * due) or what capture depends on changes (a transform defined, a partition created…),
+ * and otherwise after `idleWaitMs`. No tick is taken while nothing is written.
  */
 export class StagingWorker {
   private readonly loop: WorkerLoop;
   private leaderPid: number | undefined;
   private nextReconcile = 0;
   private nextMaintenance = 0;
+  private lastMaintenance = 0;
+  /** The oldest cursor the last maintenance pass worked from. */
+  private maintainedFloor: string | null = null;
+  private lastTickAt = 0;
+  /** The last step took a tick: writes are coming, try the next without waiting. */
+  private ticking = false;
+  /** While ticking: when the tick next checks what capture depends on. */
+  private nextCaptureCheck = 0;
+  /** What capture depended on when it was last reconciled (`_capture_fingerprint()`). */
+  private fingerprint: string | null = null;
   private readonly capture: CaptureReconciler;
   private readonly summaries: LedgerSummaries;
 
@@ -83,17 +128,42 @@ export class StagingWorker {
       if (!row?.leader) return this.timings.standbyMs;
       this.leaderPid = row.pid;
       this.nextReconcile = 0;
+      this.fingerprint = null;
+      this.ticking = false;
       this.log.info({ pid: row.pid }, 'staging worker elected');
     }
-    if ((await tick(session, this.schema)) !== null) {
-      await this.summaries.summarize(session);
-    }
+    const sinceTick = Date.now() - this.lastTickAt;
+    if (sinceTick < this.timings.tickMs) return this.timings.tickMs - sinceTick;
+
+    // While ticks keep being taken, try the next one at once (the tick itself tells
+    // whether capture needs reconciling); otherwise wait for work in one statement.
+    const due = Math.min(this.nextReconcile, this.nextMaintenance, this.capture.nextRetryAt());
+    const wake: Wake = this.ticking ? 'tick' : await this.awaitWork(session, due - Date.now());
     const now = Date.now();
-    if (now >= this.nextReconcile) {
-      this.nextReconcile = now + this.timings.reconcileMs;
+    let maintain = wake === 'maintain' || now >= this.nextMaintenance;
+    let reconcile = wake === 'capture' || now >= this.nextReconcile;
+    reconcile ||= now >= this.capture.nextRetryAt();
+    let backfills = false;
+    if (wake === 'tick') {
+      const check = now >= this.nextCaptureCheck;
+      const ticked = await tick(session, this.schema, check);
+      this.ticking = ticked.seq !== null;
+      if (check) {
+        this.nextCaptureCheck = now + this.timings.pendingReconcileMs;
+        reconcile ||= ticked.fingerprint !== this.fingerprint;
+      }
+      // A backfill waits for a tick taken after its capture is in place.
+      backfills = ticked.waiting;
+      maintain ||= this.mayMaintain(now) && ticked.floor !== this.maintainedFloor;
+      if (ticked.seq !== null) {
+        this.lastTickAt = now;
+        await this.summaries.summarize(session);
+      }
+    }
+    if (reconcile) {
       // A session the driver silently reconnected has lost the lock: stand down.
-      const [same] = await session.query<{ same: boolean }>(
-        'SELECT pg_backend_pid() = $1 AS same',
+      const [same] = await session.query<{ same: boolean; fingerprint: string }>(
+        `SELECT pg_backend_pid() = $1 AS same, ${quoteIdent(this.schema)}._capture_fingerprint() AS fingerprint`,
         [this.leaderPid],
       );
       if (!same?.same) {
@@ -107,13 +177,61 @@ export class StagingWorker {
       await this.capture.reconcile(session);
       await correctionStep(session, this.schema);
       await settleWidenWaits(session, this.schema, this.log);
+      // Read before this pass: a change made since (this pass's own included) is seen by
+      // the next wait, and brings one more pass.
+      this.fingerprint = same.fingerprint;
+    }
+    if (reconcile || backfills) {
       const started = await startBackfills(session, this.schema);
       for (const target of started) this.log.info({ target }, 'backfill started');
     }
-    if (now >= this.nextMaintenance) {
-      this.nextMaintenance = now + this.timings.maintenanceMs;
-      await maintainLedger(session, this.schema, this.log);
+    if (reconcile) {
+      // What this pass left to come back to soon, whatever else changes.
+      const [left] = await session.query<{ pending: boolean }>(
+        `SELECT ${quoteIdent(this.schema)}._capture_pending() AS pending`,
+      );
+      this.nextReconcile =
+        now + (left?.pending ? this.timings.pendingReconcileMs : this.timings.reconcileMs);
     }
-    return this.timings.tickMs;
+    if (maintain) {
+      const done = await maintainLedger(session, this.schema, this.log);
+      this.lastMaintenance = now;
+      this.maintainedFloor = done.floor;
+      this.nextMaintenance =
+        now + (done.skipped ? this.timings.maintenanceMs : this.timings.idleMaintenanceMs);
+    }
+    return 0;
+  }
+
+  /** Maintenance ran long enough ago to run again on a moved cursor. */
+  private mayMaintain(now: number): boolean {
+    return now - this.lastMaintenance >= this.timings.maintenanceMs;
+  }
+
+  /**
+   * Waits, in one statement, until a tick is due, capture has something to reconcile, the
+   * oldest cursor moved (once maintenance may run again), or `ms` (at most idleWaitMs)
+   * have passed. Nothing to wait for when `ms` is not positive.
+   */
+  private async awaitWork(session: Session, ms: number): Promise<Wake> {
+    if (ms <= 0) return 'due';
+    const now = Date.now();
+    const watchFloor = this.mayMaintain(now);
+    // Until maintenance may run again, wake up when it may, to watch from then on.
+    if (!watchFloor) ms = Math.min(ms, this.lastMaintenance + this.timings.maintenanceMs - now);
+    const [row] = await session.query<{ wake: Wake }>(
+      `SELECT ${quoteIdent(this.schema)}._await_staging_work($1, $2, $3, $4, $5, $6, $7, $8) AS wake`,
+      [
+        this.fingerprint,
+        this.maintainedFloor,
+        watchFloor,
+        KEEPALIVE_TICK_MS,
+        Math.ceil(Math.min(ms, this.timings.idleWaitMs)),
+        this.timings.pollMs,
+        this.timings.maxPollMs,
+        this.timings.fastMs,
+      ],
+    );
+    return row?.wake ?? 'timeout';
   }
 }

@@ -1,6 +1,6 @@
 import type { ConnectionConfig } from '../db/connection-config.js';
 import { ConnectionPool } from '../db/pool.js';
-import { DrainLoop } from '../drain/drain-loop.js';
+import { DrainLoop, SharedWait } from '../drain/drain-loop.js';
 import type { Logger } from '../logger.js';
 import { StagingWorker } from '../staging/staging-worker.js';
 
@@ -38,8 +38,10 @@ export class Background {
     });
     const signal = this.controller.signal;
     if (options.staging) this.staging = new StagingWorker(this.pool, options.schema, log, signal);
+    // The loops wait for work together: one backend waits for all of them.
+    const wait = new SharedWait();
     for (let i = 0; i < options.drainThreads; i += 1) {
-      this.drains.push(new DrainLoop(this.pool, options.schema, log, signal, i + 1));
+      this.drains.push(new DrainLoop(this.pool, options.schema, log, signal, i + 1, wait));
     }
   }
 

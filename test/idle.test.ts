@@ -1,0 +1,112 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Trellis } from '../src/engine/index.js';
+import { freshDatabase, type TestDatabase } from './support/database.js';
+import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
+import { migratedTrellis } from './support/trellis.js';
+
+// I8, idle half: live transforms with nothing written cost next to nothing. No tick is
+// taken (there is nothing to seal), so no cursor moves and no drain transaction runs; the
+// workers wait for work inside one statement each, for seconds at a time. And a write
+// after a long idle stretch still flows through.
+
+const TABLES = 30;
+
+let db: TestDatabase;
+let worker: Trellis;
+
+const projection = (n: number): Definition => ({
+  target: `idle_v${n}`,
+  from: `idle_s${n}`,
+  select: 'a',
+  implicit: 'id',
+});
+const totals: Definition = {
+  target: 'idle_totals',
+  from: 'idle_s1',
+  select: 'grp, count(*) AS n, sum(a) AS total',
+  groupBy: 'grp',
+};
+const definitions = [...Array.from({ length: TABLES }, (_, i) => projection(i + 1)), totals];
+
+/** The longest a worker stays inside one wait (their commits are counted when it ends). */
+const LONGEST_WAIT_MS = 5_000;
+
+beforeAll(async () => {
+  db = await freshDatabase();
+  for (let n = 1; n <= TABLES; n += 1) {
+    await db.sql.unsafe(`
+      CREATE TABLE idle_s${n} (id int PRIMARY KEY, a int NOT NULL, grp int NOT NULL);
+      INSERT INTO idle_s${n} SELECT g, g, g % 7 FROM generate_series(1, 50) g;`);
+  }
+  await db.sql.unsafe('CREATE INDEX ON idle_s1 (grp)');
+  worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+  for (const d of definitions) await worker.define(transformStatement(d));
+  const token = await worker.watermarkToken();
+  for (const d of definitions) {
+    await worker.awaitConverged(d.target, token, { timeoutMs: 60_000 });
+  }
+});
+
+afterAll(async () => {
+  await worker?.shutdown();
+});
+
+interface Snapshot {
+  at: number;
+  tick: string | null;
+  /** Changes with any write to any pipeline row (a cursor moved, a phase changed…). */
+  pipeline: string;
+  commits: number;
+}
+
+async function snapshot(): Promise<Snapshot> {
+  const [row] = await db.sql<{ tick: string | null; pipeline: string; commits: string }[]>`
+    SELECT (SELECT max(seq)::text FROM trellis.ticks) AS tick,
+           (SELECT string_agg(transform_id || ':' || xmin::text, ',' ORDER BY transform_id)
+              FROM trellis.pipeline) AS pipeline,
+           (SELECT xact_commit::text FROM pg_stat_database
+             WHERE datname = current_database()) AS commits`;
+  return {
+    at: Date.now(),
+    tick: row!.tick,
+    pipeline: row!.pipeline,
+    commits: Number(row!.commits),
+  };
+}
+
+describe('an idle instance', () => {
+  it('takes no tick, moves no cursor and commits next to nothing while nothing is written', async () => {
+    for (const d of definitions) expect((await worker.status(d.target)).status).toBe('live');
+    // Autovacuum has the new tables to analyse: done now, its commits would count below.
+    await db.sql.unsafe('VACUUM ANALYZE');
+    // Long enough for every worker to have ended the wait it began while the
+    // transforms went live (and so to have reported that busy time's commits).
+    await new Promise((resolve) => setTimeout(resolve, LONGEST_WAIT_MS + 2_000));
+    const before = await snapshot();
+    await new Promise((resolve) => setTimeout(resolve, 8_000));
+    const after = await snapshot();
+    expect(after.tick).toBe(before.tick);
+    expect(after.pipeline).toBe(before.pipeline);
+    // About 1-2 a second in fact (each worker's wait, its session check, this test's
+    // queries, autovacuum's visits); before, every keepalive tick moved every cursor
+    // in a transaction of its own: hundreds a second.
+    const perSecond = (after.commits - before.commits) / ((after.at - before.at) / 1000);
+    expect(perSecond).toBeLessThan(10);
+  });
+
+  it('still converges a write that comes after a long idle stretch', async () => {
+    const before = await snapshot();
+    await db.sql.unsafe(`
+      INSERT INTO idle_s1 VALUES (1000, 1000, 3);
+      UPDATE idle_s7 SET a = a + 1 WHERE id <= 10;
+      DELETE FROM idle_s${TABLES} WHERE id > 40;`);
+    const token = await worker.watermarkToken();
+    for (const d of definitions) {
+      await worker.awaitConverged(d.target, token, { timeoutMs: 30_000 });
+      await expectMatchesDefinition(db.sql, d);
+    }
+    const after = await snapshot();
+    expect(after.tick).not.toBe(before.tick);
+    for (const d of definitions) expect((await worker.status(d.target)).status).toBe('live');
+  });
+});
