@@ -227,6 +227,31 @@ export class Trellis implements AsyncDisposable {
     });
   }
 
+  /**
+   * Grants `role` (a role name, taken as it is) what writing to captured tables needs,
+   * and nothing more: capture triggers run as the writing role and insert its changes
+   * into the ledger, so USAGE on the catalog schema and INSERT on the ledger's
+   * partitions. Run it on a handle connected as the role that owns Trellis's schema.
+   * From SQL (a migration): `SELECT <schema>.grant_writer('role')`.
+   */
+  grantWriter(role: string): Promise<void> {
+    return this.calls.run('grantWriter', async (session) => {
+      if (typeof role !== 'string' || role.length === 0) {
+        throw new TrellisError('validation', 'grantWriter needs a role name');
+      }
+      await this.requireInstalled(session);
+      const [found] = await session.query<{ oid: string }>(
+        'SELECT oid::text AS oid FROM pg_roles WHERE rolname = $1',
+        [role],
+      );
+      if (!found) throw new TrellisError('not_found', `there is no role named ${role}`);
+      await session.query(
+        `SELECT ${quoteIdent(this.options.schema)}.grant_writer($1::oid::regrole)`,
+        [found.oid],
+      );
+    });
+  }
+
   /** A token standing for every write committed so far, for `awaitConverged`. */
   watermarkToken(): Promise<string> {
     return this.calls.run('watermarkToken', (session) => watermarkToken(session));
