@@ -63,16 +63,7 @@ export async function converge(
   target: string,
   timeoutMs = 600_000,
 ): Promise<void> {
-  const token = await trellis.watermarkToken();
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    try {
-      await trellis.awaitConverged(target, token, { timeoutMs: 25_000 });
-      return;
-    } catch (error) {
-      if ((error as { code?: string }).code !== 'timeout' || Date.now() > deadline) throw error;
-    }
-  }
+  await trellis.awaitConverged(target, await trellis.watermarkToken(), { timeoutMs });
 }
 
 export function median(values: number[]): number {

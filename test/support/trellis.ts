@@ -69,8 +69,8 @@ export async function waitFor(
 }
 
 /**
- * awaitConverged for longer than one call may take (a call gives up after 30 s): waits in
- * calls of at most 30 s until `timeoutMs` has passed, then fails with the target's status.
+ * awaitConverged with a long timeout (the wait is the caller's to choose, past the call
+ * timeout: ADR 0011) that, when the target still lags, fails with the target's status.
  * For soak runs, whose workloads leave much more to drain.
  */
 export async function awaitConvergedWithin(
@@ -79,22 +79,14 @@ export async function awaitConvergedWithin(
   token: string,
   timeoutMs: number,
 ): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const left = deadline - Date.now();
-    try {
-      await trellis.awaitConverged(target, token, {
-        timeoutMs: Math.max(1, Math.min(left, 30_000)),
-      });
-      return;
-    } catch (error) {
-      if ((error as { code?: string }).code !== 'timeout') throw error;
-      if (Date.now() < deadline - 100) continue;
-      const status = await trellis.status(target);
-      throw new Error(
-        `${target} did not converge within ${timeoutMs} ms; its status: ${JSON.stringify(status)}`,
-        { cause: error },
-      );
-    }
+  try {
+    await trellis.awaitConverged(target, token, { timeoutMs });
+  } catch (error) {
+    if ((error as { code?: string }).code !== 'timeout') throw error;
+    const status = await trellis.status(target);
+    throw new Error(
+      `${target} did not converge within ${timeoutMs} ms; its status: ${JSON.stringify(status)}`,
+      { cause: error },
+    );
   }
 }
