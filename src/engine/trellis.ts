@@ -23,6 +23,9 @@ import { TrellisError } from './errors.js';
 import { quoteIdent } from './identifiers.js';
 import { LOCK_CLASS, lockHeldSql } from './internal/advisory-locks.js';
 import { trackHandle, untrackHandle } from './internal/open-handles.js';
+import { JobRunner } from './jobs/job-runner.js';
+import { jobsSchemaFor } from './jobs/jobs-schema.js';
+import { SELF_CHECK_QUEUE } from './jobs/queues.js';
 import { instanceLogger, type Logger } from './logger.js';
 import { type ConnectOptions, type ResolvedOptions, resolveOptions } from './options.js';
 import {
@@ -32,6 +35,14 @@ import {
   migrateSchema,
   readSchemaState,
 } from './schema/migrator.js';
+import { selfCheckHandler } from './selfcheck/handler.js';
+import { assertJobId, readJob } from './selfcheck/read.js';
+import {
+  assertSelfChecksInstalled,
+  checkArguments,
+  requestSelfCheck,
+} from './selfcheck/request.js';
+import type { SelfCheckJob, SelfCheckMode, SelfCheckOptions } from './selfcheck/types.js';
 import { detectDisruptions } from './staging/disruptions.js';
 import { type ApplyResult, applyStatement } from './statements/apply.js';
 import { ConvergenceWaits, waitTimeout, watermarkToken } from './watermark.js';
@@ -78,6 +89,7 @@ export class Trellis implements AsyncDisposable {
   private installed = false;
 
   private readonly background: Background | undefined;
+  private readonly jobs: JobRunner;
   private readonly waits: ConvergenceWaits;
 
   private constructor(
@@ -91,6 +103,18 @@ export class Trellis implements AsyncDisposable {
     this.log = instanceLogger(options.logger, this.instance);
     this.waits = new ConvergenceWaits(calls, options.schema, (session) =>
       this.requireInstalled(session),
+    );
+    // Every handle sends jobs; a handle with drain loops works them too (ADR 0014).
+    this.jobs = new JobRunner(
+      connection,
+      {
+        jobsSchema: jobsSchemaFor(options.schema),
+        work: options.drainThreads > 0,
+        queues: [{ queue: SELF_CHECK_QUEUE, handler: selfCheckHandler(options.schema) }],
+        applicationName: options.applicationName,
+        connectTimeoutMs: Math.min(options.callTimeoutMs, WORKER_CONNECT_TIMEOUT_MS),
+      },
+      this.log,
     );
     if (options.staging || options.drainThreads > 0) {
       this.background = new Background(
@@ -283,6 +307,49 @@ export class Trellis implements AsyncDisposable {
     return this.waits.wait(target, token, timeoutMs);
   }
 
+  /**
+   * Starts a check of `target` against its definition recomputed from the sources, as a
+   * background job (pg-boss) that a drain worker somewhere in the fleet runs, and returns
+   * the job at once (`queued`). `'full'` compares every row, `'sample'` `options.sample`
+   * keys chosen at random (1000 by default). While a check of the target is unfinished,
+   * asking again returns it; the next call after it finished replaces it. Refused with
+   * `validation` for a target with source index gaps (unless defined WITHOUT SOURCE
+   * INDEX), with `conflict` for a paused one. Read it back with `selfCheckJob(id)`.
+   */
+  selfCheck(
+    target: string,
+    mode: SelfCheckMode,
+    options: SelfCheckOptions = {},
+  ): Promise<SelfCheckJob> {
+    return this.calls.run('selfCheck', async (session) => {
+      const checked = checkArguments(mode, options);
+      await this.requireInstalled(session);
+      await assertSelfChecksInstalled(session, this.options.schema);
+      const { job, started } = await requestSelfCheck(
+        session,
+        this.options.schema,
+        this.jobs,
+        target,
+        checked,
+      );
+      if (started) this.jobs.wake();
+      return job;
+    });
+  }
+
+  /**
+   * A self-check job as it stands (its state, progress, and once `done` its report), or
+   * null when it was replaced by a later check of its target or the transform was dropped.
+   */
+  selfCheckJob(id: string): Promise<SelfCheckJob | null> {
+    return this.calls.run('selfCheckJob', async (session) => {
+      assertJobId(id);
+      await this.requireInstalled(session);
+      await assertSelfChecksInstalled(session, this.options.schema);
+      return readJob(session, this.options.schema, id);
+    });
+  }
+
   /** Whether some process runs a drain loop for this instance now. */
   hasLiveDrainWorkers(): Promise<boolean> {
     return this.lockHeld(LOCK_CLASS.drain, 'hasLiveDrainWorkers');
@@ -451,7 +518,7 @@ export class Trellis implements AsyncDisposable {
     this.shutdownPromise ??= (async () => {
       try {
         this.waits.shutdown();
-        await this.background?.stop();
+        await Promise.all([this.jobs.stop(), this.background?.stop()]);
         await this.calls.shutdown();
         await this.pool.end(5);
       } finally {
