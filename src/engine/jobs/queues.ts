@@ -25,7 +25,7 @@ export interface JobQueue {
  */
 export const SELF_CHECK_QUEUE = {
   name: 'self_check',
-  sendOptions: { retryLimit: 5, retryDelay: 5, retryBackoff: true, expireInSeconds: 3600 },
+  sendOptions: { retryLimit: 5, retryDelay: 2, retryBackoff: true, expireInSeconds: 3600 },
 } as const satisfies JobQueue;
 
 export const JOB_QUEUES: readonly JobQueue[] = [SELF_CHECK_QUEUE];

@@ -21,6 +21,7 @@ import {
   type Scope,
   WHOLE,
 } from './compare-sql.js';
+import { parseRecord, renderKey } from './record-text.js';
 import { repairFindings } from './repair.js';
 import { sampleKeys } from './sample.js';
 import { type CheckShape, loadShape } from './shape.js';
@@ -28,7 +29,14 @@ import type { SelfCheckFinding, SelfCheckMode, SelfCheckReport } from './types.j
 
 /** Keys compared per statement (one snapshot each, never held for long). */
 export const CHUNK_KEYS = 50_000;
-/** How long the keys a chunk found changed-but-not-applied get to settle. */
+/**
+ * Keys found changed-but-not-applied are compared again, each time once the transform has
+ * applied what the last comparison saw pending, until none is pending, or SETTLE_ROUNDS
+ * comparisons in a row left as many pending, or SETTLE_MS. A key still pending then keeps
+ * being written: the drain re-derives it whole from a newer state each time, so no
+ * divergence can last there; it is reported as unsettled, not as a finding (ADR 0015).
+ */
+const SETTLE_ROUNDS = 5;
 const SETTLE_MS = 60_000;
 /** How long a check waits for its transform to be built (live or catching up). */
 const COMPARABLE_WAIT_MS = 600_000;
@@ -68,11 +76,11 @@ export interface CheckRequest {
 
 type Key = Array<string | null>;
 
+/** A difference as the comparison returns it: key and values in the record text format. */
 interface Diff {
   side: 't' | 'd';
-  k: Key;
-  v: Array<string | null>;
-  key: string | null;
+  k: string;
+  v: string;
 }
 
 interface State {
@@ -215,6 +223,28 @@ function comparable(state: State): boolean {
   );
 }
 
+/**
+ * Waits (until `until` at most) for the transform to reflect every change `snapshot`
+ * sees (`<schema>._converged`, as awaitConverged asks), checking every few milliseconds.
+ */
+async function waitConverged(
+  ctx: CheckContext,
+  transformId: number,
+  snapshot: string,
+  until: number,
+): Promise<void> {
+  let delay = 10;
+  while (Date.now() < until && !ctx.signal.aborted) {
+    const [row] = await ctx.session.query<{ converged: boolean }>(
+      `SELECT ${quoteIdent(ctx.schema)}._converged($1, $2::pg_snapshot) AS converged`,
+      [transformId, snapshot],
+    );
+    if (row?.converged) return;
+    await sleep(delay, ctx.signal);
+    delay = Math.min(200, delay * 2);
+  }
+}
+
 /** Waits until the transform is built (its backfill done) and its sources settled. */
 async function waitComparable(ctx: CheckContext, transformId: number): Promise<void> {
   const until = Math.min(ctx.deadline, Date.now() + COMPARABLE_WAIT_MS);
@@ -289,8 +319,11 @@ async function compareBatch(
   };
   take(first);
   let pending = first.pending;
-  while (pending.length > 0 && Date.now() < until && !ctx.signal.aborted) {
-    await pause();
+  let seen = first.snapshot;
+  let stale = 0;
+  while (pending.length > 0 && stale < SETTLE_ROUNDS && Date.now() < until && !ctx.signal.aborted) {
+    // Compare them again once the transform has applied what that comparison saw pending.
+    await waitConverged(ctx, shape.plan.id, seen, until);
     try {
       const again = await compareInSnapshot(
         ctx,
@@ -303,7 +336,9 @@ async function compareBatch(
         new Set(pending.map((p) => JSON.stringify(p.k))),
       );
       take(again);
+      stale = again.pending.length < pending.length ? 0 : stale + 1;
       pending = again.pending;
+      seen = again.snapshot;
     } catch (error) {
       if (!isRowError(error)) throw error;
     }
@@ -314,6 +349,8 @@ async function compareBatch(
 }
 
 interface Sorted {
+  /** The comparison's snapshot. */
+  snapshot: string;
   rows: number;
   confirmed: Suspect[];
   pending: Suspect[];
@@ -358,7 +395,7 @@ async function compareInSnapshot(
     );
     const dOnly = suspects.filter((s) => s.finding.kind === 'missing').length;
     const rows = (row?.t_rows ?? 0) + dOnly;
-    if (suspects.length === 0) return { rows, confirmed: [], pending: [] };
+    if (suspects.length === 0) return { snapshot: state.snap, rows, confirmed: [], pending: [] };
 
     let pendingKeys: Set<string> | 'all' = 'all';
     if (comparable(state)) {
@@ -377,6 +414,7 @@ async function compareInSnapshot(
     const isPending = (s: Suspect) =>
       pendingKeys === 'all' || pendingKeys.has(routeKey(shape, s.k));
     return {
+      snapshot: state.snap,
       rows,
       confirmed: suspects.filter((s) => !isPending(s)),
       pending: suspects.filter(isPending),
@@ -388,17 +426,20 @@ async function compareInSnapshot(
 function suspectsOf(shape: CheckShape, diffs: Diff[]): Suspect[] {
   const byKey = new Map<string, { t?: Diff; d?: Diff }>();
   for (const diff of diffs) {
-    const id = JSON.stringify(diff.k);
-    const entry = byKey.get(id) ?? {};
+    const entry = byKey.get(diff.k) ?? {};
     entry[diff.side] = diff;
-    byKey.set(id, entry);
+    byKey.set(diff.k, entry);
   }
   const suspects: Suspect[] = [];
+  const keyOf = (diff: Diff) => parseRecord(diff.k, shape.key.length);
+  const valuesOf = (diff: Diff) => parseRecord(diff.v, shape.compared.length);
   for (const { t, d } of byKey.values()) {
     if (t && d) {
+      const tv = valuesOf(t);
+      const dv = valuesOf(d);
       const columns = shape.compared.flatMap((c, i) => {
-        const target = t.v[i] ?? null;
-        const recomputed = d.v[i] ?? null;
+        const target = tv[i] ?? null;
+        const recomputed = dv[i] ?? null;
         if (target === recomputed) return [];
         if (c.float && target !== null && recomputed !== null && floatsClose(target, recomputed)) {
           return [];
@@ -406,12 +447,15 @@ function suspectsOf(shape: CheckShape, diffs: Diff[]): Suspect[] {
         return [{ column: c.name, target, recomputed }];
       });
       if (columns.length > 0) {
-        suspects.push({ k: t.k, finding: { kind: 'differs', key: t.key, columns } });
+        const k = keyOf(t);
+        suspects.push({ k, finding: { kind: 'differs', key: renderKey(k), columns } });
       }
     } else if (t) {
-      suspects.push({ k: t.k, finding: { kind: 'extra', key: t.key } });
+      const k = keyOf(t);
+      suspects.push({ k, finding: { kind: 'extra', key: renderKey(k) } });
     } else if (d) {
-      suspects.push({ k: d.k, finding: { kind: 'missing', key: d.key } });
+      const k = keyOf(d);
+      suspects.push({ k, finding: { kind: 'missing', key: renderKey(k) } });
     }
   }
   return suspects;

@@ -173,34 +173,37 @@ function definitionSql(shape: CheckShape, scope: string): string {
 }
 
 /**
- * One comparison: the target's rows and the definition's for `scope`, as text; returns the
- * target's row count (`t_rows`) and what differs (`diffs`: `{side: 't' | 'd', k, v, key}`
- * with `k` the key's text array, `v` the compared columns' and `key` the key rendered).
+ * One comparison: the target's rows and the definition's for `scope`, each as its key and
+ * its compared columns, two texts in the record format (`(1,"a b",)`: a value's text
+ * form, quoted where needed, nothing for NULL). Both sides stream into one hash
+ * aggregate, which counts each (key, values) pair on either side; a pair whose counts
+ * differ is a difference. Returns the target's row count (`t_rows`) and the differences
+ * (`diffs`: `{side: 't' | 'd', k, v}`, the side holding the pair more often).
  */
 export function compareSql(shape: CheckShape, scope: Scope): string {
-  const t = own('t');
   const d = own('d');
+  const u = own('u');
   const x = own('x');
-  const keyOf = (alias: string) => asText(shape.key.map((k) => `${alias}.${q(k.name)}`));
-  const valuesOf = (alias: string) => asText(shape.compared.map((c) => `${alias}.${q(c.name)}`));
-  return `WITH ${t} AS MATERIALIZED (
-  SELECT ${keyOf('t')} AS k, ${valuesOf('t')} AS v
-    FROM ${shape.plan.targetSql} t
-   WHERE ${scope.target}
-),
-${d} AS MATERIALIZED (
-  SELECT ${keyOf(d)} AS k, ${valuesOf(d)} AS v
-    FROM (${definitionSql(shape, scope.definition)}) ${d}
-)
-SELECT (SELECT count(*) FROM ${t})::float8 AS t_rows,
-       coalesce((
-         SELECT json_agg(json_build_object('side', ${x}.side, 'k', ${x}.k, 'v', ${x}.v,
-                                           'key', ${shape.plan.catalog}.render_key(${x}.k))
-                         ORDER BY ${x}.k, ${x}.side DESC)
-           FROM (SELECT 't' AS side, a.k, a.v FROM (SELECT k, v FROM ${t} EXCEPT ALL SELECT k, v FROM ${d}) a
-                 UNION ALL
-                 SELECT 'd', b.k, b.v FROM (SELECT k, v FROM ${d} EXCEPT ALL SELECT k, v FROM ${t}) b) ${x}),
-         '[]'::json) AS diffs`;
+  const keyOf = (alias: string) => record(shape.key.map((k) => `${alias}.${q(k.name)}`));
+  const valuesOf = (alias: string) => record(shape.compared.map((c) => `${alias}.${q(c.name)}`));
+  return `SELECT coalesce(sum(${x}.nt), 0)::float8 AS t_rows,
+       coalesce(json_agg(json_build_object('side', CASE WHEN ${x}.nt > ${x}.nd THEN 't' ELSE 'd' END,
+                                           'k', ${x}.k, 'v', ${x}.v) ORDER BY ${x}.k)
+                  FILTER (WHERE ${x}.nt <> ${x}.nd), '[]'::json) AS diffs
+  FROM (SELECT ${u}.k, ${u}.v, count(*) FILTER (WHERE ${u}.target) AS nt,
+               count(*) FILTER (WHERE NOT ${u}.target) AS nd
+          FROM (SELECT true AS target, ${keyOf('t')} AS k, ${valuesOf('t')} AS v
+                  FROM ${shape.plan.targetSql} t
+                 WHERE ${scope.target}
+                UNION ALL
+                SELECT false, ${keyOf(d)}, ${valuesOf(d)}
+                  FROM (${definitionSql(shape, scope.definition)}) ${d}) ${u}
+         GROUP BY ${u}.k, ${u}.v) ${x}`;
+}
+
+/** Values as one text in the record format (each value's own text form). */
+function record(items: string[]): string {
+  return `ROW(${list(items)})::text`;
 }
 
 /**
