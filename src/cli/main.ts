@@ -6,4 +6,5 @@ process.exitCode = await runCli(process.argv.slice(2), {
   out: (text) => process.stdout.write(text),
   err: (text) => process.stderr.write(text),
   env: process.env,
+  isTTY: process.stderr.isTTY === true,
 });

@@ -1,10 +1,11 @@
 import { isTrellisError, TrellisError } from '../engine/errors.js';
 import type { CliIo, Command } from './command.js';
+import { check } from './commands/check.js';
 import { migrate } from './commands/migrate.js';
 import { sqlInstall } from './commands/sql-install.js';
 import { packageVersion } from './version.js';
 
-const COMMANDS: readonly Command[] = [sqlInstall, migrate];
+const COMMANDS: readonly Command[] = [sqlInstall, migrate, check];
 
 function usage(): string {
   const width = Math.max(...COMMANDS.map((c) => c.name.length));
@@ -60,8 +61,8 @@ export async function runCli(argv: string[], io: CliIo): Promise<number> {
       io.out(command.help);
       return 0;
     }
-    await command.run(args, io);
-    return 0;
+    const status = await command.run(args, io);
+    return typeof status === 'number' ? status : 0;
   } catch (error) {
     const code = isTrellisError(error) ? error.code : 'unknown';
     const message = error instanceof Error ? error.message : String(error);
