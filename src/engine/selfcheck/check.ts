@@ -21,7 +21,7 @@ import {
   type Scope,
   WHOLE,
 } from './compare-sql.js';
-import { parseRecord, renderKey } from './record-text.js';
+import { renderKey } from './render-key.js';
 import { repairFindings } from './repair.js';
 import { sampleKeys } from './sample.js';
 import { type CheckShape, loadShape } from './shape.js';
@@ -76,11 +76,11 @@ export interface CheckRequest {
 
 type Key = Array<string | null>;
 
-/** A difference as the comparison returns it: key and values in the record text format. */
+/** A difference as the comparison returns it: the texts of its key and its values. */
 interface Diff {
   side: 't' | 'd';
-  k: string;
-  v: string;
+  k: Key;
+  v: Array<string | null>;
 }
 
 interface State {
@@ -426,20 +426,17 @@ async function compareInSnapshot(
 function suspectsOf(shape: CheckShape, diffs: Diff[]): Suspect[] {
   const byKey = new Map<string, { t?: Diff; d?: Diff }>();
   for (const diff of diffs) {
-    const entry = byKey.get(diff.k) ?? {};
+    const id = JSON.stringify(diff.k);
+    const entry = byKey.get(id) ?? {};
     entry[diff.side] = diff;
-    byKey.set(diff.k, entry);
+    byKey.set(id, entry);
   }
   const suspects: Suspect[] = [];
-  const keyOf = (diff: Diff) => parseRecord(diff.k, shape.key.length);
-  const valuesOf = (diff: Diff) => parseRecord(diff.v, shape.compared.length);
   for (const { t, d } of byKey.values()) {
     if (t && d) {
-      const tv = valuesOf(t);
-      const dv = valuesOf(d);
       const columns = shape.compared.flatMap((c, i) => {
-        const target = tv[i] ?? null;
-        const recomputed = dv[i] ?? null;
+        const target = t.v[i] ?? null;
+        const recomputed = d.v[i] ?? null;
         if (target === recomputed) return [];
         if (c.float && target !== null && recomputed !== null && floatsClose(target, recomputed)) {
           return [];
@@ -447,15 +444,12 @@ function suspectsOf(shape: CheckShape, diffs: Diff[]): Suspect[] {
         return [{ column: c.name, target, recomputed }];
       });
       if (columns.length > 0) {
-        const k = keyOf(t);
-        suspects.push({ k, finding: { kind: 'differs', key: renderKey(k), columns } });
+        suspects.push({ k: t.k, finding: { kind: 'differs', key: renderKey(t.k), columns } });
       }
     } else if (t) {
-      const k = keyOf(t);
-      suspects.push({ k, finding: { kind: 'extra', key: renderKey(k) } });
+      suspects.push({ k: t.k, finding: { kind: 'extra', key: renderKey(t.k) } });
     } else if (d) {
-      const k = keyOf(d);
-      suspects.push({ k, finding: { kind: 'missing', key: renderKey(k) } });
+      suspects.push({ k: d.k, finding: { kind: 'missing', key: renderKey(d.k) } });
     }
   }
   return suspects;

@@ -173,37 +173,51 @@ function definitionSql(shape: CheckShape, scope: string): string {
 }
 
 /**
- * One comparison: the target's rows and the definition's for `scope`, each as its key and
- * its compared columns, two texts in the record format (`(1,"a b",)`: a value's text
- * form, quoted where needed, nothing for NULL). Both sides stream into one hash
- * aggregate, which counts each (key, values) pair on either side; a pair whose counts
- * differ is a difference. Returns the target's row count (`t_rows`) and the differences
- * (`diffs`: `{side: 't' | 'd', k, v}`, the side holding the pair more often).
+ * One comparison: the target's rows and the definition's for `scope`, each as the text
+ * forms of its key columns and compared columns (byte for byte: `COLLATE "C"`). Both sides
+ * stream into one hash aggregate, which counts each such row on either side; a row whose
+ * counts differ is a difference. Returns the target's row count (`t_rows`) and the
+ * differences (`diffs`: `{side: 't' | 'd', k, v}`, the side holding the row more often,
+ * with its key's and values' texts as arrays).
  */
 export function compareSql(shape: CheckShape, scope: Scope): string {
   const d = own('d');
   const u = own('u');
   const x = own('x');
-  const keyOf = (alias: string) => record(shape.key.map((k) => `${alias}.${q(k.name)}`));
-  const valuesOf = (alias: string) => record(shape.compared.map((c) => `${alias}.${q(c.name)}`));
+  const keys = shape.key.map((_, i) => q(`k${i + 1}`));
+  const values = shape.compared.map((_, i) => q(`v${i + 1}`));
+  const columns = [...keys, ...values];
+  const texts = (alias: string, names: string[]) =>
+    names.map((name) => `(${alias}.${q(name)})::text COLLATE "C"`);
+  const side = (alias: string) =>
+    list(
+      [
+        ...texts(
+          alias,
+          shape.key.map((k) => k.name),
+        ),
+        ...texts(
+          alias,
+          shape.compared.map((c) => c.name),
+        ),
+      ].map((text, i) => `${text} AS ${columns[i]}`),
+    );
+  const asArray = (names: string[]) =>
+    names.length === 0 ? "'[]'::json" : `json_build_array(${list(names.map((n) => `${x}.${n}`))})`;
   return `SELECT coalesce(sum(${x}.nt), 0)::float8 AS t_rows,
        coalesce(json_agg(json_build_object('side', CASE WHEN ${x}.nt > ${x}.nd THEN 't' ELSE 'd' END,
-                                           'k', ${x}.k, 'v', ${x}.v) ORDER BY ${x}.k)
+                                           'k', ${asArray(keys)}, 'v', ${asArray(values)})
+                         ORDER BY ${list(keys.map((k) => `${x}.${k}`).concat(['1']))})
                   FILTER (WHERE ${x}.nt <> ${x}.nd), '[]'::json) AS diffs
-  FROM (SELECT ${u}.k, ${u}.v, count(*) FILTER (WHERE ${u}.target) AS nt,
-               count(*) FILTER (WHERE NOT ${u}.target) AS nd
-          FROM (SELECT true AS target, ${keyOf('t')} AS k, ${valuesOf('t')} AS v
+  FROM (SELECT ${list(columns.map((c) => `${u}.${c}`))},
+               count(*) FILTER (WHERE ${u}.target) AS nt, count(*) FILTER (WHERE NOT ${u}.target) AS nd
+          FROM (SELECT true AS target, ${side('t')}
                   FROM ${shape.plan.targetSql} t
                  WHERE ${scope.target}
                 UNION ALL
-                SELECT false, ${keyOf(d)}, ${valuesOf(d)}
+                SELECT false, ${side(d)}
                   FROM (${definitionSql(shape, scope.definition)}) ${d}) ${u}
-         GROUP BY ${u}.k, ${u}.v) ${x}`;
-}
-
-/** Values as one text in the record format (each value's own text form). */
-function record(items: string[]): string {
-  return `ROW(${list(items)})::text`;
+         GROUP BY ${list(columns.map((c) => `${u}.${c}`))}) ${x}`;
 }
 
 /**
