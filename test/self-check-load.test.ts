@@ -3,7 +3,7 @@ import type { SelfCheckJob } from '../src/engine/index.js';
 import { livePipeline } from './support/live.js';
 import { type Definition, expectMatchesDefinition } from './support/oracle.js';
 import { announceSeed, testSeeds } from './support/seeds.js';
-import { finishedJob } from './support/self-check.js';
+import { corrupt, finishedJob } from './support/self-check.js';
 import { runWorkload, type WorkloadResult } from './support/workload.js';
 import { ACCOUNTS_DDL, accountsWorkload, seedAccounts } from './support/workload-accounts.js';
 
@@ -66,6 +66,18 @@ describe.each(testSeeds([7]))('self-check while writers run (seed %i)', (seed) =
         const job = await live.trellis.selfCheck(d.target, 'full');
         reports.push(await finishedJob(live.trellis, job.id, 90_000));
       }
+      // A row added behind the engine's back, where no writer writes, is found (and
+      // repaired) while the writes go on: lag hides nothing.
+      await corrupt(
+        live.db,
+        'ld_accounts',
+        "INSERT INTO ld_accounts (id, owner, balance) VALUES (99999999, 'ghost', 1)",
+      );
+      const job = await live.trellis.selfCheck('ld_accounts', 'full', { repair: true });
+      const found = await finishedJob(live.trellis, job.id, 90_000);
+      expect(found.report?.divergences).toEqual([{ kind: 'extra', key: '99999999' }]);
+      expect(found.report?.counts).toEqual({ missing: 0, extra: 1, differs: 0 });
+      expect(found.report?.repaired).toEqual({ findings: 1 });
     } finally {
       checking = false;
       const results = await writes;

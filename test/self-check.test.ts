@@ -162,4 +162,72 @@ describe('self-check findings', () => {
     expect((await checked(live.trellis, d.target)).report?.outcome).toBe('consistent');
     await expectMatchesDefinition(live.db.sql, d);
   });
+
+  it('leaves out the rows held keys route to, reporting the held keys instead, and skips paused columns', async () => {
+    await live.db.sql.unsafe(`
+      CREATE TABLE fe_items (id int PRIMARY KEY, a numeric NOT NULL, b numeric NOT NULL, c text NOT NULL);
+      INSERT INTO fe_items SELECT i, i * 10, 2, 'c' || i FROM generate_series(1, 200) i;`);
+    const d: Definition = {
+      target: 'fe_ratios',
+      from: 'fe_items',
+      select: 'a / b AS ratio, c',
+      implicit: 'id',
+    };
+    await live.define(d);
+    // Row 7's ratio now fails: the key is held at fe_ratios.ratio, and its recomputation
+    // fails too, so the check must not recompute it.
+    await live.db.sql`UPDATE fe_items SET b = 0 WHERE id = 7`;
+    await live.trellis.awaitConverged(d.target, await live.trellis.watermarkToken(), {
+      timeoutMs: 20_000,
+    });
+    expect((await live.trellis.status(d.target)).heldKeys).toBe(1);
+    const held = await checked(live.trellis, d.target);
+    expect(held.state).toBe('done');
+    expect(held.report).toMatchObject({
+      outcome: 'consistent',
+      divergences: [],
+      rowsCompared: 199,
+    });
+    expect(held.report?.heldKeys.count).toBe(1);
+    expect(held.report?.heldKeys.oldestPoisonedAt).toBeInstanceOf(Date);
+
+    // A paused column keeps its values by design: not compared.
+    await live.trellis.apply('PAUSE TRANSFORM fe_ratios.c');
+    await live.db.sql`UPDATE fe_items SET c = 'changed' WHERE id = 3`;
+    await live.trellis.awaitConverged(d.target, await live.trellis.watermarkToken(), {
+      timeoutMs: 20_000,
+    });
+    const paused = await checked(live.trellis, d.target);
+    expect(paused.report).toMatchObject({ outcome: 'consistent', skippedColumns: ['c'] });
+  });
+
+  it('a sample across the key space finds what differs among the keys it draws', async () => {
+    await live.db.sql.unsafe(`
+      CREATE TABLE ff_orders (id int PRIMARY KEY, customer int NOT NULL, amount numeric NOT NULL);
+      CREATE INDEX ON ff_orders (customer);
+      INSERT INTO ff_orders SELECT i, i % 40, i FROM generate_series(1, 2000) i;`);
+    const d: Definition = {
+      target: 'ff_totals',
+      from: 'ff_orders',
+      select: 'customer, sum(amount) AS total',
+      groupBy: 'customer',
+    };
+    await live.define(d);
+    const consistent = await checked(live.trellis, d.target, { mode: 'sample', sample: 20 });
+    expect(consistent).toMatchObject({ state: 'done', mode: 'sample' });
+    expect(consistent.report?.outcome).toBe('consistent');
+    expect(consistent.report?.rowsCompared).toBeGreaterThan(0);
+    expect(consistent.report?.rowsCompared).toBeLessThanOrEqual(20);
+    await corrupt(
+      live.db,
+      d.target,
+      `DELETE FROM ff_totals WHERE customer = 3;
+       UPDATE ff_totals SET total = 0 WHERE customer = 4;
+       INSERT INTO ff_totals (customer, total) VALUES (999, 1);`,
+    );
+    // Half the sample from the target (40 groups: all drawn), half from source rows (one
+    // in four drawn: customer 3's 50 rows cannot all be missed but by a freak).
+    const found = await checked(live.trellis, d.target, { mode: 'sample', sample: 1000 });
+    expect(found.report?.counts).toEqual({ missing: 1, extra: 1, differs: 1 });
+  });
 });
