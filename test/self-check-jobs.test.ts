@@ -131,6 +131,36 @@ describe('self-check jobs', () => {
     }
   });
 
+  it('retries a check whose worker lost its connections mid-check, and finishes it', async () => {
+    await staging.apply(
+      transformStatement({ target: 'jb_cut', from: 'jb_items', select: 'price' }),
+    );
+    const drainer = await worker('jb-worker-cut');
+    const locker = sqlClient(db.url, { max: 1 });
+    try {
+      await waitForStatus(drainer, 'jb_cut', 'live');
+      const job = await locker.begin(async (tx) => {
+        await tx`LOCK TABLE jb_cut IN ACCESS EXCLUSIVE MODE`;
+        const started = await sender.selfCheck('jb_cut', 'full');
+        await waitFor(
+          async () => (await sender.selfCheckJob(started.id))?.state === 'running',
+          'the job to run',
+        );
+        await db.sql`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                      WHERE application_name = 'jb-worker-cut:jobs'`;
+        return started;
+      });
+      const done = await finishedJob(sender, job.id, 40_000);
+      expect(done).toMatchObject({ state: 'done', rowsCompared: 1000 });
+      const [row] = await db.sql<{ attempts: number }[]>`
+        SELECT attempts FROM trellis.self_checks WHERE id = ${job.id}`;
+      expect(row?.attempts).toBe(2);
+    } finally {
+      await locker.end({ timeout: 2 });
+      await drainer.shutdown();
+    }
+  });
+
   it('cancels a check whose transform is paused while it runs, and refuses a paused one', async () => {
     await staging.apply(
       transformStatement({ target: 'jb_paused', from: 'jb_items', select: 'price' }),

@@ -84,7 +84,10 @@ export class JobRunner {
         connectTimeoutMs: options.connectTimeoutMs,
         settings: { idle_in_transaction_session_timeout: '60000', work_mem: '64MB' },
       });
-      this.done = this.run();
+      // run() handles its own errors; this only keeps a bug there from going unhandled.
+      this.done = this.run().catch((error: unknown) => {
+        this.log.error({}, `jobs: the worker stopped: ${String(error)}`);
+      });
     } else {
       this.done = Promise.resolve();
     }
