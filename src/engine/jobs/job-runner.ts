@@ -39,7 +39,7 @@ const POLL_MS = 5_000;
 /** How often a worker looks again for a jobs schema that is not installed (or not current). */
 const INSTALL_RETRY_MS = 10_000;
 /** The longest shutdown waits for a job's stop to be recorded (pg-boss then retries it). */
-const STOP_RECORD_MS = 3_000;
+const STOP_RECORD_MS = 5_000;
 /** pg-boss maintenance (expire, archive, purge) on working handles; one runs per interval fleet-wide. */
 const MAINTENANCE_SECONDS = 120;
 
