@@ -61,6 +61,7 @@ export class JobRunner {
   private wakeUp: (() => void) | undefined;
   private woken = false;
   private boss: PgBoss | undefined;
+  private waitAnnounced = false;
   private readonly done: Promise<void>;
 
   constructor(
@@ -189,7 +190,11 @@ export class JobRunner {
       );
       const version = row?.version ?? null;
       if (version !== BOSS_SCHEMA_VERSION) {
-        this.log.info(
+        // Said once at info, then at debug: it is looked at again every INSTALL_RETRY_MS.
+        const say = this.waitAnnounced ? this.log.debug : this.log.info;
+        this.waitAnnounced = true;
+        say.call(
+          this.log,
           { jobsSchema: this.options.jobsSchema, version, expected: BOSS_SCHEMA_VERSION },
           version === null
             ? 'self-checks wait for the jobs schema to be installed: run migrate() or the install SQL'
