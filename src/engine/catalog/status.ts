@@ -69,6 +69,8 @@ interface StatusRow {
     table: string;
     lock_mode: string;
     since: string;
+    /** Install and uninstall: the lock attempts made so far. */
+    attempts?: number;
     oid: string;
     /** For a widen: the transactions waited on (null until the staging worker has looked). */
     holders?: Array<{ vxid: string }> | null;
@@ -116,6 +118,7 @@ export async function readStatus(
               (SELECT jsonb_build_object(
                         'operation', src.wait->>'operation', 'table', src.qualified,
                         'lock_mode', src.wait->>'lock_mode', 'since', src.wait->>'since',
+                        'attempts', coalesce((src.wait->>'attempts')::int, 1),
                         'oid', src.source_oid::text)
                  FROM ${s}.transform_sources ts JOIN ${s}.sources src ON src.source_oid = ts.source_oid
                 WHERE ts.transform_id = t.id AND src.wait IS NOT NULL
@@ -295,6 +298,7 @@ async function captureWait(
     table: wait.table,
     lockMode: wait.lock_mode,
     since: new Date(wait.since),
+    attempts: wait.attempts ?? null,
     blockers: blockers.map(
       (b): LockBlocker => ({
         pid: b.pid,

@@ -195,6 +195,7 @@ export class StagingWorker {
     }
     if (maintain) {
       const done = await maintainLedger(session, this.schema, this.log);
+      this.log.debug({ floor: done.floor, skipped: done.skipped }, 'ledger maintenance pass');
       this.lastMaintenance = now;
       this.maintainedFloor = done.floor;
       this.nextMaintenance =
