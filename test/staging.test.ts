@@ -539,13 +539,28 @@ describe('ledger rotation', () => {
    */
   async function whileWriting(done: () => Promise<boolean>, what: string): Promise<void> {
     let wroteAt = 0;
-    await waitFor(async () => {
-      if (Date.now() - wroteAt >= 200) {
-        await db.sql`UPDATE events SET v = v WHERE id = 100`;
-        wroteAt = Date.now();
-      }
-      return done();
-    }, what);
+    try {
+      await waitFor(async () => {
+        if (Date.now() - wroteAt >= 200) {
+          await db.sql`UPDATE events SET v = v + 1 WHERE id = 100`;
+          wroteAt = Date.now();
+        }
+        return done();
+      }, what);
+    } catch (error) {
+      // What maintenance saw: the oldest cursor's tick, and transactions that held it back.
+      const state = await db.sql`
+        SELECT (SELECT json_agg(json_build_object('seq', seq, 'xmin', pg_snapshot_xmin(snap)::text))
+                  FROM (SELECT * FROM trellis.ticks ORDER BY seq DESC LIMIT 3) k) AS ticks,
+               (SELECT json_agg(json_build_object('id', transform_id, 'cursor', cursor_tick, 'phase', phase))
+                  FROM trellis.pipeline) AS cursors,
+               pg_snapshot_xmax(pg_current_snapshot())::text AS next_xid,
+               (SELECT json_agg(json_build_object('pid', pid, 'db', datname, 'xid', backend_xid::text,
+                                                  'state', state, 'query', left(query, 80)))
+                  FROM pg_stat_activity WHERE backend_xid IS NOT NULL) AS writers,
+               (SELECT json_agg(gid) FROM pg_prepared_xacts) AS prepared`;
+      throw new Error(`${(error as Error).message}: ${JSON.stringify(state[0])}`);
+    }
   }
 
   async function ledgerDeletes(): Promise<number> {
