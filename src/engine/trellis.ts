@@ -1,6 +1,7 @@
 import { type InspectOptionsStylized, inspect } from 'node:util';
 import { CallRunner } from './calls.js';
 import { type Definition, readDefinitions } from './catalog/definitions.js';
+import { dumpDefinitionsSql } from './catalog/dump-definitions.js';
 import {
   type PoisonedRow,
   poisonedSince,
@@ -372,6 +373,20 @@ export class Trellis implements AsyncDisposable {
     });
   }
 
+  /**
+   * The server's version number (`server_version_num`, e.g. 150018). For schema dumps,
+   * which pick the pg_dump that matches the server.
+   * @internal
+   */
+  serverVersionNum(): Promise<number> {
+    return this.calls.run('serverVersionNum', async (session) => {
+      const [row] = await session.query<{ v: string }>(
+        `SELECT current_setting('server_version_num') AS v`,
+      );
+      return Number(row?.v);
+    });
+  }
+
   /** A call that reads or changes the catalog (`not_migrated` until it is installed). */
   private catalogCall<T>(what: string, fn: (session: Session) => Promise<T>): Promise<T> {
     return this.calls.run(what, async (session) => {
@@ -386,6 +401,19 @@ export class Trellis implements AsyncDisposable {
       await this.requireInstalled(session);
       return readDefinitions(session, this.options.schema);
     });
+  }
+
+  /**
+   * The definitions as SQL for the end of a schema-only `pg_dump` of this database: loaded
+   * after it, the SQL records Trellis's schema as installed and registers every transform
+   * again (each starts at waiting_to_backfill; a worker builds it). Only definitions: the
+   * ledger, progress, pauses, quarantine and claims are runtime state. For a caller that
+   * assembles its own dump; `trellis dump` and `appendDefinitions()` use it.
+   */
+  dumpDefinitionsSql(): Promise<string> {
+    return this.catalogCall('dumpDefinitionsSql', (session) =>
+      dumpDefinitionsSql(session, this.options.schema),
+    );
   }
 
   /** Fails with `not_migrated` when the catalog schema is not installed. */
