@@ -50,3 +50,7 @@ export function installSql(options: InstallSqlOptions = {}): string {
 export function latestVersion(): number {
   return engineLatestVersion();
 }
+
+export type { PgDump } from './dump/find-pg-dump.js';
+export type { DumpSchemaOptions, SchemaDump } from './dump/schema-dump.js';
+export { appendDefinitions, dumpSchema, MAX_REDOS } from './dump/schema-dump.js';
