@@ -60,3 +60,26 @@ export function spawnTrellisCli(
   );
   return Object.assign(child, { output, exited });
 }
+
+/**
+ * Runs `trellis <args>` in this process (runCli, which main.ts binds to the process): for
+ * tests of what commands print and exit with, without a process start each.
+ */
+export async function trellisInProcess(
+  args: string[],
+  env: Record<string, string | undefined> = {},
+): Promise<CliResult> {
+  const { runCli } = await import('../../src/cli/run.js');
+  let stdout = '';
+  let stderr = '';
+  const code = await runCli(args, {
+    out: (text) => {
+      stdout += text;
+    },
+    err: (text) => {
+      stderr += text;
+    },
+    env,
+  });
+  return { code, stdout, stderr };
+}
