@@ -7,7 +7,7 @@ import { afterAll, describe, expect, inject, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
 import { findPgDump } from '../src/migration/dump/find-pg-dump.js';
 import { appendDefinitions, dumpSchema } from '../src/migration/index.js';
-import { spawnTrellisCli, trellisCli } from './support/cli.js';
+import { spawnTrellisCli, trellisCli, trellisInProcess } from './support/cli.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
@@ -224,14 +224,6 @@ describe.skipIf(!pgDump)('trellis dump', () => {
     expect(result.sql).toContain("restore_definition('TRANSFORM loud_names FROM public.cust_names");
   });
 
-  it('refuses a schema list that leaves out Trellis’s schema', async () => {
-    const db = await freshDatabase();
-    const result = await trellisCli(['dump', '--url', db.url, '-n', 'public']);
-    expect(result.code).toBe(2);
-    expect(result.stderr).toMatch(/leaves out Trellis's schema "trellis": add -n trellis/);
-    expect(result.stdout).toBe('');
-  });
-
   it('appends the definitions to a dump made by someone else', async () => {
     const db = await freshDatabase();
     await db.sql.unsafe(SCHEMA);
@@ -252,5 +244,30 @@ describe.skipIf(!pgDump)('trellis dump', () => {
     await loaded.awaitConverged('loud_names', token);
     await expectMatchesDefinition(target.sql, names);
     await expectMatchesDefinition(target.sql, loudNames);
+  });
+});
+
+// Checked before anything connects: these run on every server, pg_dump or not.
+describe('trellis dump arguments', () => {
+  it('refuses schema lists without Trellis’s schema, and what would make the dump unloadable', async () => {
+    const url = ['--url', 'postgres://nobody@127.0.0.1:1/nowhere'];
+    const refused = async (args: string[]) => {
+      const result = await trellisInProcess(['dump', ...url, '--', ...args]);
+      expect(result.code, result.stderr).toBe(2);
+      expect(result.stdout).toBe('');
+      return result.stderr;
+    };
+    expect(await refused(['-n', 'public'])).toContain(
+      `leaves out Trellis's schema "trellis": add -n trellis`,
+    );
+    expect(await refused(['--schema=app*'])).toContain('leaves out Trellis');
+    expect(await refused(['-N', 'tr*'])).toContain('-N tr* leaves out Trellis');
+    expect(await refused(['-F', 'c'])).toContain('must be plain SQL');
+    expect(await refused(['--data-only'])).toContain('schema-only');
+    expect(await refused(['-t', 'orders'])).toContain('-T instead');
+    expect(await refused(['-h', 'elsewhere'])).toContain('--url');
+    // A pattern that matches it (pg_dump folds unquoted letters) goes on to connect.
+    const accepted = await trellisInProcess(['dump', ...url, '--', '-n', 'public', '-n', 'TR*']);
+    expect(accepted.stderr).toMatch(/\(connection\)\n$/);
   });
 });
