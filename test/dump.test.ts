@@ -270,4 +270,11 @@ describe('trellis dump arguments', () => {
     const accepted = await trellisInProcess(['dump', ...url, '--', '-n', 'public', '-n', 'TR*']);
     expect(accepted.stderr).toMatch(/\(connection\)\n$/);
   });
+
+  it('says when the pg_dump it is given is not one', async () => {
+    const db = await freshDatabase();
+    const result = await trellisInProcess(['dump', '--url', db.url, '--pg-dump', process.execPath]);
+    expect(result.code).toBe(3);
+    expect(result.stderr).toContain(`${process.execPath} is not a pg_dump program`);
+  });
 });
