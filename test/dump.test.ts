@@ -277,4 +277,21 @@ describe('trellis dump arguments', () => {
     expect(result.code).toBe(3);
     expect(result.stderr).toContain(`${process.execPath} is not a pg_dump program`);
   });
+  it('refuses to take over a target whose columns the definition no longer gives', async () => {
+    const source = await freshDatabase();
+    await source.sql.unsafe(SCHEMA);
+    await using trellis = await migratedTrellis(source);
+    await trellis.apply(transformStatement(names));
+    const sql = await trellis.dumpDefinitionsSql();
+
+    // Another database, whose cust_names table is not what the definition makes there.
+    const other = await freshDatabase();
+    await other.sql.unsafe(SCHEMA);
+    await (await migratedTrellis(other)).shutdown();
+    await other.sql`CREATE TABLE cust_names (id int PRIMARY KEY, name varchar(10))`;
+    const error = await other.sql.unsafe(sql).catch((e: Error) => e);
+    expect(String(error)).toContain(
+      'the target public.cust_names in this database has the columns (id integer, name character varying(10)), but its definition gives (name text, id integer) here',
+    );
+  });
 });
