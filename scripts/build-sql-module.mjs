@@ -16,15 +16,11 @@ const outFile = join(root, 'src/engine/schema/migrations.generated.ts');
 const files = readdirSync(sqlDir)
   .filter((f) => f.endsWith('.sql'))
   .sort();
-// Numbers only grow, and are never reused. Work on several branches at once reserves its
-// numbers ahead, so a branch may skip some (they arrive when the branches are merged).
-let previous = 0;
-const migrations = files.map((file) => {
+const migrations = files.map((file, index) => {
   const match = /^(\d{4})_([a-z0-9_]+)\.sql$/.exec(file);
   if (!match) throw new Error(`migration file name must be NNNN_name.sql: ${file}`);
   const version = Number(match[1]);
-  if (version <= previous) throw new Error(`migration numbers must increase: ${file}`);
-  previous = version;
+  if (version !== index + 1) throw new Error(`migrations must be numbered 1, 2, 3…: ${file}`);
   const sql = readFileSync(join(sqlDir, file), 'utf8');
   return { version, name: match[2], breaking: sql.startsWith('--! breaking'), sql };
 });
