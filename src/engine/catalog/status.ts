@@ -161,16 +161,13 @@ export async function readStatus(
   );
   if (!row) throw new TrellisError('not_found', `there is no transform named ${target}`);
 
-  let status: Lifecycle = row.paused_at ? 'paused' : row.phase;
-  // Rows that came or went without DML are being re-derived: a build, of a part of it.
-  if ((status === 'live' || status === 'catching_up') && row.correcting.length > 0) {
-    status = 'backfilling';
-  }
-  // A live transform reading a paused upstream column, or reading a target that is still
-  // being built, is not keeping up with its sources.
-  if (status === 'live' && (row.paused_upstream_columns.length > 0 || row.upstream_behind)) {
-    status = 'catching_up';
-  }
+  const status = deriveLifecycle({
+    paused: row.paused_at !== null,
+    phase: row.phase,
+    correcting: row.correcting.length > 0,
+    upstreamPausedColumns: row.paused_upstream_columns.length > 0,
+    upstreamBehind: row.upstream_behind,
+  });
   const hasCursor = row.cursor_tick !== null;
   return {
     target: row.target_name,
@@ -218,6 +215,33 @@ export async function readStatus(
       seconds: hasCursor ? (row.lag_seconds ?? 0) : 0,
     },
   };
+}
+
+/**
+ * The lifecycle status() reports, from the catalog's facts. Shared with the metrics and
+ * events snapshot (observe/catalog-snapshot.ts), so both say the same thing.
+ */
+export function deriveLifecycle(facts: {
+  paused: boolean;
+  phase: Exclude<Lifecycle, 'paused'>;
+  /** Partitions of a source are being corrected for it. */
+  correcting: boolean;
+  /** It reads a column that is paused upstream. */
+  upstreamPausedColumns: boolean;
+  /** A transform upstream (at any depth) is paused or not live. */
+  upstreamBehind: boolean;
+}): Lifecycle {
+  let status: Lifecycle = facts.paused ? 'paused' : facts.phase;
+  // Rows that came or went without DML are being re-derived: a build, of a part of it.
+  if ((status === 'live' || status === 'catching_up') && facts.correcting) {
+    status = 'backfilling';
+  }
+  // A live transform reading a paused upstream column, or reading a target that is still
+  // being built, is not keeping up with its sources.
+  if (status === 'live' && (facts.upstreamPausedColumns || facts.upstreamBehind)) {
+    status = 'catching_up';
+  }
+  return status;
 }
 
 function drainFailure(f: NonNullable<StatusRow['drain_failure']>): DrainFailure {
