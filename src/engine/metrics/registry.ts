@@ -45,11 +45,12 @@ interface InstanceScrape {
   handles: ScrapeSource[];
 }
 
-/** The scrape in progress: every gauge's collect() of one scrape shares it. */
+/**
+ * The scrape in progress. prom-client calls every metric's collect() at once when it
+ * renders a registry, so the gauges of one scrape share one read per instance; the next
+ * scrape reads afresh (a handle shut down since is no longer there).
+ */
 let scraping: Promise<Map<string, InstanceScrape>> | undefined;
-
-/** How long a finished scrape's reads serve further collect() calls (one scrape's gauges). */
-const SCRAPE_REUSE_MS = 250;
 
 function scrape(): Promise<Map<string, InstanceScrape>> {
   if (scraping) return scraping;
@@ -70,10 +71,9 @@ function scrape(): Promise<Map<string, InstanceScrape>> {
     return byInstance;
   })();
   scraping = current;
-  const clear = () =>
-    setTimeout(() => {
-      if (scraping === current) scraping = undefined;
-    }, SCRAPE_REUSE_MS).unref();
+  const clear = () => {
+    if (scraping === current) scraping = undefined;
+  };
   current.then(clear, clear);
   return current;
 }
