@@ -43,7 +43,8 @@ export function consoleLogger(minLevel: LogLevel = 'warn'): Logger {
 export function instanceLogger(
   logger: Logger,
   instance: string,
+  bufferLines: number,
   onDropped?: (lines: number) => void,
 ): LogBridge {
-  return new LogBridge(logger, { trellis_instance: instance }, onDropped);
+  return new LogBridge(logger, { trellis_instance: instance }, onDropped, bufferLines);
 }

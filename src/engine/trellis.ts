@@ -126,7 +126,7 @@ export class Trellis implements AsyncDisposable {
       ],
     });
     sink.metrics = this.metrics;
-    this.log = instanceLogger(options.logger, this.instance, (lines) =>
+    this.log = instanceLogger(options.logger, this.instance, options.logBufferLines, (lines) =>
       this.metrics.logLinesDropped(lines),
     );
     this.events = new TrellisEvents(

@@ -137,7 +137,7 @@ export class CatalogWatch {
 
     const fields = { target, status: now.status, previous: was?.status ?? null };
     if (!was) {
-      log.info(fields, `transform ${target} defined`);
+      log.info(fields, `transform ${target} defined: ${now.status.replaceAll('_', ' ')}`);
     } else if (now.status === 'paused' && was.status !== 'paused') {
       const why = failure && newFailure ? `: ${failure.error}` : '';
       const line = { ...fields, reason: now.pauseReason, kind: failure?.kind };
