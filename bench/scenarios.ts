@@ -5,6 +5,7 @@ import { freshness } from './freshness.js';
 import { groupBy } from './group-by.js';
 import { idle } from './idle.js';
 import type { Scenario } from './scenario.js';
+import { scrape } from './scrape.js';
 import { writeThroughput } from './write-throughput.js';
 
 /** Every scenario `npm run bench` runs, in order. A new scenario: a file, and a line here. */
@@ -16,4 +17,5 @@ export const SCENARIOS: Scenario[] = [
   drain,
   backfill,
   groupBy,
+  scrape,
 ];

@@ -76,6 +76,15 @@ describe('renderPrometheus()', () => {
 
   it('lag rises while a transform is paused and falls after RESUME; the drain counts what it applied', async () => {
     const labels = { trellis_instance: instance(), target: items.target };
+    // A chain over it: its state follows status(), which says catching_up while its
+    // upstream is paused.
+    const chain: Definition = {
+      target: 'm_chain',
+      from: items.target,
+      select: 'doubled',
+      implicit: 'id',
+    };
+    await live.define(chain);
     const before = await scrape();
     await live.trellis.apply(`PAUSE TRANSFORM ${items.target}`);
     // Ticks come only with writes (ADR 0012): write until it is two segments behind.
@@ -100,6 +109,14 @@ describe('renderPrometheus()', () => {
     expect(paused.value('trellis_ledger_pending_rows', ledger)).toBeGreaterThan(0);
     expect(paused.value('trellis_ledger_pending_bytes', ledger)).toBeGreaterThan(0);
     expect(paused.value('trellis_ledger_size_bytes', ledger)).toBeGreaterThan(0);
+    expect((await live.trellis.status(chain.target)).status).toBe('catching_up');
+    expect(
+      paused.value('trellis_target_state', {
+        trellis_instance: instance(),
+        target: chain.target,
+        state: 'catching_up',
+      }),
+    ).toBe(1);
     const lagBefore = paused.value('trellis_target_lag_seconds', labels)!;
     await new Promise((resolve) => setTimeout(resolve, 1_200));
     const later = await scrape();
@@ -107,8 +124,9 @@ describe('renderPrometheus()', () => {
 
     await live.trellis.apply(`RESUME TRANSFORM ${items.target}`);
     await live.db.sql`DELETE FROM m_items WHERE id > 2900 AND id <= 3000`;
-    await settle(items);
+    await settle(items, chain);
     await expectMatchesDefinition(live.db.sql, items);
+    await expectMatchesDefinition(live.db.sql, chain);
     const after = await scrapeUntil(
       (x) =>
         x.value('trellis_target_lag_segments', labels) === 0 &&
@@ -117,6 +135,13 @@ describe('renderPrometheus()', () => {
     );
     expect(after.value('trellis_target_lag_seconds', labels)).toBe(0);
     expect(after.value('trellis_target_state', { ...labels, state: 'live' })).toBe(1);
+    expect(
+      after.value('trellis_target_state', {
+        trellis_instance: instance(),
+        target: chain.target,
+        state: 'live',
+      }),
+    ).toBe(1);
     expect(
       after.value('trellis_paused_transforms', {
         trellis_instance: instance(),

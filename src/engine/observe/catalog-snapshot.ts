@@ -120,7 +120,7 @@ export function snapshotSql(schema: string): string {
                                        AND h.objid = ((hashtext(${quoteLiteral(schema)})::bigint + 4294967296) % 4294967296)::oid
                                      LIMIT 1)`;
   return `
-WITH floor AS (
+WITH RECURSIVE floor AS (
   SELECT k.snap FROM ${s}.ticks k WHERE k.seq = (SELECT min(cursor_tick) FROM ${s}.pipeline)
 ),
 pending AS (
@@ -129,6 +129,42 @@ pending AS (
            WHERE l.xid >= pg_snapshot_xmin(f.snap)::text::bigint
              AND NOT pg_visible_in_snapshot(l.xid::text::xid8, f.snap)
            LIMIT ${LEDGER_PENDING_CAP}) l
+),
+-- What status() asks per transform, asked once for all of them (set-based: a subquery per
+-- transform made the statement cost a couple of milliseconds a transform).
+edges AS (
+  SELECT ts.transform_id AS id, u.id AS up
+    FROM ${s}.transform_sources ts JOIN ${s}.transforms u ON u.target_oid = ts.source_oid
+),
+upstream(id, up) AS (
+  SELECT id, up FROM edges
+  UNION
+  SELECT c.id, e.up FROM upstream c JOIN edges e ON e.id = c.up
+),
+-- Some transform upstream (at any depth) is paused or not live yet.
+upstream_behind AS (
+  SELECT DISTINCT c.id FROM upstream c
+    JOIN ${s}.transforms u ON u.id = c.up JOIN ${s}.pipeline pu ON pu.transform_id = u.id
+   WHERE u.paused_at IS NOT NULL OR pu.phase <> 'live'
+),
+-- It reads a column paused upstream (every column it reads, when that transform is paused).
+upstream_paused AS (
+  SELECT DISTINCT src.transform_id AS id FROM ${s}.transform_sources src
+    JOIN ${s}.transforms u ON u.target_oid = src.source_oid
+    JOIN ${s}.transform_columns uc ON uc.transform_id = u.id
+   WHERE uc.name = ANY (src.read_columns) AND (uc.paused_at IS NOT NULL OR u.paused_at IS NOT NULL)
+),
+correcting AS (
+  SELECT DISTINCT ts.transform_id AS id FROM ${s}.corrections c
+    JOIN ${s}.sources src ON src.id = c.source_id
+    JOIN ${s}.transform_sources ts ON ts.source_oid = src.source_oid
+),
+paused_columns AS (
+  SELECT c.transform_id AS id,
+         jsonb_agg(jsonb_build_object('address', t.target_name || '.' || c.name, 'reason', c.pause_reason)
+                   ORDER BY c.name) AS columns
+    FROM ${s}.transform_columns c JOIN ${s}.transforms t ON t.id = c.transform_id
+   WHERE c.paused_at IS NOT NULL GROUP BY c.transform_id
 )
 SELECT
   (SELECT coalesce(jsonb_agg(jsonb_build_object(
@@ -140,34 +176,10 @@ SELECT
                             AND (p.phase = 'backfilling' OR p.backfill_done > 0),
             'backfill_done', p.backfill_done, 'backfill_total', p.backfill_total,
             'capture_failure', t.capture_failure,
-            'correcting', EXISTS (
-               SELECT 1 FROM ${s}.corrections c JOIN ${s}.sources src ON src.id = c.source_id
-                 JOIN ${s}.transform_sources ts ON ts.source_oid = src.source_oid
-                WHERE ts.transform_id = t.id),
-            'upstream_paused', EXISTS (
-               SELECT 1 FROM ${s}.transform_sources src
-                 JOIN ${s}.transforms u ON u.target_oid = src.source_oid
-                 JOIN ${s}.transform_columns uc ON uc.transform_id = u.id
-                WHERE src.transform_id = t.id AND uc.name = ANY (src.read_columns)
-                  AND (uc.paused_at IS NOT NULL OR u.paused_at IS NOT NULL)),
-            'upstream_behind', EXISTS (
-               WITH RECURSIVE up(id) AS (
-                 SELECT u.id FROM ${s}.transform_sources ts
-                   JOIN ${s}.transforms u ON u.target_oid = ts.source_oid
-                  WHERE ts.transform_id = t.id
-                 UNION
-                 SELECT u.id FROM up
-                   JOIN ${s}.transform_sources ts ON ts.transform_id = up.id
-                   JOIN ${s}.transforms u ON u.target_oid = ts.source_oid)
-               SELECT 1 FROM up JOIN ${s}.transforms u ON u.id = up.id
-                 JOIN ${s}.pipeline pu ON pu.transform_id = u.id
-                WHERE u.paused_at IS NOT NULL OR pu.phase <> 'live'),
-            'paused_columns', (
-               SELECT coalesce(jsonb_agg(jsonb_build_object(
-                        'address', t.target_name || '.' || c.name, 'reason', c.pause_reason)
-                        ORDER BY c.name), '[]')
-                 FROM ${s}.transform_columns c
-                WHERE c.transform_id = t.id AND c.paused_at IS NOT NULL)
+            'correcting', t.id IN (SELECT id FROM correcting),
+            'upstream_paused', t.id IN (SELECT id FROM upstream_paused),
+            'upstream_behind', t.id IN (SELECT id FROM upstream_behind),
+            'paused_columns', coalesce((SELECT pc.columns FROM paused_columns pc WHERE pc.id = t.id), '[]')
           ) ORDER BY t.target_name), '[]')
      FROM ${s}.transforms t
      JOIN ${s}.pipeline p ON p.transform_id = t.id
@@ -204,9 +216,17 @@ SELECT
        FROM ${s}.sources src WHERE src.widened_at IS NOT NULL) w) AS waits`;
 }
 
-/** Reads the snapshot on `session` (one statement). */
+/**
+ * Reads the snapshot on `session`: one statement, in a transaction of its own without JIT.
+ * Its cost estimate (the subqueries per transform, pg_locks) passes the JIT threshold
+ * while the work is a few milliseconds: JIT compiling it took about a second
+ * (`npm run bench`, scenario scrape).
+ */
 export async function readSnapshot(session: Session, schema: string): Promise<InstanceSnapshot> {
-  const [row] = await session.query<Row>(snapshotSql(schema));
+  const [row] = await session.transaction(async () => {
+    await session.query('SET LOCAL jit = off');
+    return session.query<Row>(snapshotSql(schema));
+  });
   const transforms = new Map<string, TransformSnapshot>();
   for (const t of row?.transforms ?? []) {
     transforms.set(t.target, {
