@@ -554,7 +554,7 @@ export class Trellis implements AsyncDisposable {
   /** After each pass of the elected staging worker: a snapshot on its session, at most once a second. */
   private async watchOnStagingPass(session: Session): Promise<void> {
     try {
-      await this.watch.fresh(() => readSnapshot(session, this.options.schema));
+      await this.watch.refreshUnlessBusy(() => readSnapshot(session, this.options.schema));
     } catch (error) {
       this.log.debug(
         { code: error instanceof TrellisError ? error.code : 'unknown' },

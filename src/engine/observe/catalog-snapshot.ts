@@ -216,15 +216,21 @@ SELECT
        FROM ${s}.sources src WHERE src.widened_at IS NOT NULL) w) AS waits`;
 }
 
+/** However it is read (a call, the staging worker's session), the snapshot gives up after this. */
+const SNAPSHOT_STATEMENT_TIMEOUT_MS = 5_000;
+
 /**
- * Reads the snapshot on `session`: one statement, in a transaction of its own without JIT.
- * Its cost estimate (the subqueries per transform, pg_locks) passes the JIT threshold
- * while the work is a few milliseconds: JIT compiling it took about a second
- * (`npm run bench`, scenario scrape).
+ * Reads the snapshot on `session`: one statement, in a transaction of its own, without
+ * JIT and with a short statement timeout. Its cost estimate (pg_locks, the recursive
+ * upstream walk) passes the JIT threshold while the work is a few milliseconds: JIT
+ * compiling it took about a second (`npm run bench`, scenario scrape).
  */
 export async function readSnapshot(session: Session, schema: string): Promise<InstanceSnapshot> {
   const [row] = await session.transaction(async () => {
-    await session.query('SET LOCAL jit = off');
+    await session.query(
+      "SELECT set_config('jit', 'off', true), set_config('statement_timeout', $1, true)",
+      [String(SNAPSHOT_STATEMENT_TIMEOUT_MS)],
+    );
     return session.query<Row>(snapshotSql(schema));
   });
   const transforms = new Map<string, TransformSnapshot>();

@@ -42,6 +42,21 @@ export class CatalogWatch {
   ): Promise<InstanceSnapshot> {
     if (this.last && Date.now() - this.last.at < maxAgeMs) return Promise.resolve(this.last);
     if (this.inFlight) return this.inFlight;
+    return this.start(read);
+  }
+
+  /**
+   * For the staging worker: reads a snapshot if the last one is older than a second and
+   * no read is in flight elsewhere (a read on the call pool may wait for a connection; the
+   * staging worker never waits on it).
+   */
+  async refreshUnlessBusy(read: () => Promise<InstanceSnapshot>): Promise<void> {
+    if (this.inFlight) return;
+    if (this.last && Date.now() - this.last.at < SNAPSHOT_MAX_AGE_MS) return;
+    await this.start(read);
+  }
+
+  private start(read: () => Promise<InstanceSnapshot>): Promise<InstanceSnapshot> {
     const started = Date.now();
     const reading = read().then((snapshot) => {
       this.accept(snapshot, started);
