@@ -3,6 +3,8 @@ import type { CliIo, Command } from './command.js';
 import { apply } from './commands/apply.js';
 import { definitions } from './commands/definitions.js';
 import { dump } from './commands/dump.js';
+import { generateInstall, generateUpgrade } from './commands/generate-install.js';
+import { generateTransform } from './commands/generate-transform.js';
 import { migrate } from './commands/migrate.js';
 import { quarantine } from './commands/quarantine.js';
 import { release } from './commands/release.js';
@@ -22,6 +24,9 @@ const COMMANDS: readonly Command[] = [
   release,
   worker,
   dump,
+  generateInstall,
+  generateTransform,
+  generateUpgrade,
   migrate,
   sqlInstall,
 ];

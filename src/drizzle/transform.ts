@@ -42,19 +42,9 @@ import {
   viewItem,
   viewRef,
 } from './render.js';
+import { definitionOn, TARGET_KEY, type TransformDefinition } from './target-key.js';
 
-/** Where a target's statement is kept on its drizzle object (shared by every copy of this module). */
-const TARGET = Symbol.for('trellis-pg:transform');
-
-/** What `transform()` records on the target object. */
-export interface TransformDefinition {
-  /** The target's name (a table in the instance's target schema). */
-  target: string;
-  /** The TRANSFORM statement, ready for `apply()`, `applyStatementSql()` or a migration. */
-  statement: string;
-  /** Targets of other transforms this one reads (a chain): they must be defined first. */
-  reads: string[];
-}
+export type { TransformDefinition } from './target-key.js';
 
 /** A source a statement can read: a drizzle table (aliases included) or another target. */
 export type TransformSource = PgTable | AnyTrellisTarget;
@@ -268,20 +258,18 @@ export function transform<
   const { statement, reads, columns } = render(name, built.parts, options.casing);
   const view = targetView(name, columns, options.schema);
   const definition: TransformDefinition = { target: name, statement, reads };
-  Object.defineProperty(view, TARGET, { value: Object.freeze(definition), enumerable: false });
+  Object.defineProperty(view, TARGET_KEY, { value: Object.freeze(definition), enumerable: false });
   return view as unknown as TrellisTarget<TName, TargetColumns<TSelection, TNullable>>;
 }
 
 /** Whether a value is a target `transform()` returned. */
 export function isTrellisTarget(value: unknown): value is AnyTrellisTarget {
-  return typeof value === 'object' && value !== null && TARGET in value;
+  return definitionOn(value) !== undefined;
 }
 
 /** What `transform()` recorded on a target: its name, statement and the targets it reads. */
 export function transformDefinition(target: AnyTrellisTarget): TransformDefinition {
-  const definition = isTrellisTarget(target)
-    ? (target as unknown as Record<symbol, TransformDefinition | undefined>)[TARGET]
-    : undefined;
+  const definition = definitionOn(target);
   if (!definition) {
     throw new TrellisError('validation', 'not a Trellis target: make it with transform()');
   }
