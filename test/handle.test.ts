@@ -351,7 +351,7 @@ describe('call deadlines', () => {
     try {
       const call = trellis.definitions();
       const blocked = await blockedBackend(db, app);
-      expect(blocked.query).toContain('transforms');
+      expect(blocked.query).toContain('definitions()');
       const error = await rejection(call);
       expect(error.code).toBe('timeout');
       await nothingRunning(db, app);
