@@ -151,6 +151,12 @@ describe('transform(): statements from drizzle tables', () => {
     expect(applyStatementSql(statementOf(bigCustomers))).toMatch(
       /^SELECT "trellis"\.apply\('TRANSFORM "big_customers"\n/,
     );
+    expect(applyStatementSql(bigCustomers, { schema: 'tr' })).toBe(
+      `SELECT "tr".apply('${statementOf(bigCustomers)}');`,
+    );
+    expect(() => applyStatementSql(orders)).toThrow(
+      expect.objectContaining({ code: 'validation' }),
+    );
     expect(isTrellisTarget(customerTotals)).toBe(true);
     expect(isTrellisTarget(orders)).toBe(false);
   });

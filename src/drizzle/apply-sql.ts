@@ -1,8 +1,10 @@
 /**
  * The SQL line that applies a statement from a migration: `SELECT "trellis".apply('…');`.
  */
+import { TrellisError } from '../engine/errors.js';
 import { assertIdentifier, quoteIdent, quoteLiteral } from '../engine/identifiers.js';
 import { DEFAULTS } from '../engine/options.js';
+import { definitionOn } from './target-key.js';
 
 export interface ApplyStatementSqlOptions {
   /**
@@ -13,7 +15,8 @@ export interface ApplyStatementSqlOptions {
 }
 
 /**
- * The SQL that applies one Trellis statement from a migration, e.g.
+ * The SQL that applies one Trellis statement (or the statement of a target `transform()`
+ * returned) from a migration, e.g.
  * `SELECT "trellis".apply('TRANSFORM widget_prices FROM widgets SELECT price AS price');`.
  * The statement is quoted as a literal and the schema as an identifier, so neither can
  * inject SQL.
@@ -24,10 +27,14 @@ export interface ApplyStatementSqlOptions {
  * the migration with SQLSTATE `TRP01` (parse) or `TRV01` (validation).
  */
 export function applyStatementSql(
-  statement: string,
+  statement: string | object,
   options: ApplyStatementSqlOptions = {},
 ): string {
   const schema = options.schema ?? DEFAULTS.schema;
   assertIdentifier('schema', schema);
-  return `SELECT ${quoteIdent(schema)}.apply(${quoteLiteral(statement)});`;
+  const text = typeof statement === 'string' ? statement : definitionOn(statement)?.statement;
+  if (text === undefined) {
+    throw new TrellisError('validation', 'applyStatementSql takes a statement or a Trellis target');
+  }
+  return `SELECT ${quoteIdent(schema)}.apply(${quoteLiteral(text)});`;
 }
