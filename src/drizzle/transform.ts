@@ -8,29 +8,9 @@
  * object (`statementOf(target)`), so one export serves the app's reads, drizzle-kit's schema
  * and `trellis generate transform --from`.
  */
-import {
-  type AnyColumn,
-  type BuildColumns,
-  Column,
-  type ColumnsSelection,
-  is,
-  type NotNull,
-  type SQL,
-  Table,
-  View,
-} from 'drizzle-orm';
+import { type AnyColumn, is, type SQL, Table, View } from 'drizzle-orm';
 import { toCamelCase, toSnakeCase } from 'drizzle-orm/casing';
-import {
-  type ConvertCustomConfig,
-  customType,
-  type PgColumnBuilderBase,
-  type PgCustomColumnBuilder,
-  type PgTable,
-  type PgView,
-  type PgViewWithSelection,
-  pgSchema,
-  pgView,
-} from 'drizzle-orm/pg-core';
+import type { PgTable } from 'drizzle-orm/pg-core';
 import { TrellisError } from '../engine/errors.js';
 import { assertIdentifier, quoteIdent } from '../engine/identifiers.js';
 import {
@@ -43,8 +23,17 @@ import {
   viewRef,
 } from './render.js';
 import { definitionOn, TARGET_KEY, type TransformDefinition } from './target-key.js';
+import {
+  type AnyTrellisTarget,
+  type TargetColumnSpec,
+  type TargetColumns,
+  type TrellisTarget,
+  targetColumn,
+  targetView,
+} from './target-view.js';
 
 export type { TransformDefinition } from './target-key.js';
+export type { AnyTrellisTarget, TargetColumns, TrellisTarget } from './target-view.js';
 
 /** A source a statement can read: a drizzle table (aliases included) or another target. */
 export type TransformSource = PgTable | AnyTrellisTarget;
@@ -56,43 +45,6 @@ export type SourceColumn<TNames extends string> = AnyColumn<{ tableName: TNames 
 
 /** A SELECT list: each key names a column of the target. */
 export type Selection<TNames extends string> = Record<string, SourceColumn<TNames> | SQL<unknown>>;
-
-type ItemShape<T, TNullable extends string> = T extends AnyColumn
-  ? {
-      data: T['_']['data'];
-      notNull: T['_']['notNull'] extends true
-        ? T['_']['tableName'] extends TNullable
-          ? false
-          : true
-        : false;
-    }
-  : T extends SQL<infer D>
-    ? { data: D; notNull: true }
-    : never;
-
-type TargetColumn<I extends { data: unknown; notNull: boolean }> = I['notNull'] extends true
-  ? NotNull<
-      PgCustomColumnBuilder<ConvertCustomConfig<'', { data: I['data']; driverData: unknown }>>
-    >
-  : PgCustomColumnBuilder<ConvertCustomConfig<'', { data: I['data']; driverData: unknown }>>;
-
-/**
- * The target's columns as drizzle column builders: a column item keeps its data type (and
- * is nullable when its column is, or when its table is LEFT JOINed); a `sql<T>` item has
- * type `T` exactly (write `sql<number | null>` for an aggregate that can be NULL).
- */
-export type TargetColumns<S, TNullable extends string> = {
-  [K in keyof S]: TargetColumn<ItemShape<S[K], TNullable>>;
-};
-
-/** The typed, read-only drizzle object of a target: an existing view to drizzle. */
-export type TrellisTarget<
-  TName extends string,
-  TColumns extends Record<string, PgColumnBuilderBase>,
-> = PgViewWithSelection<TName, true, BuildColumns<TName, TColumns, 'pg'>>;
-
-/** Any target `transform()` returned (to drizzle, an existing view with some columns). */
-export type AnyTrellisTarget = PgView<string, true, ColumnsSelection>;
 
 /** Options of {@link transform}. */
 export interface TransformOptions {
@@ -281,14 +233,6 @@ export function statementOf(target: AnyTrellisTarget): string {
   return transformDefinition(target).statement;
 }
 
-interface TargetColumnSpec {
-  key: string;
-  name: string;
-  sqlType: string;
-  notNull: boolean;
-  decode: (value: unknown) => unknown;
-}
-
 function render(
   name: string,
   parts: Parts,
@@ -365,50 +309,4 @@ function targetColumnName(key: string, casing: Casing | undefined): string {
   if (casing === 'snake_case') return toSnakeCase(key);
   if (casing === 'camelCase') return toCamelCase(key);
   return key;
-}
-
-function targetColumn(
-  key: string,
-  name: string,
-  value: AnyColumn | SQL,
-  nullable: ReadonlySet<string>,
-): TargetColumnSpec {
-  if (is(value, Column)) {
-    const table = value.table as unknown as Table | View;
-    const refName = is(table, View) ? viewRef(table as View).refName : tableRef(table).refName;
-    return {
-      key,
-      name,
-      sqlType: value.getSQLType(),
-      notNull: value.notNull && !nullable.has(refName),
-      decode: (v) => value.mapFromDriverValue(v),
-    };
-  }
-  // A sql`…` item: its type is whatever its decoder (mapWith) says, else the driver's value.
-  const decoder = (value as unknown as { decoder?: { mapFromDriverValue(v: unknown): unknown } })
-    .decoder;
-  return {
-    key,
-    name,
-    sqlType: is(decoder, Column) ? (decoder as AnyColumn).getSQLType() : 'unknown',
-    notNull: false,
-    decode: (v) => (decoder ? decoder.mapFromDriverValue(v) : v),
-  };
-}
-
-/** The drizzle object for the target: `pgView(name, columns).existing()`. */
-function targetView(name: string, columns: TargetColumnSpec[], schema: string | undefined) {
-  const builders: Record<string, PgColumnBuilderBase> = {};
-  for (const c of columns) {
-    const type = customType<{ data: unknown; driverData: unknown }>({
-      dataType: () => c.sqlType,
-      fromDriver: c.decode,
-    });
-    const builder = type(c.name);
-    builders[c.key] = c.notNull ? builder.notNull() : builder;
-  }
-  // pgSchema('public') is refused by drizzle: the public schema is its default.
-  return schema === undefined || schema === 'public'
-    ? pgView(name, builders).existing()
-    : pgSchema(schema).view(name, builders).existing();
 }
