@@ -125,7 +125,7 @@ describe('trellis generate', () => {
   }, async () => {
     const ours = await project();
     expect((await kit(ours, ['generate', '--name', 'tables'])).code).toBe(0);
-    const theirs = join(dirs[0] as string, '..', `${dirs[0]?.split('/').pop()}-kit`);
+    const theirs = `${ours}-kit`;
     dirs.push(theirs);
     await cp(ours, theirs, { recursive: true, verbatimSymlinks: true });
 
