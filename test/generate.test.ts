@@ -177,7 +177,8 @@ describe('trellis generate', () => {
       ['generate', 'transform', 'TRANSFORM t FROM orders SELEC amount', ...config],
       env,
     );
-    expect(parse.code).toBe(1);
+    // Exit 2: a refused statement (the CLI's exit codes, see README).
+    expect(parse.code).toBe(2);
     expect(parse.err).toMatch(
       /^trellis: expected JOIN or SELECT, found "amount" at character 31 \(parse\)\n$/,
     );
@@ -185,7 +186,7 @@ describe('trellis generate', () => {
       ['generate', 'transform', 'TRANSFORM t FROM orders SELECT amuont AS amount', ...config],
       env,
     );
-    expect(misspelt.code).toBe(1);
+    expect(misspelt.code).toBe(2);
     expect(misspelt.err).toMatch(/amuont.*\(validation\)\n$/);
     const noUrl = await inProcess(
       ['generate', 'transform', 'DROP TRANSFORM t', '--out', join(dir, 'migrations')],
@@ -218,7 +219,7 @@ describe('trellis generate', () => {
     const upgrade = await inProcess(['generate', 'upgrade', ...config], {});
     expect(upgrade.out).toContain('nothing written');
     const install = await inProcess(['generate', 'install', ...config], {});
-    expect(install).toMatchObject({ code: 1 });
+    expect(install).toMatchObject({ code: 6 });
     expect(install.err).toMatch(/already installs.*\(conflict\)/);
 
     // On a database where the pending migrations cannot run (its tables were made
