@@ -14,7 +14,7 @@ const prices: Definition = {
   implicit: 'id',
 };
 
-describe('trellis apply, definitions, status, quarantine, release', () => {
+describe('trellis apply, definitions, status, quarantine, release', { timeout: 180_000 }, () => {
   it('defines, reports, and releases a held key, for scripts and people', async () => {
     const db = await freshDatabase();
     await db.sql`CREATE TABLE items (id int PRIMARY KEY, d int NOT NULL)`;

@@ -13,7 +13,7 @@ const copy: Definition = { target: 'big_copy', from: 'big', select: 'v', implici
 const ANSI = new RegExp(`${String.fromCharCode(27)}\\[[0-9;?]*[A-Za-z]`, 'g');
 const shellQuote = (s: string) => `'${s.replaceAll("'", `'\\''`)}'`;
 
-describe('trellis status --watch', () => {
+describe('trellis status --watch', { timeout: 180_000 }, () => {
   it('redraws the table in place on a terminal, with a progress bar that advances', async () => {
     const db = await freshDatabase();
     // Three backfill chunks (100,000 keys each), and an estimate of the total to show.

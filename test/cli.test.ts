@@ -11,7 +11,8 @@ const trellis = trellisCli;
 
 const version = (JSON.parse(readFileSync('package.json', 'utf8')) as { version: string }).version;
 
-describe('trellis CLI', () => {
+// Each command is a process of its own, compiled by tsx on start: slow on a loaded machine.
+describe('trellis CLI', { timeout: 180_000 }, () => {
   it('prints help with every command, and exits 0', async () => {
     const result = await trellis(['--help']);
     expect(result).toMatchObject({ code: 0, stderr: '' });

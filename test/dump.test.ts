@@ -102,7 +102,9 @@ async function statements(trellis: Trellis): Promise<Record<string, string>> {
   return Object.fromEntries((await trellis.definitions()).map((d) => [d.target, d.statement]));
 }
 
-describe.skipIf(!pgDump)('trellis dump', () => {
+// pg_dump, psql and a worker process each start up in these tests: on a loaded machine a
+// round trip took over a minute.
+describe.skipIf(!pgDump)('trellis dump', { timeout: 180_000 }, () => {
   it('round-trips into a new database whose worker builds every target', async () => {
     const source = await sourceDatabase();
     const file = join(dir, 'structure.sql');

@@ -21,7 +21,7 @@ export function trellisCli(
     execFile(
       CLI_COMMAND[0],
       [...CLI_COMMAND.slice(1), ...args],
-      { env: { ...process.env, DATABASE_URL: undefined, ...env }, timeout: 60_000 },
+      { env: { ...process.env, DATABASE_URL: undefined, ...env }, timeout: 150_000 },
       (error, stdout, stderr) => {
         const code = error ? (typeof error.code === 'number' ? error.code : -1) : 0;
         resolve({ code, stdout, stderr });
