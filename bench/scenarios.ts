@@ -5,6 +5,7 @@ import { freshness } from './freshness.js';
 import { groupBy } from './group-by.js';
 import { idle } from './idle.js';
 import type { Scenario } from './scenario.js';
+import { scrape } from './scrape.js';
 import { selfCheck } from './self-check.js';
 import { writeThroughput } from './write-throughput.js';
 
@@ -18,4 +19,5 @@ export const SCENARIOS: Scenario[] = [
   backfill,
   groupBy,
   selfCheck,
+  scrape,
 ];

@@ -11,8 +11,6 @@ import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
 // trigger, which misses the newly captured columns); while capture is installed, every
 // session or prepared transaction holding a conflicting lock.
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
 /**
  * A session of its own (a client with one connection), named `name` in pg_stat_activity.
  * Its statements are prepared and reused by text, as an app's driver would.
@@ -38,6 +36,18 @@ async function capturedColumns(sql: postgres.Sql, table: string): Promise<string
   const [row] = await sql`
     SELECT captured_columns::text[] AS columns FROM trellis.sources WHERE qualified = ${table}`;
   return (row?.columns as string[] | undefined) ?? [];
+}
+
+/**
+ * Defines a transform over a new table of its own and waits for it to go live: proof that
+ * the staging worker ran reconcile passes (install, widen waits) and started backfills
+ * since, so a transform still waiting was looked at and kept waiting, not overlooked.
+ */
+async function passesRan(db: TestDatabase, api: Trellis, name: string): Promise<void> {
+  await db.sql.unsafe(`CREATE TABLE ${name} (id int PRIMARY KEY, v int NOT NULL);
+                       INSERT INTO ${name} SELECT g, g FROM generate_series(1, 10) g;`);
+  await api.apply(`TRANSFORM ${name}_copy FROM ${name} SELECT v`);
+  await waitForStatus(api, `${name}_copy`, 'live');
 }
 
 describe('what a backfill waits on', () => {
@@ -206,10 +216,12 @@ describe('what a backfill waits on', () => {
 
       // A backfill started now would read row 2 as it was, and no ledger row would ever
       // correct it: it waits while the writer is there, whatever else happens.
-      await sleep(1_500);
+      await passesRan(db, api, 'side_meters');
       const still = await api.status('meter_labels');
       expect(still.status).toBe('waiting_to_backfill');
       expect(still.captureWait?.blockers.map((b) => b.pid)).toEqual([writer.pid]);
+      // A widen takes no lock: it has no attempts to count.
+      expect(still.captureWait?.attempts).toBeNull();
 
       await writer.sql`COMMIT`;
     } finally {
@@ -290,7 +302,7 @@ describe('what a backfill waits on', () => {
         transaction: expect.stringMatching(/^\d+$/),
       },
     ]);
-    await sleep(1_000);
+    await passesRan(db, api, 'side_valves');
     expect((await api.status('valve_labels')).status).toBe('waiting_to_backfill');
 
     await db.sql`COMMIT PREPARED 'trellis_test_valves'`;
@@ -348,7 +360,13 @@ describe('what a backfill waits on', () => {
       transaction: expect.stringMatching(/^\d+$/),
     });
     expect(Date.now() - prepared!.prepared.getTime()).toBeLessThan(60_000);
-    await sleep(500);
+    // The staging worker keeps trying (its attempts are counted), and fails each time.
+    const tried = waiting!.captureWait!.attempts!;
+    expect(tried).toBeGreaterThanOrEqual(1);
+    await waitFor(
+      async () => ((await api.status('crate_weights')).captureWait?.attempts ?? 0) >= tried + 2,
+      'two more attempts to install capture',
+    );
     expect(await capturedColumns(db.sql, 'public.crates')).toEqual([]);
 
     await db.sql`COMMIT PREPARED 'trellis_test_crates'`;

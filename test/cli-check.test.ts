@@ -119,7 +119,7 @@ describe('trellis check', { timeout: 180_000 }, () => {
 
     await corrupt(live.db, 'cc_prices', 'UPDATE cc_prices SET price = 0 WHERE id = 42');
     const diverged = await trellis(['check', 'cc_prices', '--json']);
-    expect(diverged.code).toBe(2);
+    expect(diverged.code).toBe(9);
     const found = JSON.parse(diverged.stdout) as SelfCheckJob;
     expect(found).toMatchObject({ target: 'cc_prices', state: 'done' });
     expect(found.report?.divergences).toEqual([
@@ -127,7 +127,7 @@ describe('trellis check', { timeout: 180_000 }, () => {
     ]);
 
     const repaired = await trellis(['check', 'cc_prices', '--repair']);
-    expect(repaired.code).toBe(2);
+    expect(repaired.code).toBe(9);
     expect(repaired.stdout).toContain('differs  key 42: price: target 0, recomputed 42');
     expect(repaired.stdout).toContain('repaired        1 findings');
     expect((await trellis(['check', 'cc_prices', '--mode', 'sample', '--sample', '50'])).code).toBe(
@@ -150,12 +150,12 @@ describe('trellis check', { timeout: 180_000 }, () => {
       '--target-schema',
       'cc_idle_targets',
     ]);
-    expect(refused.code).toBe(1);
+    expect(refused.code).toBe(6);
     expect(refused.stderr).toMatch(
       /no drain worker is running for the Trellis instance "cc_idle".*\(conflict\)\n$/,
     );
     const bad = await trellis(['check', 'cc_prices', '--mode', 'most']);
-    expect(bad.code).toBe(1);
+    expect(bad.code).toBe(2);
     expect(bad.stderr).toMatch(/--mode must be full or sample.*\(validation\)/);
   });
 });

@@ -60,7 +60,7 @@ describe('crashes', { timeout: 120_000 }, () => {
         applicationName: 'doomed',
       });
       for (const d of DEFINITIONS) await api.apply(transformStatement(d));
-      await waitForStatus(api, 'acct_all', 'live');
+      await waitForStatus(api, 'acct_all', 'live', 60_000);
       // A big change: a range of many pages, being drained when the process dies.
       await db.sql`INSERT INTO accounts (id, owner, balance, status)
                    SELECT g, 'bulk', g % 500, 'active' FROM generate_series(100001, 200000) g`;

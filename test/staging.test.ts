@@ -5,7 +5,7 @@ import { LOCK_CLASS } from '../src/engine/internal/advisory-locks.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import { announceSeed, scaled, testSeeds, timeoutFor } from './support/seeds.js';
-import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
+import { migratedTrellis, quietLogger, waitFor, waitForStatus } from './support/trellis.js';
 import { runWorkload } from './support/workload.js';
 import { ACCOUNTS_DDL, accountsWorkload, seedAccounts } from './support/workload-accounts.js';
 
@@ -330,30 +330,50 @@ describe.each(testSeeds([4], 10))('capture installed under concurrent writes (se
     await db.sql.unsafe(seedAccounts(5_000));
     await using api = await migratedTrellis(db);
     await using _worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
-    let writing = true;
+    // Capture is installed once a quarter of the writers' steps are done, and widened
+    // before any writer takes its last quarter: both happen between writes, and the
+    // counts below show it rather than assume it.
+    const operations = scaled(360);
+    const writers = 3;
+    let steps = 0;
+    let quarterDone: () => void = () => undefined;
+    const quarter = new Promise<void>((resolve) => {
+      quarterDone = resolve;
+    });
+    let widened: () => void = () => undefined;
+    const widenDone = new Promise<void>((resolve) => {
+      widened = resolve;
+    });
     const writes = runWorkload(db.sql, accountsWorkload(5_000), {
       seed,
-      writers: 3,
-      operations: scaled(360),
+      writers,
+      operations,
       longTransactions: scaled(3),
-    }).finally(() => {
-      writing = false;
+      holdAt: { step: Math.floor((operations * 3) / 4), until: widenDone },
+      onStep: () => {
+        steps += 1;
+        if (steps >= (operations * writers) / 4) quarterDone();
+      },
     });
     // Awaited below; a failure meanwhile is not an unhandled rejection.
     writes.catch(() => undefined);
-    await sleep(500);
+    await Promise.race([quarter, writes]);
+    const stepsBeforeInstall = steps;
     // Installed while writers (some in multi-statement transactions) hold the table...
     await api.apply(transformStatement(D.acct_owners));
     await waitForStatus(api, 'acct_owners', 'live');
-    const installedWhileWriting = writing;
     // ...and widened to a column no transform read before.
     await api.apply(transformStatement(D.acct_balances));
-    const widenedWhileWriting = writing;
+    const stepsBeforeWiden = steps;
+    widened();
     const result = await writes;
-    // Whether the install got its lock while the writers still held the table depends on
-    // the interleaving (it waits for a moment no writer holds it): shown, not asserted.
     console.log(
-      `[workload] staging ${seed} ${JSON.stringify({ ...result, installedWhileWriting, widenedWhileWriting })}`,
+      `[workload] staging ${seed} ${JSON.stringify({ ...result, stepsBeforeInstall, stepsBeforeWiden })}`,
+    );
+    expect(stepsBeforeInstall).toBeGreaterThanOrEqual((operations * writers) / 4);
+    // Every writer still had its last quarter to go when the widen committed.
+    expect(operations * writers - stepsBeforeWiden).toBeGreaterThanOrEqual(
+      writers * (operations - Math.floor((operations * 3) / 4)),
     );
     expect(result.committed).toBeGreaterThan(50);
     expect(result.longTransactions).toBe(scaled(3));
@@ -511,6 +531,38 @@ describe('ledger rotation', () => {
     await db.sql`TRUNCATE xid_burner`;
   }
 
+  /**
+   * Waits until `done`, writing a row now and then meanwhile, as an app goes on writing: a
+   * generation is truncated once the oldest cursor's tick postdates every transaction of
+   * its epoch, in the whole cluster (other test files' transactions count), and ticks come
+   * only with writes (ADR 0012).
+   */
+  async function whileWriting(done: () => Promise<boolean>, what: string): Promise<void> {
+    let wroteAt = 0;
+    try {
+      await waitFor(async () => {
+        if (Date.now() - wroteAt >= 200) {
+          await db.sql`UPDATE events SET v = v + 1 WHERE id = 100`;
+          wroteAt = Date.now();
+        }
+        return done();
+      }, what);
+    } catch (error) {
+      // What maintenance saw: the oldest cursor's tick, and transactions that held it back.
+      const state = await db.sql`
+        SELECT (SELECT json_agg(json_build_object('seq', seq, 'xmin', pg_snapshot_xmin(snap)::text))
+                  FROM (SELECT * FROM trellis.ticks ORDER BY seq DESC LIMIT 3) k) AS ticks,
+               (SELECT json_agg(json_build_object('id', transform_id, 'cursor', cursor_tick, 'phase', phase))
+                  FROM trellis.pipeline) AS cursors,
+               pg_snapshot_xmax(pg_current_snapshot())::text AS next_xid,
+               (SELECT json_agg(json_build_object('pid', pid, 'db', datname, 'xid', backend_xid::text,
+                                                  'state', state, 'query', left(query, 80)))
+                  FROM pg_stat_activity WHERE backend_xid IS NOT NULL) AS writers,
+               (SELECT json_agg(gid) FROM pg_prepared_xacts) AS prepared`;
+      throw new Error(`${(error as Error).message}: ${JSON.stringify(state[0])}`);
+    }
+  }
+
   async function ledgerDeletes(): Promise<number> {
     const [row] = await db.sql`
       SELECT coalesce(sum(n_tup_del), 0)::int AS n FROM pg_stat_user_tables
@@ -550,7 +602,7 @@ describe('ledger rotation', () => {
     await converge(db, api, D.event_values);
 
     // Every cursor has passed the first epoch's rows: that generation is truncated.
-    await waitFor(async () => {
+    await whileWriting(async () => {
       const p = (await partitions())[first]!;
       return p.rows === 0 && p.relfilenode !== before.get(first);
     }, `generation ${first} to be truncated`);
@@ -560,7 +612,7 @@ describe('ledger rotation', () => {
     await nextEpoch();
     await db.sql`UPDATE events SET v = v + 1 WHERE id = 1`;
     await converge(db, api, D.event_values);
-    await waitFor(
+    await whileWriting(
       async () => (await partitions())[second]!.rows === 0,
       `generation ${second} to be truncated`,
     );
@@ -583,15 +635,29 @@ describe('ledger rotation', () => {
     await nextEpoch();
     await db.sql`UPDATE events SET v = v + 1 WHERE id = 99`;
     await converge(db, api, D.event_values);
-    // ...but the generation stays, rows and storage, through maintenance passes while paused.
-    await sleep(3_000);
+    // ...but the generation stays, rows and storage, through maintenance passes while
+    // paused: a staging worker starting up runs one at once (this one is seen to), and
+    // later ones run only when the oldest cursor, this paused one, moves.
+    const passes: Array<Record<string, unknown>> = [];
+    await worker.shutdown();
+    worker = await migratedTrellis(db, {
+      staging: true,
+      drainThreads: 2,
+      logger: {
+        ...quietLogger,
+        debug: (obj, msg) => {
+          if (msg === 'ledger maintenance pass') passes.push(obj);
+        },
+      },
+    });
+    await whileWriting(async () => passes.length > 0, 'a ledger maintenance pass');
     expect((await partitions())[gen]).toMatchObject({ relfilenode: held.relfilenode });
     expect((await partitions())[gen]!.rows).toBeGreaterThanOrEqual(20);
     expect((await api.status('event_doubled')).status).toBe('paused');
 
     await api.apply('RESUME TRANSFORM event_doubled');
     await converge(db, api, D.event_doubled);
-    await waitFor(async () => {
+    await whileWriting(async () => {
       const p = (await partitions())[gen]!;
       return p.rows === 0 && p.relfilenode !== held.relfilenode;
     }, `generation ${gen} to be truncated once the resumed transform passed it`);

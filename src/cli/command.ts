@@ -8,6 +8,17 @@ export interface CliIo {
   env: Readonly<Record<string, string | undefined>>;
   /** Whether stderr is a terminal (progress is drawn there only then). */
   isTTY?: boolean;
+  /**
+   * stdout, when it is a terminal: commands may then redraw in place and use colours
+   * (unless NO_COLOR is set). Absent when piped, and in tests.
+   */
+  tty?: NodeJS.WriteStream | undefined;
+  /**
+   * Aborted when the user asks the process to stop (SIGINT, SIGTERM): long-running
+   * commands (`worker`, `status --watch`) finish gracefully then. A second signal ends the
+   * process at once (main.ts).
+   */
+  stop?: AbortSignal | undefined;
 }
 
 export interface Command {

@@ -20,6 +20,19 @@ export {
 } from './errors.js';
 export type { Logger, LogLevel } from './logger.js';
 export { consoleLogger } from './logger.js';
+export {
+  metricsRegistry,
+  prometheusContentType,
+  renderPrometheus,
+} from './metrics/registry.js';
+export type {
+  CaptureFailureEvent,
+  HeldEvent,
+  StatusEvent,
+  TrellisEventMap,
+  TrellisEventName,
+  TrellisListener,
+} from './observe/events.js';
 export { type ConnectOptions, DEFAULTS } from './options.js';
 export type { MigrateResult } from './schema/migrator.js';
 export type {

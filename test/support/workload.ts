@@ -169,6 +169,11 @@ export interface WorkloadOptions {
    * while the writers still have work left (restart the server under them) does it then.
    */
   holdAt?: { step: number; until: Promise<unknown> };
+  /**
+   * Called after each step any writer took (committed, rolled back or failed as
+   * expected): a test that must act while the writers are under way counts them.
+   */
+  onStep?: () => void;
 }
 
 export interface WorkloadResult {
@@ -522,6 +527,8 @@ export async function runWorkload(
         } catch (error) {
           if (error instanceof PlannedRollback) result.rolledBack += 1;
           else await tally(error, context);
+        } finally {
+          options.onStep?.();
         }
       }
     } catch (error) {

@@ -4,9 +4,10 @@ import type { SelfCheckJob } from '../../engine/selfcheck/types.js';
 import { Trellis } from '../../engine/trellis.js';
 import { progressLine, reportText } from '../check-output.js';
 import { type Command, INSTANCE_OPTIONS, parseCommandArgs } from '../command.js';
+import { EXIT_CODES } from '../exit-codes.js';
 
-/** Exit status of a check that found the target diverged (errors exit 1). */
-export const DIVERGED_EXIT = 2;
+/** Exit status of a check that found the target diverged (errors exit as their code says). */
+export const DIVERGED_EXIT = EXIT_CODES.diverged;
 
 /** How often the job is read back: often on a terminal (the bar moves), else less. */
 const POLL_TTY_MS = 200;
@@ -25,8 +26,9 @@ on a terminal, and prints the report: what differs, by kind (missing, extra, dif
 key and column. A check of the target still running is followed rather than started
 again.
 
-Exit status: 0 consistent, ${DIVERGED_EXIT} diverged, 1 for an error or a check that failed or was
-cancelled. With no drain worker running it refuses at once (conflict).
+Exit status: 0 consistent, ${DIVERGED_EXIT} diverged, 1 for a check that failed or was cancelled,
+and an error's own status otherwise (trellis --help). With no drain worker running it
+refuses at once (conflict, 6).
 
 Options:
   --mode full|sample      every row (default), or a sample of keys across the key space

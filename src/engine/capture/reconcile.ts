@@ -300,7 +300,8 @@ export class CaptureReconciler {
     await session.query(
       `UPDATE ${s}.sources
           SET wait = jsonb_build_object('operation', $2::text, 'lock_mode', $3::text,
-                       'since', coalesce(wait->>'since', now()::text))
+                       'since', coalesce(wait->>'since', now()::text),
+                       'attempts', coalesce((wait->>'attempts')::int, 0) + 1)
         WHERE id = $1`,
       [row.id, operation, CAPTURE_LOCK_MODE],
     );

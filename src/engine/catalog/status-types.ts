@@ -79,6 +79,12 @@ export interface CaptureWait {
   /** Prepared transactions waited on, by gid. */
   prepared: PreparedBlocker[];
   since: Date;
+  /**
+   * Install and uninstall: how many times the staging worker has tried to take the lock
+   * (it backs off to one try every 2 s), so an operator sees it is still trying. Null for
+   * a widen, which takes no lock: it watches the transactions it waits on, every pass.
+   */
+  attempts: number | null;
 }
 
 /** A partition of a partitioned source being corrected after attach/detach. */

@@ -1,8 +1,9 @@
 import type { ConnectionConfig } from '../db/connection-config.js';
 import { ConnectionPool } from '../db/pool.js';
 import { DrainLoop, SharedWait } from '../drain/drain-loop.js';
+import type { AppliedWork } from '../drain/tally.js';
 import type { Logger } from '../logger.js';
-import { StagingWorker } from '../staging/staging-worker.js';
+import { STAGING_TIMINGS, type StagingHooks, StagingWorker } from '../staging/staging-worker.js';
 
 export interface BackgroundOptions {
   schema: string;
@@ -10,6 +11,11 @@ export interface BackgroundOptions {
   drainThreads: number;
   applicationName: string;
   connectTimeoutMs: number;
+}
+
+/** What the workers tell the handle (metrics, the catalog watch). Hooks must not throw. */
+export interface BackgroundHooks extends StagingHooks {
+  applied(work: AppliedWork): void;
 }
 
 /**
@@ -23,7 +29,12 @@ export class Background {
   private readonly staging: StagingWorker | undefined;
   private readonly drains: DrainLoop[] = [];
 
-  constructor(config: ConnectionConfig, options: BackgroundOptions, log: Logger) {
+  constructor(
+    config: ConnectionConfig,
+    options: BackgroundOptions,
+    log: Logger,
+    hooks: BackgroundHooks,
+  ) {
     this.pool = new ConnectionPool(config, {
       max: (options.staging ? 1 : 0) + options.drainThreads,
       applicationName: `${options.applicationName}:worker`,
@@ -37,12 +48,41 @@ export class Background {
       },
     });
     const signal = this.controller.signal;
-    if (options.staging) this.staging = new StagingWorker(this.pool, options.schema, log, signal);
+    if (options.staging) {
+      this.staging = new StagingWorker(
+        this.pool,
+        options.schema,
+        log,
+        signal,
+        STAGING_TIMINGS,
+        hooks,
+      );
+    }
     // The loops wait for work together: one backend waits for all of them.
     const wait = new SharedWait();
     for (let i = 0; i < options.drainThreads; i += 1) {
-      this.drains.push(new DrainLoop(this.pool, options.schema, log, signal, i + 1, wait));
+      this.drains.push(
+        new DrainLoop(this.pool, options.schema, log, signal, i + 1, wait, (work) =>
+          hooks.applied(work),
+        ),
+      );
     }
+  }
+
+  /** 1 when this process's staging worker is the elected one, 0 standing by, null without one. */
+  stagingLeader(): number | null {
+    if (!this.staging) return null;
+    return this.staging.isLeader ? 1 : 0;
+  }
+
+  /** Drain loops connected and registered; null without any. */
+  drainLoopsAlive(): number | null {
+    if (this.drains.length === 0) return null;
+    return this.drains.filter((d) => d.alive).length;
+  }
+
+  poolStats(): { inUse: number; max: number; waiting: number } {
+    return this.pool.stats();
   }
 
   get running(): boolean {
