@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
 import { type Definition, expectMatchesDefinition } from './support/oracle.js';
+import { scrape } from './support/prometheus.js';
 import { checked, corrupt } from './support/self-check.js';
 
 // Self-check (issue #11): a target compared with its definition recomputed from the
@@ -91,6 +92,15 @@ describe('self-check findings', () => {
     const again = await checked(live.trellis, d.target);
     expect(again.report?.outcome).toBe('consistent');
     await expectMatchesDefinition(live.db.sql, d);
+
+    // The checks ran on this process's drain worker, and its metrics counted them.
+    const metrics = await scrape();
+    const labels = { target: d.target };
+    expect(metrics.sum('trellis_self_checks_total', { ...labels, outcome: 'diverged' })).toBe(3);
+    expect(metrics.sum('trellis_self_checks_total', { ...labels, outcome: 'consistent' })).toBe(1);
+    expect(
+      metrics.sum('trellis_self_check_divergences_total', { ...labels, kind: 'differs' }),
+    ).toBe(6);
   });
 
   it('finds missing, extra and changed groups of a GROUP BY, and repairs them', async () => {

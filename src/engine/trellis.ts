@@ -29,6 +29,7 @@ import { jobsSchemaFor } from './jobs/jobs-schema.js';
 import { SELF_CHECK_QUEUE } from './jobs/queues.js';
 import { instanceLogger } from './logger.js';
 import { HandleMetrics } from './metrics/handle-metrics.js';
+import { recordSelfCheck } from './metrics/self-check.js';
 import { type InstanceSnapshot, readSnapshot } from './observe/catalog-snapshot.js';
 import { CatalogWatch, SNAPSHOT_MAX_AGE_MS } from './observe/catalog-watch.js';
 import { type TrellisEventName, TrellisEvents, type TrellisListener } from './observe/events.js';
@@ -164,7 +165,18 @@ export class Trellis implements AsyncDisposable {
       {
         jobsSchema: jobsSchemaFor(options.schema),
         work: options.drainThreads > 0,
-        queues: [{ queue: SELF_CHECK_QUEUE, handler: selfCheckHandler(options.schema) }],
+        queues: [
+          {
+            queue: SELF_CHECK_QUEUE,
+            handler: selfCheckHandler(options.schema, (target, report) =>
+              recordSelfCheck(this.instance, {
+                target,
+                outcome: report.outcome,
+                divergences: report.counts,
+              }),
+            ),
+          },
+        ],
         applicationName: options.applicationName,
         connectTimeoutMs: Math.min(options.callTimeoutMs, WORKER_CONNECT_TIMEOUT_MS),
       },

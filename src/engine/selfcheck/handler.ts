@@ -12,6 +12,7 @@ const EXPIRY_MARGIN_MS = 120_000;
 
 interface Claim {
   transform_id: number;
+  target: string;
   mode: SelfCheckMode;
   options: { sample?: number; maxFindings: number; repair: boolean };
 }
@@ -23,7 +24,11 @@ interface Claim {
  * connection or a shutdown rejects, for pg-boss to retry the job; anything else is the
  * check's own outcome (`failed`, or `cancelled` when the transform was paused).
  */
-export function selfCheckHandler(schema: string): JobHandler {
+export function selfCheckHandler(
+  schema: string,
+  /** Told of each finished check (the handle counts it in its metrics). */
+  onDone: (target: string, report: SelfCheckReport) => void = () => undefined,
+): JobHandler {
   const s = quoteIdent(schema);
   return async (job, context: JobContext) => {
     const session = await context.acquire();
@@ -34,7 +39,8 @@ export function selfCheckHandler(schema: string): JobHandler {
         `UPDATE ${s}.self_checks
             SET state = 'running', started_at = now(), rows_compared = 0, attempts = attempts + 1
           WHERE id = $1 AND state IN ('queued', 'running')
-         RETURNING transform_id, mode, options`,
+         RETURNING transform_id, mode, options,
+                   (SELECT target_name FROM ${s}.transforms t WHERE t.id = transform_id) AS target`,
         [job.id],
       );
       if (!claim) return;
@@ -60,6 +66,7 @@ export function selfCheckHandler(schema: string): JobHandler {
           },
         );
         await finish('done', report, null);
+        onDone(claim.target, report);
         context.log.info(
           { jobId: job.id, outcome: report.outcome, rowsCompared: report.rowsCompared },
           `self-check ${job.id}: ${report.outcome}`,
