@@ -143,7 +143,7 @@ describe('self-check jobs', () => {
       await waitFor(
         async () => (await sender.selfCheckJob(job.id))?.state === 'queued',
         'the job to be queued again',
-        10_000,
+        30_000,
       );
       staging = await stagingHandle();
       drainer = await worker('jb-worker-2');
