@@ -6,6 +6,7 @@ import { groupBy } from './group-by.js';
 import { idle } from './idle.js';
 import type { Scenario } from './scenario.js';
 import { scrape } from './scrape.js';
+import { selfCheck } from './self-check.js';
 import { writeThroughput } from './write-throughput.js';
 
 /** Every scenario `npm run bench` runs, in order. A new scenario: a file, and a line here. */
@@ -17,5 +18,6 @@ export const SCENARIOS: Scenario[] = [
   drain,
   backfill,
   groupBy,
+  selfCheck,
   scrape,
 ];

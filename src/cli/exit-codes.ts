@@ -17,6 +17,8 @@ export const EXIT_CODES = {
   timeout: 7,
   /** `trellis release`: the key was retried and failed again (it is held again). */
   heldAgain: 8,
+  /** `trellis check`: the target differs from its definition. */
+  diverged: 9,
 } as const;
 
 export function exitCodeFor(code: TrellisErrorCode | 'unknown'): number {
@@ -50,4 +52,5 @@ export const EXIT_CODES_HELP = `Exit status:
   5  Trellis's schema not installed, or newer than this trellis-pg
   6  conflict with the current state
   7  timeout
-  8  trellis release: the key failed again and is held again`;
+  8  trellis release: the key failed again and is held again
+  9  trellis check: the target diverged from its definition`;

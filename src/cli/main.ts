@@ -20,6 +20,7 @@ process.exitCode = await runCli(process.argv.slice(2), {
   out: (text) => process.stdout.write(text),
   err: (text) => process.stderr.write(text),
   env: process.env,
+  isTTY: process.stderr.isTTY === true,
   tty: process.stdout.isTTY ? process.stdout : undefined,
   stop: stop.signal,
 });

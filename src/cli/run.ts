@@ -1,6 +1,7 @@
 import { isTrellisError, TrellisError } from '../engine/errors.js';
 import type { CliIo, Command } from './command.js';
 import { apply } from './commands/apply.js';
+import { check } from './commands/check.js';
 import { definitions } from './commands/definitions.js';
 import { dump } from './commands/dump.js';
 import { generateInstall, generateUpgrade } from './commands/generate-install.js';
@@ -22,6 +23,7 @@ const COMMANDS: readonly Command[] = [
   definitions,
   quarantine,
   release,
+  check,
   worker,
   dump,
   generateInstall,
@@ -92,8 +94,8 @@ export async function runCli(argv: string[], io: CliIo): Promise<number> {
       io.out(command.help);
       return EXIT_CODES.ok;
     }
-    await command.run(args, io);
-    return EXIT_CODES.ok;
+    const status = await command.run(args, io);
+    return typeof status === 'number' ? status : EXIT_CODES.ok;
   } catch (error) {
     if (error instanceof CliExit) {
       io.err(`trellis: ${error.message}\n`);

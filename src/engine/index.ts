@@ -35,5 +35,14 @@ export type {
 } from './observe/events.js';
 export { type ConnectOptions, DEFAULTS } from './options.js';
 export type { MigrateResult } from './schema/migrator.js';
+export type {
+  SelfCheckColumnDifference,
+  SelfCheckFinding,
+  SelfCheckJob,
+  SelfCheckMode,
+  SelfCheckOptions,
+  SelfCheckReport,
+  SelfCheckState,
+} from './selfcheck/types.js';
 export type { ApplyResult } from './statements/apply.js';
 export { Trellis, type TrellisConfig, type TrellisSummary } from './trellis.js';

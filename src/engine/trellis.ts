@@ -24,8 +24,12 @@ import { TrellisError } from './errors.js';
 import { quoteIdent } from './identifiers.js';
 import { LOCK_CLASS, lockHeldSql } from './internal/advisory-locks.js';
 import { trackHandle, untrackHandle } from './internal/open-handles.js';
+import { JobRunner } from './jobs/job-runner.js';
+import { jobsSchemaFor } from './jobs/jobs-schema.js';
+import { SELF_CHECK_QUEUE } from './jobs/queues.js';
 import { instanceLogger } from './logger.js';
 import { HandleMetrics } from './metrics/handle-metrics.js';
+import { recordSelfCheck } from './metrics/self-check.js';
 import { type InstanceSnapshot, readSnapshot } from './observe/catalog-snapshot.js';
 import { CatalogWatch, SNAPSHOT_MAX_AGE_MS } from './observe/catalog-watch.js';
 import { type TrellisEventName, TrellisEvents, type TrellisListener } from './observe/events.js';
@@ -38,6 +42,14 @@ import {
   migrateSchema,
   readSchemaState,
 } from './schema/migrator.js';
+import { selfCheckHandler } from './selfcheck/handler.js';
+import { assertJobId, readJob } from './selfcheck/read.js';
+import {
+  assertSelfChecksInstalled,
+  checkArguments,
+  requestSelfCheck,
+} from './selfcheck/request.js';
+import type { SelfCheckJob, SelfCheckMode, SelfCheckOptions } from './selfcheck/types.js';
 import { detectDisruptions } from './staging/disruptions.js';
 import { type ApplyResult, applyStatement } from './statements/apply.js';
 import { ConvergenceWaits, waitTimeout, watermarkToken } from './watermark.js';
@@ -105,6 +117,7 @@ export class Trellis implements AsyncDisposable {
   private installed = false;
 
   private readonly background: Background | undefined;
+  private readonly jobs: JobRunner;
   private readonly waits: ConvergenceWaits;
 
   private constructor(
@@ -145,6 +158,29 @@ export class Trellis implements AsyncDisposable {
     );
     this.waits = new ConvergenceWaits(calls, options.schema, (session) =>
       this.requireInstalled(session),
+    );
+    // Every handle sends jobs; a handle with drain loops works them too (ADR 0014).
+    this.jobs = new JobRunner(
+      connection,
+      {
+        jobsSchema: jobsSchemaFor(options.schema),
+        work: options.drainThreads > 0,
+        queues: [
+          {
+            queue: SELF_CHECK_QUEUE,
+            handler: selfCheckHandler(options.schema, (target, report) =>
+              recordSelfCheck(this.instance, {
+                target,
+                outcome: report.outcome,
+                divergences: report.counts,
+              }),
+            ),
+          },
+        ],
+        applicationName: options.applicationName,
+        connectTimeoutMs: Math.min(options.callTimeoutMs, WORKER_CONNECT_TIMEOUT_MS),
+      },
+      this.log,
     );
     if (options.staging || options.drainThreads > 0) {
       this.background = new Background(
@@ -357,6 +393,49 @@ export class Trellis implements AsyncDisposable {
         ),
     );
     return waiting;
+  }
+
+  /**
+   * Starts a check of `target` against its definition recomputed from the sources, as a
+   * background job (pg-boss) that a drain worker somewhere in the fleet runs, and returns
+   * the job at once (`queued`). `'full'` compares every row, `'sample'` `options.sample`
+   * keys chosen at random (1000 by default). While a check of the target is unfinished,
+   * asking again returns it; the next call after it finished replaces it. Refused with
+   * `validation` for a target with source index gaps (unless defined WITHOUT SOURCE
+   * INDEX), with `conflict` for a paused one. Read it back with `selfCheckJob(id)`.
+   */
+  selfCheck(
+    target: string,
+    mode: SelfCheckMode,
+    options: SelfCheckOptions = {},
+  ): Promise<SelfCheckJob> {
+    return this.calls.run('selfCheck', async (session) => {
+      const checked = checkArguments(mode, options);
+      await this.requireInstalled(session);
+      await assertSelfChecksInstalled(session, this.options.schema);
+      const { job, started } = await requestSelfCheck(
+        session,
+        this.options.schema,
+        this.jobs,
+        target,
+        checked,
+      );
+      if (started) this.jobs.wake();
+      return job;
+    });
+  }
+
+  /**
+   * A self-check job as it stands (its state, progress, and once `done` its report), or
+   * null when it was replaced by a later check of its target or the transform was dropped.
+   */
+  selfCheckJob(id: string): Promise<SelfCheckJob | null> {
+    return this.calls.run('selfCheckJob', async (session) => {
+      assertJobId(id);
+      await this.requireInstalled(session);
+      await assertSelfChecksInstalled(session, this.options.schema);
+      return readJob(session, this.options.schema, id);
+    });
   }
 
   /** Whether some process runs a drain loop for this instance now. */
@@ -638,7 +717,7 @@ export class Trellis implements AsyncDisposable {
         this.metrics.close();
         this.events.removeAll();
         this.waits.shutdown();
-        await this.background?.stop();
+        await Promise.all([this.jobs.stop(), this.background?.stop()]);
         await this.calls.shutdown();
         await this.pool.end(5);
       } finally {
