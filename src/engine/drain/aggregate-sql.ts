@@ -25,6 +25,13 @@ import {
  * join rows come from the key map, its new ones from the join; the map rows of those
  * driving keys are replaced, and the groups of the old and new rows re-derived.
  *
+ * The key map must name every group the target shows a row in, or a row leaving that
+ * group would not lead back to it. A recomputed group can show rows whose changes this
+ * statement does not drain: it reads the sources as they are when it starts, which can be
+ * after its range's last tick (and a range split into pages drains the other pages'
+ * keys later). So the map also gains such rows in the groups they are shown in: see
+ * `mapJoined`.
+ *
  * A grand total (aggregates without GROUP BY) is one row, recomputed on any change.
  */
 
@@ -110,31 +117,122 @@ function whereAnd(plan: TransformPlan): string {
 }
 
 /**
- * Every affected group, recomputed: groups without a NULL in them are found through
- * `IN` (index-friendly); groups with one (rare) through a null-safe match, a branch that
- * runs only when such a group is affected (a one-time filter).
+ * Whether a join row may be newer than the key map knows (see `mapJoined`): one of its
+ * tuples was written since `since` (the range's lower tick; its transaction may not be
+ * drained yet), or a LEFT JOIN leaves it NULL-extended (a joined row deleted or moved
+ * away since leaves no tuple to tell). With no `since` (keys given as a list, when
+ * bisecting or repairing a build), or while keys are held (a held key's changes are not
+ * drained, however old), any row may be.
  */
-function derivedGroups(plan: TransformPlan): string {
+function mayBeNewer(plan: TransformPlan, since: string | null): string {
+  if (since === null || plan.hasHeldKeys) return 'true';
+  // Ages compare xids modulo wraparound; a frozen or special xmin is as old as can be.
+  const bound = `(SELECT age(xid(pg_snapshot_xmin(${since}::pg_snapshot))))`;
+  return plan.sources
+    .flatMap((s) => [
+      `age(${q(s.alias)}.xmin) <= ${bound}`,
+      ...(s.joinType === 'left' ? [`${col(s.alias, s.keyColumns[0]!)} IS NULL`] : []),
+    ])
+    .join(' OR ');
+}
+
+/** The `aggregated` CTE's columns of the driving keys of rows that may be newer (one per key column). */
+function newerColumns(plan: TransformPlan): string[] {
+  return plan.sources[0]!.keyColumns.map((_, i) => own(`newer${i + 1}`));
+}
+
+/**
+ * Every affected group, recomputed from its current rows: groups without a NULL in them
+ * are found through `IN` (index-friendly); groups with one (rare) through a null-safe
+ * match, a branch that runs only when such a group is affected (a one-time filter). Each
+ * group also lists the driving keys of its rows that may be newer than the key map knows,
+ * and whether it passes HAVING (`derived` keeps those that do): a group HAVING leaves out
+ * of the target still depends on its rows.
+ */
+function aggregatedGroups(plan: TransformPlan, since: string | null): string {
   const exprs = plan.groups.map((g) => `(${g.expression})`);
   const cols = groupColumns(plan);
   const anyNull = cols.map((c) => `${c} IS NULL`).join(' OR ');
   const groupBy = list(plan.groupBy);
+  const driving = plan.sources[0]!;
+  const newer = mayBeNewer(plan, since);
+  const select = list([
+    selectList(plan),
+    ...driving.keyColumns.map(
+      (k, i) =>
+        `array_agg(${col(driving.alias, k)}) FILTER (WHERE ${newer}) AS ${newerColumns(plan)[i]}`,
+    ),
+    ...(plan.having ? [`coalesce((${plan.having}), false) AS ${own('kept')}`] : []),
+  ]);
   // The group expressions are evaluated inside the EXISTS, where the groups CTE is in
   // scope: its alias and columns are the engine's own names (never a source's).
   const g = own('g');
-  return `SELECT ${selectList(plan)}
+  return `SELECT ${select}
     FROM ${plan.fromSql}
    WHERE ${whereAnd(plan)}${tuple(exprs)} IN (SELECT ${list(cols)} FROM groups)
-   GROUP BY ${groupBy}${having(plan)}
+   GROUP BY ${groupBy}
   UNION ALL
-  SELECT ${selectList(plan)}
+  SELECT ${select}
     FROM ${plan.fromSql}
    WHERE (SELECT coalesce(bool_or(${anyNull}), false) FROM groups)
      AND ${whereAnd(plan)}EXISTS (
        SELECT 1 FROM groups ${g}
         WHERE (${cols.map((c) => `${g}.${c} IS NULL`).join(' OR ')})
           AND ${cols.map((c, i) => `${g}.${c} IS NOT DISTINCT FROM ${exprs[i]}`).join(' AND ')})
-   GROUP BY ${groupBy}${having(plan)}`;
+   GROUP BY ${groupBy}`;
+}
+
+/**
+ * Key map rows for rows a recomputed group shows that the map does not name in it.
+ *
+ * The statement reads the sources as they are when it starts, which can be after its
+ * range's last tick, and a range split into pages drains the other pages' keys later: a
+ * recomputed group can show a row whose change this statement does not drain. The map
+ * still names that row's group before the change; should the row leave the group again
+ * before its change is drained, re-deriving it would find only its old group (the map)
+ * and its newest (the sources), and the group the target shows it in would never be
+ * recomputed: a group that no longer exists, or no longer holds the row, would stay.
+ * So the map gains (join row, group) for each such row; the row's map rows are all
+ * replaced when it is re-derived itself. Only rows that may be newer than the map are
+ * looked for (`mayBeNewer`): a row whose tuples all predate the range was drained with
+ * them, and the map names it as it is. Affected driving keys are left out: their map rows
+ * are replaced anyway.
+ */
+function mapJoined(plan: TransformPlan, mapSql: string): string {
+  const sources = plan.sources;
+  const driving = sources[0]!;
+  const m = own('m');
+  const g = own('g');
+  const n = own('n');
+  const a = own('a');
+  const keyCols = sources.flatMap((s) => mapKeys(s));
+  const groupCols = plan.groups.map((_, i) => mapGroup(i + 1));
+  const exprs = plan.groups.map((g) => `(${g.expression})`);
+  const sameKeys = sources.flatMap((s) =>
+    sourceKeys(s).map((k, i) => {
+      const mapped = `${m}.${mapKey(s.ordinal, i + 1)}`;
+      return s.ordinal === 0 ? `${mapped} = ${k}` : `${mapped} IS NOT DISTINCT FROM ${k}`;
+    }),
+  );
+  const newer = newerColumns(plan);
+  const keyNames = driving.keyColumns.map((_, i) => `k${i + 1}`);
+  return `INSERT INTO ${mapSql} (${list([...keyCols, ...groupCols, 'passes'])})
+  SELECT ${list([...sources.flatMap((s) => sourceKeys(s)), ...exprs, 'true'])}
+    FROM ${plan.fromSql}
+   WHERE ${whereAnd(plan)}${tuple(sourceKeys(driving))} IN (
+           SELECT ${list(keyNames.map((k) => `${n}.${k}`))}
+             FROM aggregated ${a} CROSS JOIN LATERAL unnest(${list(newer.map((c) => `${a}.${c}`))}) AS ${n}(${list(keyNames)})
+           EXCEPT SELECT ${list(keyNames)} FROM affected)
+     AND EXISTS (SELECT 1 FROM groups ${g}
+                  WHERE ${groupColumns(plan)
+                    .map((c, i) => `${g}.${c} IS NOT DISTINCT FROM ${exprs[i]}`)
+                    .join(' AND ')})
+     AND NOT EXISTS (SELECT 1 FROM ${mapSql} ${m}
+                      WHERE ${[
+                        ...sameKeys,
+                        `${m}.passes`,
+                        ...groupCols.map((c, i) => `${m}.${c} IS NOT DISTINCT FROM ${exprs[i]}`),
+                      ].join(' AND ')})`;
 }
 
 /** The columns of the `groups` CTE: one per GROUP BY expression, named the engine's way. */
@@ -166,7 +264,15 @@ SELECT (SELECT count(*) FROM changed)::int AS keys,
        (SELECT count(*) FROM removed)::int AS removed`;
 }
 
-export function aggregateRederiveSql(plan: TransformPlan, changedSql: string): string {
+/**
+ * `since`: the snapshot (SQL) of the tick the changes come after, for a ledger range; null
+ * for keys given as a list (see `mayBeNewer`).
+ */
+export function aggregateRederiveSql(
+  plan: TransformPlan,
+  changedSql: string,
+  since: string | null,
+): string {
   if (plan.groups.length === 0 || !plan.mapSql) return grandTotalSql(plan, changedSql);
   const mapSql = plan.mapSql;
   const sources = requireSourceIds(plan);
@@ -201,8 +307,15 @@ groups AS MATERIALIZED (
   UNION
   SELECT ${list(groupCols)} FROM new_rows WHERE passes
 ),
+aggregated AS MATERIALIZED (
+  ${aggregatedGroups(plan, since)}
+),
 derived AS MATERIALIZED (
-  ${derivedGroups(plan)}
+  SELECT * FROM aggregated${plan.having ? ` WHERE ${own('kept')}` : ''}
+),
+map_joined AS (
+  ${mapJoined(plan, mapSql)}
+  RETURNING 1
 ),
 upserted AS (
   ${upsert(plan, 'derived')}
@@ -222,7 +335,8 @@ SELECT (SELECT count(*) FROM affected)::int AS keys,
        (SELECT count(*) FROM upserted)::int AS upserted,
        (SELECT count(*) FROM removed)::int AS removed,
        (SELECT count(*) FROM map_removed)::int AS map_removed,
-       (SELECT count(*) FROM map_added)::int AS map_added`;
+       (SELECT count(*) FROM map_added)::int AS map_added,
+       (SELECT count(*) FROM map_joined)::int AS map_joined`;
 }
 
 /**

@@ -88,8 +88,9 @@ export async function applyPage(
 }
 
 /**
- * Re-derives the keys `changed` yields (the body of a `changed` CTE, with its `params`)
- * inside the current transaction. A failure some rows explain is bisected to those rows,
+ * Re-derives the keys `changed` yields (the body of a `changed` CTE reading a ledger range,
+ * with its `params`: `$1` is the snapshot of the tick the range starts after) inside the
+ * current transaction. A failure some rows explain is bisected to those rows,
  * which are held; the rest is applied. Returns null when applied, or the error no row
  * explains (everything this call did is then rolled back).
  */
@@ -103,7 +104,7 @@ export async function applyChanged(
 ): Promise<unknown | null> {
   await session.query('SAVEPOINT trellis_page');
   try {
-    await session.query(rederiveSql(plan, changed), params);
+    await session.query(rederiveSql(plan, changed, '$1'), params);
     await session.query('RELEASE SAVEPOINT trellis_page');
     return null;
   } catch (error) {

@@ -106,15 +106,21 @@ function gone(plan: TransformPlan): string {
 /**
  * One statement that re-derives the target rows for `changed`: upserts what qualifies
  * now, deletes what no longer does, and reports how many keys, upserts and deletes.
- * `changedSql` is the body of the `changed(source_id, key)` CTE.
+ * `changedSql` is the body of the `changed(source_id, key)` CTE; `since`, for changes
+ * from a ledger range, the snapshot (SQL) of the tick it starts after (null for a list of
+ * keys: a GROUP BY then treats every row it reads as possibly newer than its key map).
  *
  * Row estimates for the ledger and these CTEs are often far off (the ledger is young and
  * unanalysed), so nothing here may depend on them: rows to delete are found with EXCEPT
  * (hashed or sorted, never a nested loop over a CTE), and every join the planner could
  * turn into a nested loop has an index on its inner side.
  */
-export function rederiveSql(plan: TransformPlan, changedSql: string): string {
-  if (plan.aggregates) return aggregateRederiveSql(plan, changedSql);
+export function rederiveSql(
+  plan: TransformPlan,
+  changedSql: string,
+  since: string | null = null,
+): string {
+  if (plan.aggregates) return aggregateRederiveSql(plan, changedSql, since);
   const driving = plan.sources[0]!;
   const drivingKeys = tuple(driving.keyColumns.map((k) => col(driving.alias, k)));
   const drivingTargetKeys = driving.targetKeyColumns!;
