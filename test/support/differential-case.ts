@@ -1,0 +1,190 @@
+import fc from 'fast-check';
+import type { Trellis } from '../../src/engine/index.js';
+import type { LivePipeline } from './live.js';
+import { compareWithDefinition, type Definition, transformStatement } from './oracle.js';
+import { type Database, databaseArb, databaseSql, physical } from './random-schema.js';
+import {
+  definitionOf,
+  readTransform,
+  type Transform,
+  type TransformChoice,
+  transformChoiceArb,
+} from './random-transforms.js';
+import { placeSteps, stepText, writersArb } from './random-writes.js';
+import { runPlan, type Step, type WorkloadResult } from './workload.js';
+
+/**
+ * One case of the differential tests: a random database, random transforms over it, and
+ * random concurrent writes. `runCase` defines the transforms on a live pipeline, runs the
+ * writes while the targets backfill and drain, waits for convergence and compares every
+ * target with its definition run by Postgres (the oracle). A case prints as SQL: the
+ * schema, the statements, each writer's steps.
+ */
+export interface Case {
+  db: Database;
+  transforms: TransformChoice[];
+  writers: Step[][];
+}
+
+export interface CaseSizes {
+  tables: number;
+  rows: number;
+  transforms: number;
+  writers: number;
+  steps: number;
+}
+
+/** The prefix of the tables and targets a case is printed with. */
+const PRINT_PREFIX = 'd';
+
+export function caseArb(sizes: CaseSizes): fc.Arbitrary<Case> {
+  return databaseArb(sizes.tables, sizes.rows)
+    .chain((db) =>
+      fc.record({
+        db: fc.constant(db),
+        transforms: fc.array(transformChoiceArb, { minLength: 1, maxLength: sizes.transforms }),
+        writers: writersArb(db.schema, sizes),
+      }),
+    )
+    .map((c) => Object.assign(c, { [fc.toStringMethod]: () => `\n${caseText(c, PRINT_PREFIX)}` }));
+}
+
+/** The transforms of a case, read against its schema (a chain after what it reads). */
+export function caseTransforms(c: Case): Transform[] {
+  return c.transforms.flatMap((t, i) => readTransform(c.db.schema, t, i + 1));
+}
+
+/** A case as SQL, with tables and targets named with `prefix`. */
+export function caseText(c: Case, prefix: string): string {
+  const name = (n: string) => physical(prefix, n);
+  const statements = caseTransforms(c).map(
+    (t) => `${transformStatement(definitionOf(t, prefix))};`,
+  );
+  const writers = c.writers.map(
+    (steps, i) =>
+      `-- writer ${i + 1}${steps.length ? '' : ' (nothing)'}\n${placeSteps(steps, name).map(stepText).join('\n')}`,
+  );
+  return [
+    '-- schema and first rows',
+    databaseSql(c.db, prefix),
+    '-- transforms',
+    ...statements,
+    '-- concurrent writers',
+    ...writers,
+  ].join('\n');
+}
+
+export interface CaseOutcome {
+  writes: WorkloadResult;
+}
+
+/** Thrown when a case fails: what differs, and the case as SQL. */
+export class CaseFailure extends Error {
+  override name = 'CaseFailure';
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * Waits until `target` has every write committed before `token`; fails at once when the
+ * transform stops (paused, a capture failure) rather than at the deadline.
+ */
+async function converged(trellis: Trellis, target: string, token: string, timeoutMs: number) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      await trellis.awaitConverged(target, token, { timeoutMs: 2_000 });
+      return;
+    } catch (error) {
+      if ((error as { code?: string }).code !== 'timeout') throw error;
+    }
+    const status = await trellis.status(target);
+    if (status.status === 'paused' || Date.now() > deadline) {
+      throw new CaseFailure(`${target} did not converge: ${JSON.stringify(status)}`);
+    }
+    await sleep(10);
+  }
+}
+
+/**
+ * Runs a case on a live pipeline, its tables and targets named with `prefix` (one a case:
+ * they are dropped afterwards). Throws a CaseFailure naming every target that differs
+ * from its definition, or holds keys, or did not converge, with the case as SQL.
+ */
+export async function runCase(
+  live: LivePipeline,
+  c: Case,
+  prefix: string,
+  convergeMs: number,
+): Promise<CaseOutcome> {
+  const sql = live.db.sql;
+  const name = (n: string) => physical(prefix, n);
+  const tables = c.db.schema.tables.map((t) => name(t.name));
+  const defs: Definition[] = caseTransforms(c).map((t) => definitionOf(t, prefix));
+  const defined: Definition[] = [];
+  const fail = (what: string) =>
+    new CaseFailure(
+      `${what}\n\nthe case (tables and targets prefixed ${prefix}):\n${caseText(c, prefix)}`,
+    );
+  try {
+    await sql.unsafe(databaseSql(c.db, prefix));
+    for (const d of defs) {
+      try {
+        await live.trellis.apply(transformStatement(d));
+      } catch (error) {
+        throw fail(`${d.target} was refused: ${(error as Error).message}`);
+      }
+      defined.push(d);
+    }
+    // The writers start while the targets backfill.
+    const writes = await runPlan(
+      sql,
+      c.writers.map((steps) => placeSteps(steps, name)),
+      tables,
+      {},
+    );
+    const token = await live.trellis.watermarkToken();
+    const problems: string[] = [];
+    for (const d of defs) {
+      try {
+        await converged(live.trellis, d.target, token, convergeMs);
+      } catch (error) {
+        problems.push((error as Error).message);
+        continue;
+      }
+      const result = await compareWithDefinition(sql, d, { floatTolerance: 0 });
+      const held = (await live.trellis.status(d.target)).heldKeys;
+      if (
+        result.missing.length ||
+        result.extra.length ||
+        result.strayColumns.length ||
+        result.missingColumns.length ||
+        !result.hasKey ||
+        held > 0
+      ) {
+        problems.push(
+          `${d.target} differs from its definition: ${JSON.stringify({
+            missing: result.missing.slice(0, 8),
+            extra: result.extra.slice(0, 8),
+            missingCount: result.missing.length,
+            extraCount: result.extra.length,
+            strayColumns: result.strayColumns,
+            missingColumns: result.missingColumns,
+            hasKey: result.hasKey,
+            heldKeys: held,
+          })}`,
+        );
+      }
+    }
+    if (problems.length) throw fail(problems.join('\n'));
+    return { writes };
+  } catch (error) {
+    if (error instanceof CaseFailure) throw error;
+    throw fail(`the case failed: ${(error as Error).message}`);
+  } finally {
+    for (const d of [...defined].reverse()) {
+      await live.trellis.apply(`DROP TRANSFORM ${d.target}`).catch(() => undefined);
+    }
+    await sql.unsafe(`DROP TABLE IF EXISTS ${tables.join(', ')}`);
+  }
+}

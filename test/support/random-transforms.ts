@@ -1,0 +1,529 @@
+import fc from 'fast-check';
+import type { Definition } from './oracle.js';
+import {
+  type Column,
+  columnsOf,
+  keyColumns,
+  physical,
+  refColumns,
+  type Schema,
+} from './random-schema.js';
+import { type ColumnType, comparand } from './random-values.js';
+
+/**
+ * Random TRANSFORMs over a random schema (random-schema.ts), written as the oracle's
+ * Definitions: projections with expressions and filters, GROUP BY with assorted aggregates
+ * and HAVING, grand totals, inner and left joins of two and three tables (equality on a
+ * key and the other table's reference to it, plus predicates on the joined side),
+ * anti-joins (`WHERE b.id IS NULL`), and chains (a projection reading another's target).
+ *
+ * A transform is generated as choices (which table, column, template: natural numbers
+ * taken modulo what is there), then read against the schema: a choice always means
+ * something, so fast-check can shrink any part of it (drop a join, a column, a filter)
+ * and still have a valid statement.
+ *
+ * Only definitions Postgres computes deterministically: nothing groups by, or takes the
+ * min or max of, values equal under their type's `=` but written differently (1.0 and
+ * 1.00, 0 and -0, 'a' and 'A' under citext or ci: which one a group shows depends on row
+ * order), so those are grouped through their text (`n::text`, `s COLLATE "C"`); ordered
+ * aggregates (string_agg, array_agg) order by every key after the value; HAVING compares
+ * counts, integer sums and booleans, never floats.
+ */
+
+/** A column as an expression can read it. */
+interface ScopeColumn {
+  alias: string;
+  name: string;
+  type: ColumnType;
+  nullable: boolean;
+}
+
+/** A table (or upstream target) in a transform's FROM. */
+interface Source {
+  alias: string;
+  /** Logical name: a table's (a, b, c) or an upstream target's (x1). */
+  name: string;
+  keys: ScopeColumn[];
+  columns: ScopeColumn[];
+  join: { left: boolean; on: string } | null;
+}
+
+/** What an expression is: its SQL, its type, and the column when it is one, bare. */
+interface Expr {
+  sql: string;
+  type: ColumnType;
+  bare: ScopeColumn | null;
+}
+
+/** Which column of which source, and which of its templates: taken modulo what there is. */
+export interface Pick {
+  source: number;
+  column: number;
+  template: number;
+}
+
+export interface JoinChoice {
+  table: number;
+  left: boolean;
+  /** The joined table holds the reference (b.to_a = a.id), instead of being looked up (b.id = a.to_b). */
+  reverse: boolean;
+  /** Which table already in FROM it joins. */
+  to: number;
+  /** A predicate on the joined table, in ON. */
+  extra: Pick | null;
+}
+
+interface QueryChoice {
+  kind: 'rows' | 'groups' | 'total';
+  items: Array<{ pick: Pick; name: number }>;
+  where: Pick | null;
+  groups: Array<{ pick: Pick; selected: boolean; name: number }>;
+  aggregates: Array<{ pick: Pick; filter: Pick | null; name: number }>;
+  having: Pick | null;
+}
+
+export interface TransformChoice extends QueryChoice {
+  driving: number;
+  joins: JoinChoice[];
+  /** A WHERE <last LEFT JOINed table's key> IS NULL. */
+  anti: boolean;
+  /** A transform reading this one's target (when it is a projection keyed by non-NULL keys). */
+  chain: QueryChoice | null;
+}
+
+const SYSTEM_COLUMNS = ['tableoid', 'xmin', 'cmin', 'xmax', 'cmax', 'ctid'];
+
+function at<T>(items: readonly T[], n: number): T {
+  return items[n % items.length]!;
+}
+
+const col = (c: ScopeColumn) => `${c.alias}.${c.name}`;
+
+type Template = (c: string) => { sql: string; type: ColumnType };
+const same =
+  (type: ColumnType): Template =>
+  (c) => ({ sql: c, type });
+const of =
+  (type: ColumnType, f: (c: string) => string): Template =>
+  (c) => ({ sql: f(c), type });
+
+/** Expressions of a column for SELECT items (the first is the bare column). */
+const VALUES: Record<ColumnType, Template[]> = {
+  int: [
+    same('int'),
+    of('int', (c) => `${c} + 1`),
+    of('int', (c) => `abs(${c})`),
+    of('int', (c) => `coalesce(${c}, 0)`),
+    of('int', (c) => `${c} % 3`),
+  ],
+  bigint: [same('bigint'), of('bigint', (c) => `${c} - 1`)],
+  numeric: [
+    same('numeric'),
+    of('numeric', (c) => `round(${c}, 1)`),
+    of('numeric', (c) => `${c} * 2`),
+    of('text', (c) => `${c}::text`),
+  ],
+  numeric_2: [same('numeric_2'), of('numeric', (c) => `${c} + 1`)],
+  float8: [
+    same('float8'),
+    of('float8', (c) => `${c} * 2`),
+    of('float8', (c) => `- ${c}`),
+    of('float8', (c) => `abs(${c})`),
+  ],
+  text: [
+    same('text'),
+    of('text', (c) => `upper(${c})`),
+    of('int', (c) => `length(${c})`),
+    of('text', (c) => `${c} || '!'`),
+    of('text', (c) => `left(${c}, 2)`),
+  ],
+  citext: [
+    same('citext'),
+    of('text', (c) => `${c}::text`),
+    of('int', (c) => `length(${c})`),
+    of('text', (c) => `lower(${c})`),
+  ],
+  text_ci: [
+    same('text_ci'),
+    of('text_ci', (c) => `upper(${c})`),
+    of('text', (c) => `${c} COLLATE "C"`),
+    of('int', (c) => `length(${c})`),
+  ],
+  boolean: [
+    same('boolean'),
+    of('boolean', (c) => `NOT ${c}`),
+    of('boolean', (c) => `coalesce(${c}, false)`),
+  ],
+  date: [
+    same('date'),
+    of('date', (c) => `${c} + 1`),
+    of('numeric', (c) => `extract(year FROM ${c})`),
+  ],
+  jsonb: [
+    same('jsonb'),
+    of('text', (c) => `${c} ->> 'k'`),
+    of('jsonb', (c) => `${c} -> 'k'`),
+    of('text', (c) => `jsonb_typeof(${c})`),
+  ],
+};
+
+/**
+ * GROUP BY expressions of a column: values equal under `=` have one image (the text of
+ * values that have several), so which row a group's key comes from does not show.
+ */
+const GROUPS: Record<ColumnType, Template[]> = {
+  int: [same('int'), of('int', (c) => `${c} % 3`)],
+  bigint: [same('bigint')],
+  numeric: [of('text', (c) => `${c}::text`), of('numeric', (c) => `round(${c})`)],
+  numeric_2: [of('text', (c) => `${c}::text`), of('numeric', (c) => `round(${c})`)],
+  float8: [of('text', (c) => `${c}::text`), of('boolean', (c) => `(${c} > 0)`)],
+  text: [same('text'), of('text', (c) => `upper(${c})`)],
+  citext: [of('text', (c) => `${c}::text`), of('text', (c) => `lower(${c})`)],
+  text_ci: [of('text', (c) => `${c} COLLATE "C"`), of('int', (c) => `length(${c})`)],
+  boolean: [same('boolean')],
+  date: [same('date')],
+  jsonb: [of('text', (c) => `${c} ->> 'k'`), of('text', (c) => `jsonb_typeof(${c})`)],
+};
+
+/** Aggregates of a column, given the ORDER BY that makes an ordered aggregate's order total. */
+type Aggregate = (c: string, keys: string) => string;
+const ANY_AGGREGATES: Aggregate[] = [
+  (c) => `count(${c})`,
+  (c) => `count(DISTINCT ${c})`,
+  (c, keys) => `string_agg(${c}::text, ',' ORDER BY ${c}::text COLLATE "C", ${keys})`,
+  (c, keys) => `array_agg(${c} ORDER BY ${keys})`,
+];
+const AGGREGATES: Record<ColumnType, Aggregate[]> = {
+  int: [(c) => `sum(${c})`, (c) => `min(${c})`, (c) => `max(${c})`, (c) => `avg(${c})`],
+  bigint: [(c) => `sum(${c})`, (c) => `max(${c})`],
+  numeric: [(c) => `sum(${c})`, (c) => `avg(${c})`],
+  numeric_2: [(c) => `sum(${c})`, (c) => `avg(${c})`],
+  float8: [(c) => `sum(${c})`, (c) => `avg(${c})`],
+  text: [(c) => `min(${c})`, (c) => `max(${c})`],
+  citext: [],
+  text_ci: [],
+  boolean: [(c) => `bool_and(${c})`, (c) => `bool_or(${c})`],
+  date: [(c) => `min(${c})`, (c) => `max(${c})`],
+  jsonb: [],
+};
+
+/** Predicates on a column (WHERE, ON, FILTER). */
+const PREDICATES: Record<ColumnType, Array<(c: string) => string>> = {
+  int: [(c) => `${c} > ${comparand('int')}`, (c) => `${c} % 2 = 0`],
+  bigint: [(c) => `${c} > ${comparand('bigint')}`],
+  numeric: [(c) => `${c} > ${comparand('numeric')}`, (c) => `${c} = 1`],
+  numeric_2: [(c) => `${c} > ${comparand('numeric_2')}`],
+  float8: [(c) => `${c} > 0`, (c) => `${c} = 0`],
+  text: [(c) => `${c} > 'b'`, (c) => `${c} = 'abc'`, (c) => `${c} LIKE 'a%'`],
+  citext: [(c) => `${c} = 'abc'`, (c) => `${c} > 'b'`],
+  text_ci: [(c) => `${c} = 'abc'`, (c) => `${c} > 'b'`],
+  boolean: [(c) => c, (c) => `NOT ${c}`],
+  date: [(c) => `${c} > ${comparand('date')}`],
+  jsonb: [(c) => `jsonb_typeof(${c}) = 'object'`, (c) => `${c} @> ${comparand('jsonb')}`],
+};
+const NULL_PREDICATES: Array<(c: string) => string> = [
+  (c) => `${c} IS NULL`,
+  (c) => `${c} IS NOT NULL`,
+];
+
+/** HAVING conditions: on counts, integer sums and booleans only (never floats). */
+const HAVINGS: Array<(c: ScopeColumn) => string | null> = [
+  () => 'count(*) > 1',
+  (c) => `count(DISTINCT ${col(c)}) > 1`,
+  (c) => (c.type === 'int' ? `sum(${col(c)}) > 0` : null),
+  (c) => (c.type === 'boolean' ? `bool_or(${col(c)})` : null),
+  (c) => (c.type === 'date' ? `max(${col(c)}) IS NOT NULL` : null),
+  () => 'count(*) > 0',
+];
+
+function column(sources: Source[], pick: Pick): ScopeColumn {
+  const source = at(sources, pick.source);
+  return at(source.columns, pick.column);
+}
+
+function valueExpr(sources: Source[], pick: Pick): Expr {
+  const c = column(sources, pick);
+  const templates = VALUES[c.type];
+  const n = pick.template % templates.length;
+  const e = templates[n]!(col(c));
+  return { ...e, bare: n === 0 ? c : null };
+}
+
+function groupExpr(sources: Source[], pick: Pick): Expr {
+  const c = column(sources, pick);
+  const e = at(GROUPS[c.type], pick.template)(col(c));
+  return { ...e, bare: e.sql === col(c) ? c : null };
+}
+
+function predicate(sources: Source[], pick: Pick): string {
+  const c = column(sources, pick);
+  const templates = [...PREDICATES[c.type], ...(c.nullable ? NULL_PREDICATES : [])];
+  return at(templates, pick.template)(col(c));
+}
+
+function aggregate(sources: Source[], pick: Pick, keys: string): string {
+  if (pick.template % 5 === 0) return 'count(*)';
+  const c = column(sources, pick);
+  return at([...AGGREGATES[c.type], ...ANY_AGGREGATES], pick.template)(col(c), keys);
+}
+
+function having(sources: Source[], pick: Pick): string {
+  const c = column(sources, pick);
+  for (let i = 0; i < HAVINGS.length; i += 1) {
+    const h = at(HAVINGS, pick.template + i)(c);
+    if (h) return h;
+  }
+  return 'count(*) > 1';
+}
+
+/** Names a SELECT item may get besides its own (o1, g1, n1...): the keys' names, taken. */
+const KEY_LIKE_NAMES = ['id', 'k1', 'k2'];
+
+function itemName(fallback: string, choice: number, used: Set<string>): string {
+  const name = choice % 4 === 3 ? at(KEY_LIKE_NAMES, choice >> 2) : fallback;
+  const chosen = used.has(name) ? fallback : name;
+  used.add(chosen);
+  return chosen;
+}
+
+/** A transform read against its schema: what the statement and the oracle are built from. */
+export interface Transform {
+  /** Logical target name (x1, x1c for the chain reading it); the physical one has the prefix. */
+  name: string;
+  sources: Source[];
+  select: Array<{ sql: string; name: string; type: ColumnType; bare: ScopeColumn | null }>;
+  where: string[];
+  groupBy: string[];
+  having: string | null;
+  implicit: string[];
+  /** The target's key columns (for a chain reading it), in key order. */
+  keys: ScopeColumn[];
+  /** Whether its target has a primary key (every key column NOT NULL): it can be a source. */
+  readable: boolean;
+}
+
+function tableSource(schema: Schema, index: number, join: Source['join']): Source {
+  const table = schema.tables[index]!;
+  const nullable = join?.left ?? false;
+  const scope = (c: Column): ScopeColumn => ({
+    alias: table.name,
+    name: c.name,
+    type: c.type,
+    nullable: nullable || !c.notNull,
+  });
+  return {
+    alias: table.name,
+    name: table.name,
+    keys: keyColumns(table).map(scope),
+    columns: columnsOf(schema, table).map(scope),
+    join,
+  };
+}
+
+function fromSources(schema: Schema, choice: TransformChoice): Source[] {
+  const tables = schema.tables.map((_, i) => i);
+  const driving = tables.splice(choice.driving % tables.length, 1)[0]!;
+  const sources = [tableSource(schema, driving, null)];
+  const indexes = [driving];
+  for (const j of choice.joins) {
+    if (tables.length === 0) break;
+    const joined = tables.splice(j.table % tables.length, 1)[0]!;
+    const toIndex = at(indexes, j.to);
+    const to = schema.tables[toIndex]!;
+    const table = schema.tables[joined]!;
+    const [left, right] = j.reverse
+      ? [
+          refColumns(to).map((c) => `${table.name}.${c.name}`),
+          keyColumns(to).map((c) => `${to.name}.${c.name}`),
+        ]
+      : [
+          keyColumns(table).map((c) => `${table.name}.${c.name}`),
+          refColumns(table).map((c) => `${to.name}.${c.name}`),
+        ];
+    const conditions = left.map((l, i) => `${l} = ${right[i]}`);
+    const source = tableSource(schema, joined, { left: j.left, on: '' });
+    if (j.extra) conditions.push(predicate([source], j.extra));
+    source.join = { left: j.left, on: conditions.join(' AND ') };
+    sources.push(source);
+    indexes.push(joined);
+  }
+  return sources;
+}
+
+/** A query (SELECT list, WHERE, GROUP BY, HAVING, implicit keys) over `sources`. */
+function readQuery(
+  name: string,
+  sources: Source[],
+  choice: QueryChoice,
+  where: string[],
+): Transform {
+  const keys = sources.flatMap((s) => s.keys.map(col)).join(', ');
+  const used = new Set<string>();
+  const select: Transform['select'] = [];
+  const groupBy: string[] = [];
+  const implicit: string[] = [];
+  const targetKeys: ScopeColumn[] = [];
+  const filter = choice.where ? [predicate(sources, choice.where)] : [];
+  if (choice.kind === 'rows') {
+    choice.items.forEach((item, i) => {
+      const e = valueExpr(sources, item.pick);
+      select.push({ ...e, name: itemName(`o${i + 1}`, item.name, used) });
+    });
+    // The key: each source's key columns, a bare SELECT item of it when there is one, else
+    // an implicit column named after it, or alias_column when that name is taken
+    // (_analyze_transform in 0005_transform_analysis.sql).
+    const taken = new Set([...select.map((s) => s.name), ...SYSTEM_COLUMNS]);
+    const keyItems = new Set<number>();
+    for (const source of sources) {
+      for (const k of source.keys) {
+        const found = select.findIndex(
+          (s, i) => !keyItems.has(i) && s.bare?.alias === k.alias && s.bare.name === k.name,
+        );
+        if (found >= 0) {
+          keyItems.add(found);
+          targetKeys.push({ ...k, alias: '', name: select[found]!.name });
+          continue;
+        }
+        let keyName = k.name;
+        if (taken.has(keyName)) keyName = `${k.alias}_${k.name}`;
+        if (taken.has(keyName)) throw new Error(`the generator took the name ${keyName}`);
+        taken.add(keyName);
+        implicit.push(`${col(k)} AS ${keyName}`);
+        targetKeys.push({ ...k, alias: '', name: keyName });
+      }
+    }
+  } else {
+    const seen = new Set<string>();
+    const groups = choice.kind === 'groups' ? choice.groups : [];
+    groups.forEach((g, i) => {
+      const e = groupExpr(sources, g.pick);
+      if (seen.has(e.sql)) return;
+      seen.add(e.sql);
+      groupBy.push(e.sql);
+      if (g.selected || !e.bare) {
+        select.push({ ...e, name: itemName(`g${i + 1}`, g.name, used) });
+      }
+    });
+    choice.aggregates.forEach((a, i) => {
+      const filterBy = a.filter ? ` FILTER (WHERE ${predicate(sources, a.filter)})` : '';
+      select.push({
+        sql: `${aggregate(sources, a.pick, keys)}${filterBy}`,
+        type: 'int',
+        bare: null,
+        name: itemName(`n${i + 1}`, a.name, used),
+      });
+    });
+    // The key: the GROUP BY expressions, each the SELECT item that is it, or an implicit
+    // column named after the bare column it is (alias_column when that name is taken).
+    const taken = new Set([...select.map((s) => s.name), ...SYSTEM_COLUMNS]);
+    for (const g of groupBy) {
+      const item = select.find((s) => s.sql === g);
+      if (item) continue;
+      const bare = groups.map((x) => groupExpr(sources, x.pick)).find((e) => e.sql === g)!.bare!;
+      let keyName = bare.name;
+      if (taken.has(keyName)) keyName = `${bare.alias}_${bare.name}`;
+      if (taken.has(keyName)) throw new Error(`the generator took the name ${keyName}`);
+      taken.add(keyName);
+      implicit.push(`${col(bare)} AS ${keyName}`);
+    }
+  }
+  const aggregates = choice.kind !== 'rows';
+  return {
+    name,
+    sources,
+    select,
+    where: [...where, ...filter],
+    groupBy,
+    having: aggregates && choice.having ? having(sources, choice.having) : null,
+    implicit,
+    keys: targetKeys,
+    readable: !aggregates && sources.every((s) => !s.join?.left),
+  };
+}
+
+/** A transform (and the chain reading it, if any) read against `schema`. */
+export function readTransform(schema: Schema, choice: TransformChoice, index: number): Transform[] {
+  const sources = fromSources(schema, choice);
+  const last = sources[sources.length - 1]!;
+  const anti = choice.anti && sources.length > 1 && last.join?.left;
+  const where = anti ? [`${col(last.keys[0]!)} IS NULL`] : [];
+  const transform = readQuery(`x${index}`, sources, choice, where);
+  if (!choice.chain || !transform.readable) return [transform];
+  const upstream: Source = {
+    alias: 'q',
+    name: transform.name,
+    keys: transform.keys.map((k) => ({ ...k, alias: 'q', nullable: false })),
+    columns: [
+      ...transform.select.map((s) => ({ alias: 'q', name: s.name, type: s.type, nullable: true })),
+      ...transform.implicit.map((i, n) => ({
+        alias: 'q',
+        name: i.split(' AS ')[1]!,
+        type: transform.keys.find((k) => k.name === i.split(' AS ')[1])?.type ?? 'int',
+        nullable: n < 0,
+      })),
+    ],
+    join: null,
+  };
+  return [transform, readQuery(`${transform.name}c`, [upstream], choice.chain, [])];
+}
+
+/** The Definition of a transform read against its schema, tables and targets named with `prefix`. */
+export function definitionOf(t: Transform, prefix: string): Definition {
+  const from = t.sources
+    .map((s) => {
+      const table = `${physical(prefix, s.name)} ${s.alias}`;
+      if (!s.join) return table;
+      return `${s.join.left ? 'LEFT JOIN' : 'JOIN'} ${table} ON ${s.join.on}`;
+    })
+    .join(' ');
+  return {
+    target: physical(prefix, t.name),
+    from,
+    select: t.select.map((s) => `${s.sql} AS ${s.name}`).join(', '),
+    ...(t.where.length ? { where: t.where.map((w) => `(${w})`).join(' AND ') } : {}),
+    ...(t.groupBy.length ? { groupBy: t.groupBy.join(', ') } : {}),
+    ...(t.having ? { having: t.having } : {}),
+    ...(t.implicit.length ? { implicit: t.implicit.join(', ') } : {}),
+  };
+}
+
+const pickArb: fc.Arbitrary<Pick> = fc.record({
+  source: fc.nat(5),
+  column: fc.nat(20),
+  template: fc.nat(20),
+});
+
+const queryArb = (kinds: Array<QueryChoice['kind']>): fc.Arbitrary<QueryChoice> =>
+  fc.record({
+    kind: fc.constantFrom(...kinds),
+    items: fc.array(fc.record({ pick: pickArb, name: fc.nat(15) }), { minLength: 1, maxLength: 4 }),
+    where: fc.option(pickArb, { freq: 2 }),
+    groups: fc.array(fc.record({ pick: pickArb, selected: fc.boolean(), name: fc.nat(15) }), {
+      minLength: 1,
+      maxLength: 2,
+    }),
+    aggregates: fc.array(
+      fc.record({ pick: pickArb, filter: fc.option(pickArb, { freq: 4 }), name: fc.nat(15) }),
+      { minLength: 1, maxLength: 4 },
+    ),
+    having: fc.option(pickArb, { freq: 3 }),
+  });
+
+export const transformChoiceArb: fc.Arbitrary<TransformChoice> = fc
+  .record({
+    query: queryArb(['rows', 'rows', 'groups', 'groups', 'total']),
+    driving: fc.nat(5),
+    joins: fc.array(
+      fc.record({
+        table: fc.nat(5),
+        left: fc.boolean(),
+        reverse: fc.boolean(),
+        to: fc.nat(5),
+        extra: fc.option(pickArb, { freq: 2 }),
+      }),
+      { maxLength: 2 },
+    ),
+    anti: fc.boolean(),
+    chain: fc.option(queryArb(['rows', 'groups']), { freq: 4 }),
+  })
+  .map(({ query, ...rest }) => ({ ...query, ...rest }));
