@@ -9,6 +9,7 @@ import {
   type Transform,
   type TransformChoice,
   transformChoiceArb,
+  transformShape,
 } from './random-transforms.js';
 import { placeSteps, stepText, writersArb } from './random-writes.js';
 import { runPlan, type Step, type WorkloadResult } from './workload.js';
@@ -52,6 +53,15 @@ export function caseArb(sizes: CaseSizes): fc.Arbitrary<Case> {
 /** The transforms of a case, read against its schema (a chain after what it reads). */
 export function caseTransforms(c: Case): Transform[] {
   return c.transforms.flatMap((t, i) => readTransform(c.db.schema, t, i + 1));
+}
+
+/** A case in one line: its tables, transforms and writes. */
+export function caseSummary(c: Case): string {
+  const tables = c.db.schema.tables.map(
+    (t, i) => `${t.name}(${t.key}, ${c.db.rows[i]?.length ?? 0} rows)`,
+  );
+  const steps = c.writers.map((w) => w.length).join('+');
+  return `tables ${tables.join(' ')}; ${caseTransforms(c).map(transformShape).join('; ')}; writers' steps ${steps}`;
 }
 
 /** A case as SQL, with tables and targets named with `prefix`. */

@@ -290,6 +290,10 @@ function itemName(fallback: string, choice: number, used: Set<string>): string {
 export interface Transform {
   /** Logical target name (x1, x1c for the chain reading it); the physical one has the prefix. */
   name: string;
+  /** A row per (joined) source row, a row per group, or one row (a grand total). */
+  kind: QueryChoice['kind'];
+  /** Its WHERE starts with `<last LEFT JOINed table's key> IS NULL`. */
+  anti: boolean;
   sources: Source[];
   select: Array<{ sql: string; name: string; type: ColumnType; bare: ScopeColumn | null }>;
   where: string[];
@@ -356,6 +360,7 @@ function readQuery(
   sources: Source[],
   choice: QueryChoice,
   where: string[],
+  anti = false,
 ): Transform {
   const keys = sources.flatMap((s) => s.keys.map(col)).join(', ');
   const used = new Set<string>();
@@ -430,6 +435,8 @@ function readQuery(
   const aggregates = choice.kind !== 'rows';
   return {
     name,
+    kind: choice.kind,
+    anti,
     sources,
     select,
     where: [...where, ...filter],
@@ -445,9 +452,9 @@ function readQuery(
 export function readTransform(schema: Schema, choice: TransformChoice, index: number): Transform[] {
   const sources = fromSources(schema, choice);
   const last = sources[sources.length - 1]!;
-  const anti = choice.anti && sources.length > 1 && last.join?.left;
+  const anti = Boolean(choice.anti && sources.length > 1 && last.join?.left);
   const where = anti ? [`${col(last.keys[0]!)} IS NULL`] : [];
-  const transform = readQuery(`x${index}`, sources, choice, where);
+  const transform = readQuery(`x${index}`, sources, choice, where, anti);
   if (!choice.chain || !transform.readable) return [transform];
   const upstream: Source = {
     alias: 'q',
@@ -465,6 +472,21 @@ export function readTransform(schema: Schema, choice: TransformChoice, index: nu
     join: null,
   };
   return [transform, readQuery(`${transform.name}c`, [upstream], choice.chain, [])];
+}
+
+/** What a transform is, in a few words (for the tests' progress lines): `x1: groups, left join of 3, having`. */
+export function transformShape(t: Transform): string {
+  const tags: string[] = [t.kind];
+  if (t.sources[0]!.alias === 'q') tags.push('chain');
+  const joins = t.sources.filter((s) => s.join);
+  if (joins.length) {
+    const kinds = [...new Set(joins.map((s) => (s.join!.left ? 'left' : 'inner')))].join('+');
+    tags.push(`${kinds} join of ${t.sources.length}`);
+  }
+  if (t.anti) tags.push('anti-join');
+  if (t.where.length > (t.anti ? 1 : 0)) tags.push('where');
+  if (t.having) tags.push('having');
+  return `${t.name}: ${tags.join(', ')}`;
 }
 
 /** The Definition of a transform read against its schema, tables and targets named with `prefix`. */
