@@ -1,18 +1,10 @@
 import { InvalidArgumentError, Option } from 'commander';
-import type { Lifecycle } from '../../engine/catalog/status-types.js';
+import { LIFECYCLES, type Lifecycle } from '../../engine/catalog/status-types.js';
 import { connectCli, printJson } from '../connect.js';
 import { type ConnectionFlags, defineCommand, type JsonFlag } from '../define-command.js';
 import { readStatuses } from '../status/read.js';
 import { renderTable } from '../status/render.js';
 import { watchStatus } from '../status/watch.js';
-
-const LIFECYCLES: readonly Lifecycle[] = [
-  'waiting_to_backfill',
-  'backfilling',
-  'catching_up',
-  'live',
-  'paused',
-];
 
 interface StatusFlags extends ConnectionFlags, JsonFlag {
   watch?: boolean;

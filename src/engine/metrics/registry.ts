@@ -1,5 +1,5 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import type { Lifecycle } from '../catalog/status-types.js';
+import { LIFECYCLES } from '../catalog/status-types.js';
 import type { InstanceSnapshot } from '../observe/catalog-snapshot.js';
 
 /**
@@ -123,14 +123,6 @@ function fromSnapshot<L extends string>(
     if (entry.snapshot) fill(set, entry.snapshot);
   });
 }
-
-const LIFECYCLES: readonly Lifecycle[] = [
-  'waiting_to_backfill',
-  'backfilling',
-  'catching_up',
-  'live',
-  'paused',
-];
 
 /** Every pause reason the engine records, so each has a series (0 when none is paused for it). */
 export const PAUSE_REASONS = [

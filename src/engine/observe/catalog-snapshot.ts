@@ -66,15 +66,11 @@ export interface CaptureWaitSnapshot {
  */
 export const LEDGER_PENDING_CAP = 100_000;
 
-/** Lock modes that conflict with SHARE ROW EXCLUSIVE (capture install/uninstall), as in status(). */
-const CONFLICTS_WITH_SHARE_ROW_EXCLUSIVE = [
-  'RowExclusiveLock',
-  'ShareUpdateExclusiveLock',
-  'ShareLock',
-  'ShareRowExclusiveLock',
-  'ExclusiveLock',
-  'AccessExclusiveLock',
-];
+/**
+ * Lock modes that conflict with SHARE ROW EXCLUSIVE (capture install/uninstall), as in
+ * status(): the same modes a writer of a table holds (ROW EXCLUSIVE and every stronger one).
+ */
+const CONFLICTS_WITH_SHARE_ROW_EXCLUSIVE = WRITER_LOCK_MODES;
 
 interface Row {
   transforms: Array<{
