@@ -1,12 +1,13 @@
 import type { Session } from '../db/session.js';
 import { TrellisError } from '../errors.js';
 import { quoteIdent, quoteLiteral } from '../identifiers.js';
+import { jobsSchemaFor } from '../jobs/jobs-schema.js';
 
 /**
  * The definitions as SQL for the end of a schema-only dump (ADR 0022). A schema-only
  * pg_dump carries Trellis's schema, the targets and the capture triggers but none of the
  * catalog's rows; this SQL writes back the rows that say what is installed (migrations,
- * config) and registers every transform again, in the order they were defined (a chain's
+ * config, and the jobs schema's pg-boss version and queues) and registers every transform again, in the order they were defined (a chain's
  * upstream first), with the search_path each was defined under. Runtime state (ledger,
  * progress, pauses, quarantine, claims) is left out: each transform loads as
  * waiting_to_backfill and the worker builds it. Safe to run twice.
@@ -38,6 +39,28 @@ export async function dumpDefinitionsSql(session: Session, schema: string): Prom
     '-- transform again; the worker that starts on it builds them. Safe to run again.',
     `INSERT INTO ${s}.migrations SELECT * FROM pg_catalog.jsonb_populate_recordset(NULL::${s}.migrations, ${quoteLiteral(JSON.stringify(state?.migrations ?? []))}) ON CONFLICT DO NOTHING;`,
   ];
+  // The jobs schema (pg-boss) is in the dump too, without the rows that say which pg-boss
+  // schema version it is and which queues (partitions) it has: without them the install
+  // SQL would take it for a broken one.
+  const jobs = quoteIdent(jobsSchemaFor(schema));
+  const [boss] = await session.query<{ version: unknown[] | null; queues: unknown[] | null }>(
+    `SELECT CASE WHEN to_regclass($1) IS NOT NULL THEN
+              (SELECT jsonb_agg(to_jsonb(v)) FROM ${jobs}.version v) END AS version,
+            CASE WHEN to_regclass($2) IS NOT NULL THEN
+              (SELECT jsonb_agg(to_jsonb(q) ORDER BY q.name) FROM ${jobs}.queue q) END AS queues`,
+    [`${jobs}.version`, `${jobs}.queue`],
+  );
+  for (const [table, rows] of [
+    ['version', boss?.version],
+    ['queue', boss?.queues],
+  ] as const) {
+    if (!rows?.length) continue;
+    // Only when the dump holds the jobs schema (a schema list may leave it out).
+    const insert = `INSERT INTO ${jobs}.${table} SELECT * FROM pg_catalog.jsonb_populate_recordset(NULL::${jobs}.${table}, ${quoteLiteral(JSON.stringify(rows))}) ON CONFLICT DO NOTHING`;
+    lines.push(
+      `DO $trellis_jobs$ BEGIN IF pg_catalog.to_regclass(${quoteLiteral(`${jobs}.${table}`)}) IS NOT NULL THEN EXECUTE ${quoteLiteral(insert)}; END IF; END $trellis_jobs$;`,
+    );
+  }
   if (state?.config) {
     lines.push(
       `INSERT INTO ${s}.config SELECT * FROM pg_catalog.jsonb_populate_record(NULL::${s}.config, ${quoteLiteral(JSON.stringify(state.config))}) ON CONFLICT DO NOTHING;`,
