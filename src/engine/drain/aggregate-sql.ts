@@ -149,7 +149,12 @@ function newerColumns(plan: TransformPlan): string[] {
  * and whether it passes HAVING (`derived` keeps those that do): a group HAVING leaves out
  * of the target still depends on its rows.
  */
-function aggregatedGroups(plan: TransformPlan, since: string | null): string {
+function aggregatedGroups(
+  plan: TransformPlan,
+  since: string | null,
+  /** Whether the key map is brought up to date from this scan (see `mapJoined`). */
+  listNewer = true,
+): string {
   const exprs = plan.groups.map((g) => `(${g.expression})`);
   const cols = groupColumns(plan);
   const anyNull = cols.map((c) => `${c} IS NULL`).join(' OR ');
@@ -158,10 +163,12 @@ function aggregatedGroups(plan: TransformPlan, since: string | null): string {
   const newer = mayBeNewer(plan, since);
   const select = list([
     selectList(plan),
-    ...driving.keyColumns.map(
-      (k, i) =>
-        `array_agg(${col(driving.alias, k)}) FILTER (WHERE ${newer}) AS ${newerColumns(plan)[i]}`,
-    ),
+    ...(listNewer
+      ? driving.keyColumns.map(
+          (k, i) =>
+            `array_agg(${col(driving.alias, k)}) FILTER (WHERE ${newer}) AS ${newerColumns(plan)[i]}`,
+        )
+      : []),
     ...(plan.having ? [`coalesce((${plan.having}), false) AS ${own('kept')}`] : []),
   ]);
   // The group expressions are evaluated inside the EXISTS, where the groups CTE is in
@@ -403,7 +410,7 @@ export function regroupSql(plan: TransformPlan): string {
   SELECT ${list(typed)} FROM jsonb_array_elements($1::jsonb) e
 ),
 aggregated AS MATERIALIZED (
-  ${aggregatedGroups(plan, null)}
+  ${aggregatedGroups(plan, null, false)}
 ),
 derived AS MATERIALIZED (
   SELECT * FROM aggregated${plan.having ? ` WHERE ${own('kept')}` : ''}
