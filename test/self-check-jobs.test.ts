@@ -45,10 +45,14 @@ async function runningCheck(target: string, drainer: Trellis): Promise<SelfCheck
   await staging.shutdown();
   await sender.requestBackfill(target);
   const job = await sender.selfCheck(target, 'full');
-  await waitFor(
-    async () => (await sender.selfCheckJob(job.id))?.state === 'running',
-    'the job to run',
-  );
+  // selfCheckJob says `running` as soon as pg-boss hands the job out; the worker claims
+  // it (its own row says `running`) a moment later, on the session the check then holds.
+  // Wait for the claim, so that what the caller does next meets the check itself.
+  await waitFor(async () => {
+    const [row] = await db.sql<{ state: string }[]>`
+      SELECT state FROM trellis.self_checks WHERE id = ${job.id}`;
+    return row?.state === 'running' && (await sender.selfCheckJob(job.id))?.state === 'running';
+  }, 'the worker to claim the job');
   return job;
 }
 
