@@ -1,0 +1,1 @@
+-- Placeholder for a migration of another branch (drop at merge).
