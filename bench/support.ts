@@ -77,3 +77,9 @@ export function percentile(sorted: number[], p: number): number {
   if (sorted.length === 0) return Number.NaN;
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 }
+
+/** (max − min) / median of `values`: how far apart repeated measurements lie. */
+export function spread(values: number[]): number {
+  if (values.length < 2) return 0;
+  return (Math.max(...values) - Math.min(...values)) / median(values);
+}

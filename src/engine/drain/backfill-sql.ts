@@ -10,7 +10,21 @@ function drivingKeyColumns(plan: TransformPlan): string[] {
 }
 
 /**
- * The key that ends a backfill chunk of `$2` driving rows after key `$1` (a text[], or
+ * Every chunk's upper bound (a text[] each, in key order: the key of every `$1`-th
+ * driving row) and the number of driving rows, in one pass over the driving table's key
+ * (an index-only scan when its visibility map is set).
+ */
+export function chunkBoundsSql(plan: TransformPlan): string {
+  const driving = plan.sources[0]!;
+  const keys = driving.keyColumns.map((k) => col('d', k));
+  return `SELECT array_agg(upto ORDER BY n) FILTER (WHERE n % $1::int = 0) AS ends, max(n) AS total
+    FROM (SELECT ARRAY[${list(keys.map((k) => `${k}::text`))}] AS upto,
+                 row_number() OVER (ORDER BY ${list(keys)}) AS n
+            FROM ${driving.table} d) numbered`;
+}
+
+/**
+ * The key that ends a chunk of `$2` driving rows (a GROUP BY build's repair) after key `$1` (a text[], or
  * NULL for the first chunk), or no row when fewer remain.
  */
 export function chunkEndSql(plan: TransformPlan): string {

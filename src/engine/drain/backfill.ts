@@ -4,14 +4,22 @@ import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
 import { groupsFillSql } from './aggregate-sql.js';
 import { applyKeysBisecting } from './apply-keys.js';
-import { backfillChunkSql, chunkEndSql, drivingRowsAfterSql } from './backfill-sql.js';
+import { chunkEndSql, drivingRowsAfterSql } from './backfill-sql.js';
+import {
+  ChunkFailure,
+  deleteChunk,
+  fillChunk,
+  nextRepairChunk,
+  planChunks,
+} from './build-chunks.js';
 import { loadPlan, type TransformPlan } from './plan.js';
+import type { PlanCache } from './plan-cache.js';
 import { backoffMs, isRowError } from './row-errors.js';
 import { typedParam } from './sql-parts.js';
 import { enterTransformWork } from './work-settings.js';
 
-/** Driving rows per backfill chunk (one transaction each). */
-export const CHUNK_ROWS = 100_000;
+/** Driving keys per chunk of a GROUP BY build's repair (one transaction each). */
+export const REPAIR_ROWS = 50_000;
 
 /** A build failing this many times in a row for no row's fault pauses the transform. */
 export const BUILD_ATTEMPTS_BEFORE_PAUSE = 5;
@@ -20,7 +28,7 @@ interface Claim {
   transform_id: number;
   rebuild: boolean;
   backfill_position: string[] | null;
-  backfill_stage: 'rows' | 'groups' | 'repair';
+  backfill_stage: 'rows' | 'chunks' | 'groups' | 'repair';
   backfill_done: string;
   build_attempts: number;
 }
@@ -32,31 +40,65 @@ interface Step {
 }
 
 /**
- * Fills one chunk of a backfilling target, recording progress with it in the same
- * transaction (so a crash repeats at most the chunk). Stages:
- * - 'rows' (projections, filters, joins): chunks in key order of the FROM (driving) table.
- * - 'groups' (GROUP BY, and grand totals): every group at once, as one aggregate query,
- *   with the key map filled in the same statement (see groupsFillSql).
- * - 'repair': when that query fails on a row, the groups are re-derived instead by chunks
- *   of driving keys through the drain's bisecting path, so the failing rows are held.
- * The last step moves the transform on to catching_up. A row that fails is held, as in
- * the drain; a chunk that fails for no row's fault is a build failure: retried with
- * backoff, and after a few attempts the transform pauses. Returns false when nothing was
- * backfilling.
+ * One step of a build, if any target is building: a chunk filled, or a build step that
+ * needs the build's pipeline row. Returns false when nothing was building. See
+ * buildStep and build-chunks.ts.
  */
 export async function backfillChunk(
   session: Session,
   schema: string,
+  plans: PlanCache,
   log: Logger,
 ): Promise<boolean> {
+  try {
+    if (await fillChunk(session, schema, plans, log)) return true;
+  } catch (error) {
+    if (!(error instanceof ChunkFailure)) throw error;
+    await session.transaction(async () => {
+      const [claim] = await session.query<Claim>(
+        `SELECT transform_id, build_attempts FROM ${quoteIdent(schema)}.pipeline
+          WHERE transform_id = $1 FOR UPDATE`,
+        [error.transformId],
+      );
+      if (!claim) return;
+      const plan = await loadPlan(session, schema, error.transformId);
+      await recordBuildFailure(session, schema, claim, plan, error.cause, log);
+    });
+    return true;
+  }
+  return buildStep(session, schema, log);
+}
+
+/**
+ * A build step that holds the build's pipeline row, recording progress with it in the
+ * same transaction (so a crash repeats at most the step). Stages:
+ * - 'rows' (projections, filters, joins): plans the chunks, in key order of the FROM
+ *   (driving) table, that any drain loop then fills ('chunks', see build-chunks.ts);
+ * - 'chunks', once no chunk is left to fill: re-derives, one per step, the chunks whose
+ *   fill failed on a row (through the drain's bisecting path, so the failing rows are
+ *   held), then puts the target's key back and moves on;
+ * - 'groups' (GROUP BY, and grand totals): every group at once, as one aggregate query,
+ *   with the key map filled in the same statement (see groupsFillSql).
+ * - 'repair': when that query fails on a row, the groups are re-derived instead by chunks
+ *   of driving keys through the drain's bisecting path, so the failing rows are held.
+ * The last step moves the transform on to catching_up. A step that fails for no row's
+ * fault is a build failure: retried with backoff, and after a few attempts the transform
+ * pauses.
+ */
+async function buildStep(session: Session, schema: string, log: Logger): Promise<boolean> {
   const s = quoteIdent(schema);
   return session.transaction(async () => {
+    // A 'chunks' build is claimed only once every chunk is filled or left for repair: a
+    // chunk being filled is still there (its delete not yet committed).
     const [claim] = await session.query<Claim>(
       `SELECT p.transform_id, p.rebuild, p.backfill_position, p.backfill_stage, p.backfill_done,
               p.build_attempts
          FROM ${s}.pipeline p JOIN ${s}.transforms t ON t.id = p.transform_id
         WHERE p.phase = 'backfilling' AND t.paused_at IS NULL
           AND (p.build_next_at IS NULL OR p.build_next_at <= now())
+          AND (p.backfill_stage <> 'chunks'
+               OR NOT EXISTS (SELECT 1 FROM ${s}.build_chunks c
+                               WHERE c.transform_id = p.transform_id AND NOT c.repair))
         ORDER BY p.updated_at
         LIMIT 1
           FOR UPDATE OF p SKIP LOCKED`,
@@ -78,14 +120,24 @@ export async function backfillChunk(
       let stage = claim.backfill_stage;
       // An aggregate's target (and key map) is filled in one statement: see groupsFillSql.
       if (stage === 'rows' && plan.aggregates) stage = 'groups';
-      let step: Step;
+      let step: Step = { upto: null, rows: 0 };
       let next: Claim['backfill_stage'] = stage;
       let done = false;
+      let total: number | null = null;
       if (stage === 'rows') {
-        step = await rowsChunk(session, schema, plan, claim.backfill_position, log);
-        done = !step.upto;
+        total = await planChunks(session, schema, plan);
+        next = 'chunks';
+      } else if (stage === 'chunks') {
+        const repair = await nextRepairChunk(session, schema, plan.id);
+        if (repair) {
+          // Re-derivation upserts: it needs the key back.
+          await restoreIndexes(session, schema, claim.transform_id);
+          await applyChunkBisecting(session, schema, plan, repair.lo, repair.hi, log);
+          await deleteChunk(session, schema, plan.id, repair.chunk);
+        } else {
+          done = true;
+        }
       } else if (stage === 'groups') {
-        step = { upto: null, rows: 0 };
         try {
           await session.query('SAVEPOINT trellis_groups');
           const [filled] = await session.query<{ rows: number }>(groupsFillSql(plan));
@@ -113,13 +165,23 @@ export async function backfillChunk(
       }
       await session.query(
         `UPDATE ${s}.pipeline
-            SET backfill_position = $2, backfill_done = backfill_done + $3, rebuild = false,
-                backfill_stage = $4,
-                backfill_total = greatest(backfill_total, backfill_done + $3),
+            SET backfill_position = $2, rebuild = false, backfill_stage = $4,
+                backfill_total = coalesce($6::bigint, greatest(backfill_total, backfill_done + $3)),
+                backfill_done = CASE WHEN $6::bigint IS NOT NULL THEN 0
+                                     WHEN $5 AND $7 = 'chunks' THEN backfill_total
+                                     ELSE backfill_done + $3 END,
                 phase = CASE WHEN $5 THEN 'catching_up' ELSE phase END,
                 build_attempts = 0, build_error = NULL, build_next_at = NULL, updated_at = now()
           WHERE transform_id = $1`,
-        [claim.transform_id, step.upto, stage === 'repair' ? 0 : step.rows, next, done],
+        [
+          claim.transform_id,
+          step.upto,
+          stage === 'repair' ? 0 : step.rows,
+          next,
+          done,
+          total,
+          stage,
+        ],
       );
       // Its state change (catching up) is logged by the catalog watch.
       if (done) log.debug({ target: plan.target }, 'backfill done');
@@ -131,40 +193,17 @@ export async function backfillChunk(
   });
 }
 
-/** The next chunk of driving keys after `position`: its end (null: the last chunk) and size. */
+/** The next chunk of REPAIR_ROWS driving keys after `position`: its end (null: the last chunk) and size. */
 async function nextChunk(
   session: Session,
   plan: TransformPlan,
   position: string[] | null,
 ): Promise<Step> {
-  const [end] = await session.query<{ upto: string[] }>(chunkEndSql(plan), [position, CHUNK_ROWS]);
+  const [end] = await session.query<{ upto: string[] }>(chunkEndSql(plan), [position, REPAIR_ROWS]);
   const upto = end?.upto ?? null;
-  if (upto) return { upto, rows: CHUNK_ROWS };
+  if (upto) return { upto, rows: REPAIR_ROWS };
   const [after] = await session.query<{ n: string }>(drivingRowsAfterSql(plan), [position]);
   return { upto: null, rows: Number(after?.n ?? 0) };
-}
-
-/** Stage 'rows': fills the target (or a GROUP BY's key map) for one chunk. */
-async function rowsChunk(
-  session: Session,
-  schema: string,
-  plan: TransformPlan,
-  position: string[] | null,
-  log: Logger,
-): Promise<Step> {
-  const step = await nextChunk(session, plan, position);
-  try {
-    await session.query('SAVEPOINT trellis_fill');
-    await session.query(backfillChunkSql(plan), [position, step.upto]);
-    await session.query('RELEASE SAVEPOINT trellis_fill');
-  } catch (error) {
-    await session.query('ROLLBACK TO SAVEPOINT trellis_fill');
-    if (!isRowError(error)) throw error;
-    // Re-derivation upserts: it needs the key back (for the rest of this build).
-    await restoreIndexes(session, schema, plan.id);
-    await applyChunkBisecting(session, schema, plan, position, step.upto, log);
-  }
-  return step;
 }
 
 /**

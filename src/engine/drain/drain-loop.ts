@@ -148,7 +148,7 @@ export class DrainLoop {
 
   /** One backfill chunk, if any target is backfilling; the next turn comes after other work. */
   private async backfill(session: Session): Promise<boolean> {
-    const filled = await backfillChunk(session, this.schema, this.log);
+    const filled = await backfillChunk(session, this.schema, this.plans, this.log);
     this.nextBackfillTurn = Date.now() + BACKFILL_TURN_MS;
     return filled;
   }

@@ -109,5 +109,23 @@ export const migrations: readonly Migration[] = [
     "name": "self_checks",
     "breaking": false,
     "sql": "-- Self-checks (issue #11, ADR 0015): one row per transform for its latest check, so asking\n-- again while one is unfinished returns it, and the next call after it finished replaces it\n-- (the replaced job is gone: selfCheckJob returns null for it, as for a dropped transform,\n-- whose row goes with it). The job itself runs on pg-boss, in the instance's jobs schema\n-- (ADR 0014); its id is this row's id. What a row says is reconciled with pg-boss's own\n-- state of the job when it is read (a worker that died mid-check leaves `running` here,\n-- while pg-boss retries the job or gives up on it): see src/engine/selfcheck/read.ts.\nCREATE TABLE @schema@.self_checks (\n  id uuid PRIMARY KEY,\n  transform_id int NOT NULL UNIQUE REFERENCES @schema@.transforms ON DELETE CASCADE,\n  mode text NOT NULL CHECK (mode IN ('full', 'sample')),\n  -- {sample, maxFindings, repair}: what was asked for.\n  options jsonb NOT NULL,\n  -- What the worker last recorded; queued until a worker takes it.\n  state text NOT NULL DEFAULT 'queued'\n    CHECK (state IN ('queued', 'running', 'done', 'failed', 'cancelled')),\n  rows_compared bigint NOT NULL DEFAULT 0,\n  -- Rows the check expects to compare (the target's row estimate, or the sample size).\n  rows_total bigint,\n  report jsonb,\n  error text,\n  -- How many times a worker has started it (pg-boss retries a check whose worker died).\n  attempts int NOT NULL DEFAULT 0,\n  created_at timestamptz NOT NULL DEFAULT now(),\n  started_at timestamptz,\n  finished_at timestamptz\n);\n"
+  },
+  {
+    "version": 19,
+    "name": "placeholder",
+    "breaking": false,
+    "sql": "-- Placeholder for a migration of another branch (drop at merge).\n"
+  },
+  {
+    "version": 20,
+    "name": "placeholder",
+    "breaking": false,
+    "sql": "-- Placeholder for a migration of another branch (drop at merge).\n"
+  },
+  {
+    "version": 21,
+    "name": "build_chunks",
+    "breaking": false,
+    "sql": "-- Builds filled by several drain loops at once (issue #14, ADR 0028). A build of a\n-- projection or join first plans its chunks (key ranges of the FROM table, computed in\n-- one pass over its key); any drain loop, in any process, then claims one with FOR UPDATE\n-- SKIP LOCKED and fills it, deleting it in the same transaction. The build's pipeline row\n-- is not locked by the fills, so they run side by side; the last step (the target's key\n-- built back, statistics, catching_up) runs once no chunk is left to fill.\n\nALTER TABLE @schema@.pipeline DROP CONSTRAINT pipeline_backfill_stage_check;\n-- 'chunks': the planned chunks of build_chunks are being filled (see drain/build-chunks.ts).\nALTER TABLE @schema@.pipeline ADD CONSTRAINT pipeline_backfill_stage_check\n  CHECK (backfill_stage IN ('rows', 'chunks', 'groups', 'repair'));\n\nCREATE TABLE @schema@.build_chunks (\n  transform_id int NOT NULL REFERENCES @schema@.pipeline ON DELETE CASCADE,\n  chunk int NOT NULL,\n  -- Driving keys after `lo` up to and including `hi` (NULL: an open end), as text[].\n  lo text[],\n  hi text[],\n  -- Driving rows in the chunk when it was planned (progress, not a bound).\n  rows bigint NOT NULL,\n  -- Its fill failed on a row: left to the last step, which re-derives it key by key with\n  -- the target's key back, so the failing rows are held and the rest filled.\n  repair boolean NOT NULL DEFAULT false,\n  PRIMARY KEY (transform_id, chunk)\n);\n\n-- As before (0007), and the chunks of a build in progress go with it.\nCREATE OR REPLACE FUNCTION @schema@._request_rebuild(transform_id int)\nRETURNS void LANGUAGE sql AS $fn$\n  UPDATE @schema@.pipeline\n     SET phase = 'waiting_to_backfill', rebuild = true, backfill_stage = 'rows',\n         open_lo = NULL, open_hi = NULL,\n         open_pages = NULL, pages_left = NULL, backfill_position = NULL, backfill_done = 0,\n         backfill_total = NULL, build_attempts = 0, build_error = NULL, build_next_at = NULL,\n         updated_at = now()\n   WHERE pipeline.transform_id = _request_rebuild.transform_id;\n  DELETE FROM @schema@.pages WHERE pages.transform_id = _request_rebuild.transform_id;\n  DELETE FROM @schema@.build_chunks WHERE build_chunks.transform_id = _request_rebuild.transform_id;\n$fn$;\n"
   }
 ];

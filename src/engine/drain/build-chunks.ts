@@ -1,0 +1,168 @@
+import type { Session } from '../db/session.js';
+import { quoteIdent } from '../identifiers.js';
+import type { Logger } from '../logger.js';
+import { backfillChunkSql, chunkBoundsSql } from './backfill-sql.js';
+import type { TransformPlan } from './plan.js';
+import type { PlanCache } from './plan-cache.js';
+import { isRowError } from './row-errors.js';
+import { enterTransformWork } from './work-settings.js';
+
+/**
+ * The chunks of a projection's or join's build, filled by any number of drain loops at
+ * once (ADR 0028). The build plans them first (planChunks, under the build's pipeline
+ * row lock); each fill then claims one chunk row with FOR UPDATE SKIP LOCKED and deletes
+ * it in the transaction that fills it. A fill locks nothing of the build's own but its
+ * chunk: not the pipeline row (every fill would then wait for the one before to commit),
+ * and it takes no lock stronger than an INSERT's on the target. A fill that dies leaves
+ * its chunk for the next loop; one that fails on a row marks its chunk for repair, which
+ * the last step does with the target's key back (finishing in backfill.ts).
+ */
+
+/** Driving rows per chunk: a transaction each. Small enough that loops share a build evenly. */
+export const CHUNK_ROWS = 50_000;
+
+/**
+ * Plans the chunks of a build (the target is empty for every one of them): one pass over
+ * the driving table's key yields every chunk's upper bound and the row count. Returns the
+ * number of driving rows.
+ */
+export async function planChunks(
+  session: Session,
+  schema: string,
+  plan: TransformPlan,
+): Promise<number> {
+  const s = quoteIdent(schema);
+  const [bounds] = await session.query<{ ends: string[][] | null; total: string | null }>(
+    chunkBoundsSql(plan),
+    [CHUNK_ROWS],
+  );
+  const total = Number(bounds?.total ?? 0);
+  // Upper bounds of every full chunk; the last chunk is open-ended (and may be empty when
+  // the rows divide evenly, which costs one empty statement).
+  const ends = bounds?.ends ?? [];
+  const chunks = [
+    ...ends.map((hi, i) => ({ lo: ends[i - 1] ?? null, hi })),
+    {
+      lo: ends.at(-1) ?? null,
+      hi: null,
+    },
+  ];
+  await session.query(`DELETE FROM ${s}.build_chunks WHERE transform_id = $1`, [plan.id]);
+  await session.query(
+    `INSERT INTO ${s}.build_chunks (transform_id, chunk, lo, hi, rows)
+     SELECT $1, c.ord, c.lo, c.hi,
+            CASE WHEN c.hi IS NULL THEN $3::bigint - (c.ord - 1) * $4::bigint ELSE $4::bigint END
+       FROM ROWS FROM (jsonb_to_recordset($2::jsonb) AS (lo text[], hi text[]))
+            WITH ORDINALITY AS c(lo, hi, ord)`,
+    [plan.id, chunks, total, CHUNK_ROWS],
+  );
+  return total;
+}
+
+interface ChunkClaim {
+  transform_id: number;
+  chunk: number;
+  lo: string[] | null;
+  hi: string[] | null;
+  rows: string;
+}
+
+/**
+ * Claims one chunk of any build and fills it, in one transaction. Returns the chunk's
+ * transform and rows filled, or null when no chunk was free. A fill that fails on a row
+ * marks its chunk for repair (its rows are left to the build's last step); one that fails
+ * for no row's fault throws, with its transform's id, for the caller to record as a build
+ * failure (the chunk stays, to be filled again).
+ */
+export async function fillChunk(
+  session: Session,
+  schema: string,
+  plans: PlanCache,
+  log: Logger,
+): Promise<{ transformId: number; rows: number } | null> {
+  const s = quoteIdent(schema);
+  const filled = await session.transaction(async () => {
+    const [claim] = await session.query<ChunkClaim>(
+      `SELECT c.transform_id, c.chunk, c.lo, c.hi, c.rows
+         FROM ${s}.build_chunks c
+         JOIN ${s}.pipeline p ON p.transform_id = c.transform_id
+         JOIN ${s}.transforms t ON t.id = c.transform_id
+        WHERE p.phase = 'backfilling' AND p.backfill_stage = 'chunks' AND NOT c.repair
+          AND t.paused_at IS NULL AND (p.build_next_at IS NULL OR p.build_next_at <= now())
+        ORDER BY c.transform_id, c.chunk
+        LIMIT 1
+          FOR UPDATE OF c SKIP LOCKED`,
+    );
+    if (!claim) return null;
+    const plan = await plans.load(session, claim.transform_id);
+    await enterTransformWork(session, schema, plan);
+    await session.query('SAVEPOINT trellis_fill');
+    try {
+      await session.query(backfillChunkSql(plan), [claim.lo, claim.hi]);
+      await session.query(`DELETE FROM ${s}.build_chunks WHERE transform_id = $1 AND chunk = $2`, [
+        claim.transform_id,
+        claim.chunk,
+      ]);
+      return { transformId: claim.transform_id, rows: Number(claim.rows) };
+    } catch (error) {
+      await session.query('ROLLBACK TO SAVEPOINT trellis_fill');
+      if (!isRowError(error)) throw new ChunkFailure(claim.transform_id, error);
+      log.warn(
+        { target: plan.target, chunk: claim.chunk },
+        'a build chunk failed on a row: it is re-derived key by key at the end of the build',
+      );
+      await session.query(
+        `UPDATE ${s}.build_chunks SET repair = true WHERE transform_id = $1 AND chunk = $2`,
+        [claim.transform_id, claim.chunk],
+      );
+      return { transformId: claim.transform_id, rows: 0 };
+    }
+  });
+  if (filled && filled.rows > 0) {
+    // Progress, in a transaction of its own after the fill committed: a fill holding the
+    // pipeline row until its commit would make every other fill wait for it. (A crash in
+    // between under-counts one chunk until the build's last step sets the total.)
+    await session.query(
+      `UPDATE ${s}.pipeline SET backfill_done = least(backfill_done + $2, backfill_total)
+        WHERE transform_id = $1 AND phase = 'backfilling'`,
+      [filled.transformId, filled.rows],
+    );
+  }
+  return filled;
+}
+
+/** A chunk fill that failed for no row's fault, with the transform it was for. */
+export class ChunkFailure extends Error {
+  constructor(
+    readonly transformId: number,
+    override readonly cause: unknown,
+  ) {
+    super(cause instanceof Error ? cause.message : String(cause));
+  }
+}
+
+/** The next chunk left for repair (its fill failed on a row), or null when none is. */
+export async function nextRepairChunk(
+  session: Session,
+  schema: string,
+  transformId: number,
+): Promise<{ chunk: number; lo: string[] | null; hi: string[] | null } | null> {
+  const [row] = await session.query<{ chunk: number; lo: string[] | null; hi: string[] | null }>(
+    `SELECT chunk, lo, hi FROM ${quoteIdent(schema)}.build_chunks
+      WHERE transform_id = $1 AND repair ORDER BY chunk LIMIT 1`,
+    [transformId],
+  );
+  return row ?? null;
+}
+
+export async function deleteChunk(
+  session: Session,
+  schema: string,
+  transformId: number,
+  chunk: number,
+): Promise<void> {
+  await session.query(
+    `DELETE FROM ${quoteIdent(schema)}.build_chunks WHERE transform_id = $1 AND chunk = $2`,
+    [transformId, chunk],
+  );
+}
