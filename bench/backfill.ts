@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Trellis } from '../src/engine/index.js';
 import { type Figure, figure, type Scenario } from './scenario.js';
-import { type BenchDb, checkpoint, median, spread, timed, trellisOn } from './support.js';
+import { type BenchDb, checkpoint, median, Samples, spread, timed, trellisOn } from './support.js';
 
 const ROWS = 1_000_000;
 /** Rounds of (CTAS, builds, CTAS), interleaved: each figure is the median of its rounds. */
@@ -50,16 +50,16 @@ export const backfill: Scenario = {
       INSERT INTO bf_src SELECT g, g % 1000, 'row ' || g FROM generate_series(1, ${ROWS}) g;`);
     // Hint bits and the visibility map set now, so neither side pays for them.
     await db.sql.unsafe('VACUUM ANALYZE bf_src');
-    const ctas: Record<string, number[]> = {};
-    const builds: Record<string, number[]> = {};
-    const phases: Record<string, Array<Record<string, number>>> = {};
+    const ctas = new Samples<number>();
+    const builds = new Samples<number>();
+    const phases = new Samples<Record<string, number>>();
     let n = 0;
     const runCtas = async (shape: Shape) => {
       n += 1;
       await checkpoint(db);
       const ms = await timed(() => db.sql.unsafe(`CREATE TABLE bf_ctas_${n} AS ${shape.select}`));
       await db.sql.unsafe(`DROP TABLE bf_ctas_${n}`);
-      (ctas[shape.name] ??= []).push(ms);
+      ctas.add(shape.name, ms);
       log(`${shape.name}: CREATE TABLE AS ${ms.toFixed(0)} ms`);
     };
     for (let round = 0; round < ROUNDS; round += 1) {
@@ -70,8 +70,8 @@ export const backfill: Scenario = {
           const trellis = await trellisOn(db.url, { staging: true, drainThreads: loops });
           try {
             const { ms, seen } = await build(db, trellis, shape);
-            (builds[key] ??= []).push(ms);
-            (phases[key] ??= []).push(seen);
+            builds.add(key, ms);
+            phases.add(key, seen);
             log(`${shape.name}: build with ${loops} drain loop(s) ${ms.toFixed(0)} ms`);
             await trellis.apply('DROP TRANSFORM bf_view');
           } finally {
@@ -83,9 +83,9 @@ export const backfill: Scenario = {
     }
     const figures: Figure[] = [];
     for (const shape of SHAPES) {
-      const baseline = ctas[shape.name]!;
+      const baseline = ctas.of(shape.name);
       for (const loops of shape.name === 'projection' ? LOOPS : [2]) {
-        const samples = builds[`${shape.name}/${loops}`]!;
+        const samples = builds.of(`${shape.name}/${loops}`);
         figures.push(
           figure({
             scenario: 'backfill',
@@ -103,7 +103,7 @@ export const backfill: Scenario = {
               ctasSpread: spread(baseline),
               // A baseline that moved this much between runs makes the ratio unreliable.
               baselineMoved: spread(baseline) > 0.15,
-              phaseFirstSeenMs: phases[`${shape.name}/${loops}`],
+              phaseFirstSeenMs: phases.of(`${shape.name}/${loops}`),
             },
           }),
         );

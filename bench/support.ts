@@ -83,3 +83,18 @@ export function spread(values: number[]): number {
   if (values.length < 2) return 0;
   return (Math.max(...values) - Math.min(...values)) / median(values);
 }
+
+/** Repeated measurements, by what was measured. */
+export class Samples<T> {
+  private readonly byKey = new Map<string, T[]>();
+
+  add(key: string, value: T): void {
+    const list = this.byKey.get(key) ?? [];
+    list.push(value);
+    this.byKey.set(key, list);
+  }
+
+  of(key: string): T[] {
+    return this.byKey.get(key) ?? [];
+  }
+}
