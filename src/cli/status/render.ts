@@ -168,6 +168,7 @@ export function renderLine(status: Status): string {
   if (status.captureWait) fields.push(`wait="${waitText(status)}"`);
   const progress = progressText(status);
   if (progress) fields.push(`backfill="${progress}"`);
+  if (status.lastApply) fields.push(`applied=${status.lastApply.mode}`);
   for (const note of notes(status)) fields.push(`! ${note.slice(status.target.length + 2)}`);
   return fields.join(' ');
 }

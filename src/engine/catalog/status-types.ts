@@ -131,6 +131,20 @@ export interface BackfillProgress {
   startedAt: Date;
 }
 
+/**
+ * How the drain applied the transform's last range of changes, and why (ADR 0029): each
+ * changed key re-derived ('rederive'), or, for a GROUP BY whose range touched a large
+ * share of its groups, every group recomputed in one pass and merged in ('recompute').
+ */
+export interface LastApply {
+  mode: 'rederive' | 'recompute';
+  /** Why, in a sentence. */
+  reason: string;
+  /** Changed keys in the range (a key changed twice counts twice). */
+  keys: number;
+  at: Date;
+}
+
 /** How far behind its sources a transform is. */
 export interface Lag {
   /** Sealed ledger segments not yet applied. */
@@ -158,5 +172,7 @@ export interface Status {
   buildFailure: BuildFailure | null;
   drainFailure: DrainFailure | null;
   backfill: BackfillProgress | null;
+  /** How the last range of changes was applied (null until one with changes was). */
+  lastApply: LastApply | null;
   lag: Lag;
 }

@@ -8,6 +8,7 @@ import type {
   CaptureWait,
   CorrectingNode,
   DrainFailure,
+  LastApply,
   Lifecycle,
   LockBlocker,
   PreparedBlocker,
@@ -17,7 +18,13 @@ import type {
 /** The JSON `<schema>.status(target)` returns: the Status, with times as ISO text. */
 type StatusJson = Omit<
   Status,
-  'correcting' | 'captureFailure' | 'captureWait' | 'buildFailure' | 'drainFailure' | 'backfill'
+  | 'correcting'
+  | 'captureFailure'
+  | 'captureWait'
+  | 'buildFailure'
+  | 'drainFailure'
+  | 'backfill'
+  | 'lastApply'
 > & {
   correcting: Array<Omit<CorrectingNode, 'since'> & { since: string }>;
   captureFailure: (Omit<CaptureFailure, 'detectedAt'> & { detectedAt: string }) | null;
@@ -38,6 +45,7 @@ type StatusJson = Omit<
     | (Omit<DrainFailure, 'since' | 'lastSeen'> & { since: string; lastSeen: string })
     | null;
   backfill: (Omit<BackfillProgress, 'startedAt'> & { startedAt: string }) | null;
+  lastApply: (Omit<LastApply, 'at' | 'keys'> & { at: string; keys: number | string }) | null;
 };
 
 const date = (text: string): Date => new Date(text);
@@ -45,7 +53,7 @@ const maybeDate = (text: string | null): Date | null => (text === null ? null : 
 
 /**
  * A transform's status, or `not_found`: what `<schema>.status(target)` returns (migration
- * 0017, the one implementation, callable from psql), with its times as Dates.
+ * 0022, the one implementation, callable from psql), with its times as Dates.
  */
 export async function readStatus(
   session: Session,
@@ -87,6 +95,9 @@ export async function readStatus(
         }
       : null,
     backfill: s.backfill ? { ...s.backfill, startedAt: date(s.backfill.startedAt) } : null,
+    lastApply: s.lastApply
+      ? { ...s.lastApply, keys: Number(s.lastApply.keys), at: date(s.lastApply.at) }
+      : null,
   };
 }
 

@@ -1,3 +1,4 @@
+import type { ApplyMode } from './apply-choice.js';
 import type { PlanSource, TransformPlan } from './plan.js';
 import {
   col,
@@ -154,6 +155,8 @@ function aggregatedGroups(
   since: string | null,
   /** Whether the key map is brought up to date from this scan (see `mapJoined`). */
   listNewer = true,
+  /** Every group of the definition, not only those of the `groups` CTE (see recompute). */
+  whole = false,
 ): string {
   const exprs = plan.groups.map((g) => `(${g.expression})`);
   const cols = groupColumns(plan);
@@ -174,6 +177,11 @@ function aggregatedGroups(
   // The group expressions are evaluated inside the EXISTS, where the groups CTE is in
   // scope: its alias and columns are the engine's own names (never a source's).
   const g = own('g');
+  if (whole) {
+    return `SELECT ${select}
+    FROM ${plan.fromSql}${plan.where ? `\n   WHERE (${plan.where})` : ''}
+   GROUP BY ${groupBy}`;
+  }
   return `SELECT ${select}
     FROM ${plan.fromSql}
    WHERE ${whereAnd(plan)}${tuple(exprs)} IN (SELECT ${list(cols)} FROM groups)
@@ -205,7 +213,7 @@ function aggregatedGroups(
  * them, and the map names it as it is. Affected driving keys are left out: their map rows
  * are replaced anyway.
  */
-function mapJoined(plan: TransformPlan, mapSql: string): string {
+function mapJoined(plan: TransformPlan, mapSql: string, whole = false): string {
   const sources = plan.sources;
   const driving = sources[0]!;
   const m = own('m');
@@ -230,10 +238,15 @@ function mapJoined(plan: TransformPlan, mapSql: string): string {
            SELECT ${list(keyNames.map((k) => `${n}.${k}`))}
              FROM aggregated ${a} CROSS JOIN LATERAL unnest(${list(newer.map((c) => `${a}.${c}`))}) AS ${n}(${list(keyNames)})
            EXCEPT SELECT ${list(keyNames)} FROM affected)
+${
+  whole
+    ? ''
+    : `
      AND EXISTS (SELECT 1 FROM groups ${g}
                   WHERE ${groupColumns(plan)
                     .map((c, i) => `${g}.${c} IS NOT DISTINCT FROM ${exprs[i]}`)
-                    .join(' AND ')})
+                    .join(' AND ')})`
+}
      AND NOT EXISTS (SELECT 1 FROM ${mapSql} ${m}
                       WHERE ${[
                         ...sameKeys,
@@ -279,6 +292,14 @@ export function aggregateRederiveSql(
   plan: TransformPlan,
   changedSql: string,
   since: string | null,
+  /**
+   * 'recompute': every group of the definition is computed in one pass over the sources
+   * and merged into the target (only rows that differ are written, groups that are gone
+   * deleted), instead of the changed groups one by one through an index; the key map is
+   * still brought up to date for the changed rows only. Cheaper when a change touches a
+   * large share of the groups (ADR 0029).
+   */
+  mode: ApplyMode = 'rederive',
 ): string {
   if (plan.groups.length === 0 || !plan.mapSql) return grandTotalSql(plan, changedSql);
   const mapSql = plan.mapSql;
@@ -288,6 +309,7 @@ export function aggregateRederiveSql(
   const groupCols = plan.groups.map((_, i) => mapGroup(i + 1));
   const mapColumns = [...sources.flatMap((s) => mapKeys(s)), ...groupCols, 'passes'];
   const drivingInMap = tuple(mapKeys(driving, 'm'));
+  const whole = mode === 'recompute';
   return `WITH changed AS MATERIALIZED (
   ${changedSql}
 ),
@@ -310,18 +332,23 @@ map_added AS (
   RETURNING 1
 ),
 groups AS MATERIALIZED (
-  SELECT ${list(groupCols.map((c, i) => `${c} AS ${groupColumns(plan)[i]}`))} FROM old_rows
+  ${
+    whole
+      ? // Every group the target holds: those the definition no longer yields are deleted.
+        `SELECT ${list(plan.key.map((k, i) => `t.${q(k)} AS ${groupColumns(plan)[i]}`))} FROM ${plan.targetSql} t`
+      : `SELECT ${list(groupCols.map((c, i) => `${c} AS ${groupColumns(plan)[i]}`))} FROM old_rows
   UNION
-  SELECT ${list(groupCols)} FROM new_rows WHERE passes
+  SELECT ${list(groupCols)} FROM new_rows WHERE passes`
+  }
 ),
 aggregated AS MATERIALIZED (
-  ${aggregatedGroups(plan, since)}
+  ${aggregatedGroups(plan, since, true, whole)}
 ),
 derived AS MATERIALIZED (
   SELECT * FROM aggregated${plan.having ? ` WHERE ${own('kept')}` : ''}
 ),
 map_joined AS (
-  ${mapJoined(plan, mapSql)}
+  ${mapJoined(plan, mapSql, whole)}
   RETURNING 1
 ),
 upserted AS (

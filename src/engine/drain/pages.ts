@@ -2,6 +2,7 @@ import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
+import type { ApplyMode } from './apply-choice.js';
 import { applyKeysBisecting, type ChangedKey } from './apply-keys.js';
 import { changedFromLedger } from './changed-sql.js';
 import { advanceCursor } from './cursor.js';
@@ -103,11 +104,13 @@ export async function applyChanged(
   changed: string,
   params: unknown[],
   log: Logger,
+  /** How the changes are applied (see apply-choice.ts); a row error bisects key by key either way. */
+  mode: ApplyMode = 'rederive',
 ): Promise<{ failure: unknown | null; tally: Tally }> {
   await session.query('SAVEPOINT trellis_page');
   const tally = emptyTally();
   try {
-    await rederiveCounted(session, rederiveSql(plan, changed, '$1'), params, tally);
+    await rederiveCounted(session, rederiveSql(plan, changed, '$1', mode), params, tally);
     await session.query('RELEASE SAVEPOINT trellis_page');
     return { failure: null, tally };
   } catch (error) {

@@ -1,6 +1,7 @@
 import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
+import { chooseApply, recordChoice } from './apply-choice.js';
 import { changedFromLedger, inRange } from './changed-sql.js';
 import { advanceCursor } from './cursor.js';
 import { applyChanged } from './pages.js';
@@ -88,12 +89,15 @@ export async function openRange(
       await session.query(`SELECT ${s}._advance_idle_cursors()`);
       return 'advanced';
     }
-    if (rows <= PAGE_ROWS) {
-      // A small range (the common case when live) is applied at once, in this transaction:
-      // no page to write, claim and delete. If it fails for no row's fault, it becomes a
-      // page after all, which is retried with backoff and reported.
+    const plan = await plans.load(session, c.transform_id);
+    const choice = await chooseApply(session, plan, rows);
+    await recordChoice(session, schema, plan, choice, log);
+    if (rows <= PAGE_ROWS || choice.mode === 'recompute') {
+      // A small range (the common case when live), or one recomputing every group, is
+      // applied at once, in this transaction: no page to write, claim and delete. If it
+      // fails for no row's fault, it becomes pages after all (re-derived), which are
+      // retried with backoff and reported.
       const started = performance.now();
-      const plan = await plans.load(session, c.transform_id);
       await enterTransformWork(session, schema, plan);
       const { failure, tally } = await applyChanged(
         session,
@@ -102,6 +106,7 @@ export async function openRange(
         changedFromLedger(schema, plan, null),
         [c.lo_snap, c.hi_snap],
         log,
+        choice.mode,
       );
       applied = appliedWork(plan.target, tally, started, failure !== null);
       if (failure === null) {

@@ -1,4 +1,5 @@
 import { aggregateRederiveSql, mapKeys } from './aggregate-sql.js';
+import type { ApplyMode } from './apply-choice.js';
 import { changedFromList } from './changed-sql.js';
 import type { TransformPlan } from './plan.js';
 import {
@@ -123,8 +124,10 @@ export function rederiveSql(
   plan: TransformPlan,
   changedSql: string,
   since: string | null = null,
+  /** 'recompute' (a GROUP BY only): every group recomputed and merged; see aggregateRederiveSql. */
+  mode: ApplyMode = 'rederive',
 ): string {
-  if (plan.aggregates) return aggregateRederiveSql(plan, changedSql, since);
+  if (plan.aggregates) return aggregateRederiveSql(plan, changedSql, since, mode);
   const driving = plan.sources[0]!;
   const drivingKeys = tuple(driving.keyColumns.map((k) => col(driving.alias, k)));
   const drivingTargetKeys = driving.targetKeyColumns!;
