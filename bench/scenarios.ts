@@ -4,6 +4,7 @@ import { drain } from './drain-throughput.js';
 import { freshness } from './freshness.js';
 import { groupBy } from './group-by.js';
 import { idle } from './idle.js';
+import { scaleOut } from './scale-out.js';
 import type { Scenario } from './scenario.js';
 import { scrape } from './scrape.js';
 import { selfCheck } from './self-check.js';
@@ -18,6 +19,7 @@ export const SCENARIOS: Scenario[] = [
   drain,
   backfill,
   groupBy,
+  scaleOut,
   selfCheck,
   scrape,
 ];

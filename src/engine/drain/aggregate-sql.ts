@@ -235,8 +235,12 @@ function mapJoined(plan: TransformPlan, mapSql: string, whole = false): string {
   SELECT ${list([...sources.flatMap((s) => sourceKeys(s)), ...exprs, 'true'])}
     FROM ${plan.fromSql}
    WHERE ${whereAnd(plan)}${tuple(sourceKeys(driving))} IN (
-           SELECT ${list(keyNames.map((k) => `${n}.${k}`))}
-             FROM aggregated ${a} CROSS JOIN LATERAL unnest(${list(newer.map((c) => `${a}.${c}`))}) AS ${n}(${list(keyNames)})
+           ${
+             whole
+               ? `SELECT ${list(keyNames)} FROM newer_rows`
+               : `SELECT ${list(keyNames.map((k) => `${n}.${k}`))}
+             FROM aggregated ${a} CROSS JOIN LATERAL unnest(${list(newer.map((c) => `${a}.${c}`))}) AS ${n}(${list(keyNames)})`
+           }
            EXCEPT SELECT ${list(keyNames)} FROM affected)
 ${
   whole
@@ -342,8 +346,20 @@ groups AS MATERIALIZED (
   }
 ),
 aggregated AS MATERIALIZED (
-  ${aggregatedGroups(plan, since, true, whole)}
-),
+  ${aggregatedGroups(plan, since, !whole, whole)}
+),${
+    whole
+      ? `
+-- A recompute lists the rows that may be newer than the key map in a scan of their own:
+-- an array of them per group would make the aggregate's state too big to hash, and the
+-- planner would read the whole table through the group index instead.
+newer_rows AS MATERIALIZED (
+  SELECT ${list(sourceKeys(driving).map((k, i) => `${k} AS k${i + 1}`))}
+    FROM ${plan.fromSql}
+   WHERE ${whereAnd(plan)}(${mayBeNewer(plan, since)})
+),`
+      : ''
+  }
 derived AS MATERIALIZED (
   SELECT * FROM aggregated${plan.having ? ` WHERE ${own('kept')}` : ''}
 ),
