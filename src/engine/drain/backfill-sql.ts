@@ -17,10 +17,35 @@ function drivingKeyColumns(plan: TransformPlan): string[] {
 export function chunkBoundsSql(plan: TransformPlan): string {
   const driving = plan.sources[0]!;
   const keys = driving.keyColumns.map((k) => col('d', k));
-  return `SELECT array_agg(upto ORDER BY n) FILTER (WHERE n % $1::int = 0) AS ends, max(n) AS total
-    FROM (SELECT ARRAY[${list(keys.map((k) => `${k}::text`))}] AS upto,
+  const named = keys.map((_, i) => `k${i + 1}`);
+  // The key is turned into text only for the rows that end a chunk (FILTER is checked
+  // before the aggregate's argument is computed): for every row it would cost more than
+  // the scan.
+  return `SELECT array_agg(ARRAY[${list(named.map((k) => `${k}::text`))}] ORDER BY n)
+                 FILTER (WHERE n % $1::int = 0) AS ends,
+               count(*) AS total
+    FROM (SELECT ${list(keys.map((k, i) => `${k} AS ${named[i]}`))},
                  row_number() OVER (ORDER BY ${list(keys)}) AS n
             FROM ${driving.table} d) numbered`;
+}
+
+/**
+ * The driving table's key histogram (its statistics, from ANALYZE: about a hundred values
+ * splitting the rows evenly), as text[] bounds sorted the way the key compares, and the
+ * table's row estimate: chunk bounds for a one-column key without reading the table.
+ * `$1` is the table, `$2` the key column. No row of bounds when it has no statistics.
+ */
+export function histogramBoundsSql(plan: TransformPlan): string {
+  const driving = plan.sources[0]!;
+  return `SELECT array_agg(ARRAY[b::text] ORDER BY b) AS ends,
+               (SELECT c.reltuples FROM pg_class c WHERE c.oid = $1::regclass)::float8 AS rows
+    FROM (SELECT DISTINCT (v)::${driving.keyTypes[0]} AS b
+            FROM pg_class c
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname
+           CROSS JOIN LATERAL unnest(s.histogram_bounds::text::text[]) AS v
+           WHERE c.oid = $1::regclass AND s.attname = $2
+             AND s.inherited = (c.relkind = 'p')) bounds`;
 }
 
 /**

@@ -1,7 +1,7 @@
 import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
-import { backfillChunkSql, chunkBoundsSql } from './backfill-sql.js';
+import { backfillChunkSql, chunkBoundsSql, histogramBoundsSql } from './backfill-sql.js';
 import type { TransformPlan } from './plan.js';
 import type { PlanCache } from './plan-cache.js';
 import { isRowError } from './row-errors.js';
@@ -21,10 +21,20 @@ import { enterTransformWork } from './work-settings.js';
 /** Driving rows per chunk: a transaction each. Small enough that loops share a build evenly. */
 export const CHUNK_ROWS = 50_000;
 
+interface PlannedChunk {
+  lo: string[] | null;
+  hi: string[] | null;
+  /** Driving rows in it: exact, or from the table's statistics. */
+  rows: number;
+}
+
 /**
- * Plans the chunks of a build (the target is empty for every one of them): one pass over
- * the driving table's key yields every chunk's upper bound and the row count. Returns the
- * number of driving rows.
+ * Plans the chunks of a build (the target is empty for every one of them) and returns
+ * the number of driving rows (an estimate when the bounds came from statistics). A
+ * one-column key with statistics takes its bounds from the key's histogram (no read of
+ * the table); otherwise one pass over the driving table's key yields every chunk's upper
+ * bound and the exact row count. Chunks only need to cover every key once, in order:
+ * sizes may be uneven.
  */
 export async function planChunks(
   session: Session,
@@ -32,31 +42,64 @@ export async function planChunks(
   plan: TransformPlan,
 ): Promise<number> {
   const s = quoteIdent(schema);
+  const planned = (await boundsFromStatistics(session, plan)) ?? (await exactBounds(session, plan));
+  await session.query(`DELETE FROM ${s}.build_chunks WHERE transform_id = $1`, [plan.id]);
+  await session.query(
+    `INSERT INTO ${s}.build_chunks (transform_id, chunk, lo, hi, rows)
+     SELECT $1, c.ord, c.lo, c.hi, c.rows
+       FROM ROWS FROM (jsonb_to_recordset($2::jsonb) AS (lo text[], hi text[], rows bigint))
+            WITH ORDINALITY AS c(lo, hi, rows, ord)`,
+    [plan.id, planned.chunks],
+  );
+  return planned.total;
+}
+
+/** Chunks from consecutive upper bounds; the last chunk is open-ended. */
+function fromEnds(ends: string[][], rowsPer: number, total: number): PlannedChunk[] {
+  const chunks: PlannedChunk[] = ends.map((hi, i) => ({
+    lo: ends[i - 1] ?? null,
+    hi,
+    rows: rowsPer,
+  }));
+  chunks.push({
+    lo: ends.at(-1) ?? null,
+    hi: null,
+    rows: Math.max(0, total - rowsPer * ends.length),
+  });
+  return chunks;
+}
+
+async function exactBounds(
+  session: Session,
+  plan: TransformPlan,
+): Promise<{ chunks: PlannedChunk[]; total: number }> {
   const [bounds] = await session.query<{ ends: string[][] | null; total: string | null }>(
     chunkBoundsSql(plan),
     [CHUNK_ROWS],
   );
   const total = Number(bounds?.total ?? 0);
-  // Upper bounds of every full chunk; the last chunk is open-ended (and may be empty when
-  // the rows divide evenly, which costs one empty statement).
-  const ends = bounds?.ends ?? [];
-  const chunks = [
-    ...ends.map((hi, i) => ({ lo: ends[i - 1] ?? null, hi })),
-    {
-      lo: ends.at(-1) ?? null,
-      hi: null,
-    },
-  ];
-  await session.query(`DELETE FROM ${s}.build_chunks WHERE transform_id = $1`, [plan.id]);
-  await session.query(
-    `INSERT INTO ${s}.build_chunks (transform_id, chunk, lo, hi, rows)
-     SELECT $1, c.ord, c.lo, c.hi,
-            CASE WHEN c.hi IS NULL THEN $3::bigint - (c.ord - 1) * $4::bigint ELSE $4::bigint END
-       FROM ROWS FROM (jsonb_to_recordset($2::jsonb) AS (lo text[], hi text[]))
-            WITH ORDINALITY AS c(lo, hi, ord)`,
-    [plan.id, chunks, total, CHUNK_ROWS],
+  return { chunks: fromEnds(bounds?.ends ?? [], CHUNK_ROWS, total), total };
+}
+
+async function boundsFromStatistics(
+  session: Session,
+  plan: TransformPlan,
+): Promise<{ chunks: PlannedChunk[]; total: number } | null> {
+  const driving = plan.sources[0]!;
+  if (driving.keyColumns.length !== 1) return null;
+  const [stats] = await session.query<{ ends: string[][] | null; rows: number | null }>(
+    histogramBoundsSql(plan),
+    [driving.table, driving.keyColumns[0]],
   );
-  return total;
+  const histogram = stats?.ends ?? [];
+  const rows = stats?.rows ?? -1;
+  if (histogram.length < 2 || rows <= 0) return null;
+  // The bounds split the rows into about equal parts; take every `step`-th as a chunk end.
+  const perBound = rows / (histogram.length + 1);
+  const step = Math.max(1, Math.round(CHUNK_ROWS / perBound));
+  const ends = histogram.filter((_, i) => (i + 1) % step === 0);
+  const total = Math.round(rows);
+  return { chunks: fromEnds(ends, Math.round(step * perBound), total), total };
 }
 
 interface ChunkClaim {
@@ -81,7 +124,10 @@ export async function fillChunk(
   log: Logger,
 ): Promise<{ transformId: number; rows: number } | null> {
   const s = quoteIdent(schema);
-  const filled = await session.transaction(async () => {
+  // Progress is not written here: status() counts the chunks left (0022). A fill that
+  // wrote the build's pipeline row would hold it to its commit, and every other fill
+  // would wait for it.
+  return session.transaction(async () => {
     const [claim] = await session.query<ChunkClaim>(
       `SELECT c.transform_id, c.chunk, c.lo, c.hi, c.rows
          FROM ${s}.build_chunks c
@@ -118,17 +164,6 @@ export async function fillChunk(
       return { transformId: claim.transform_id, rows: 0 };
     }
   });
-  if (filled && filled.rows > 0) {
-    // Progress, in a transaction of its own after the fill committed: a fill holding the
-    // pipeline row until its commit would make every other fill wait for it. (A crash in
-    // between under-counts one chunk until the build's last step sets the total.)
-    await session.query(
-      `UPDATE ${s}.pipeline SET backfill_done = least(backfill_done + $2, backfill_total)
-        WHERE transform_id = $1 AND phase = 'backfilling'`,
-      [filled.transformId, filled.rows],
-    );
-  }
-  return filled;
 }
 
 /** A chunk fill that failed for no row's fault, with the transform it was for. */

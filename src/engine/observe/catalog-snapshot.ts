@@ -170,7 +170,13 @@ SELECT
             'lag_segments', lag.segments, 'lag_seconds', lag.seconds,
             'has_backfill', p.backfill_started_at IS NOT NULL
                             AND (p.phase = 'backfilling' OR p.backfill_done > 0),
-            'backfill_done', p.backfill_done, 'backfill_total', p.backfill_total,
+            -- As status() counts it (migration 0022): a build filling chunks from the chunks left.
+            'backfill_done', CASE WHEN p.phase = 'backfilling' AND p.backfill_stage = 'chunks'
+                                  THEN greatest(p.backfill_total - (
+                                         SELECT coalesce(sum(c.rows), 0) FROM ${s}.build_chunks c
+                                          WHERE c.transform_id = t.id), 0)
+                                  ELSE p.backfill_done END,
+            'backfill_total', p.backfill_total,
             'capture_failure', t.capture_failure,
             'correcting', t.id IN (SELECT id FROM correcting),
             'upstream_paused', t.id IN (SELECT id FROM upstream_paused),

@@ -1,4 +1,6 @@
--- How a range of changes is applied (issue #14, ADR 0029): a GROUP BY range touching a
+-- status() reports a build's progress from its chunks (0021), which the fills delete:
+-- no fill writes the build's pipeline row. And how a range of changes is applied
+-- (issue #14, ADR 0029): a GROUP BY range touching a
 -- large share of the target's groups recomputes every group in one pass and merges it
 -- into the target, instead of re-deriving the changed groups one by one. The drain records
 -- its choice for the last range it applied, with the reason, and status() reports it.
@@ -159,7 +161,13 @@ BEGIN
     'drainFailure', drain,
     'backfill', CASE WHEN p.backfill_started_at IS NOT NULL
                       AND (p.phase = 'backfilling' OR p.backfill_done > 0) THEN jsonb_build_object(
-        'keysDone', p.backfill_done, 'keysTotal', p.backfill_total,
+        -- A build filling chunks (0021): what its chunks left to fill do not hold.
+        'keysDone', CASE WHEN p.phase = 'backfilling' AND p.backfill_stage = 'chunks'
+                         THEN greatest(p.backfill_total - (
+                                SELECT coalesce(sum(c.rows), 0) FROM @schema@.build_chunks c
+                                 WHERE c.transform_id = t.id), 0)
+                         ELSE p.backfill_done END,
+        'keysTotal', p.backfill_total,
         'startedAt', p.backfill_started_at) END,
     'lastApply', CASE WHEN p.apply_mode IS NOT NULL THEN jsonb_build_object(
         'mode', p.apply_mode, 'reason', p.apply_reason, 'keys', p.apply_keys, 'at', p.apply_at) END,
