@@ -21,6 +21,7 @@ interface Candidate {
   hi_seq: string;
   hi_snap: string;
   source_ids: number[];
+  /** One source table (a projection, filter or GROUP BY of one table). */
   single_table: boolean;
 }
 
@@ -51,8 +52,8 @@ export async function openRange(
               ARRAY(SELECT DISTINCT src.id FROM ${s}.transform_sources ts
                       JOIN ${s}.sources src ON src.source_oid = ts.source_oid
                      WHERE ts.transform_id = pl.transform_id) AS source_ids,
-              NOT t.aggregates AND (SELECT count(*) FROM ${s}.transform_sources ts
-                                     WHERE ts.transform_id = pl.transform_id) = 1 AS single_table,
+              (SELECT count(*) FROM ${s}.transform_sources ts
+                WHERE ts.transform_id = pl.transform_id) = 1 AS single_table,
               -- For the rest of this transaction: the range's bounds decide whether the
               -- ledger's BRIN index pays, so plan for them (a generic plan would read the
               -- whole ledger). Set here, not in a round trip of its own.
@@ -115,8 +116,14 @@ export async function openRange(
       }
     }
     let pages: Array<{ gen: number | null; lo: number | null; hi: number | null }>;
-    // Keys of a single-table transform map one to one to target rows: split by key hash,
-    // its pages apply in parallel. A join's or aggregate's keys share target rows.
+    // A single-table transform's changed keys are its driving keys: split by key hash,
+    // pages of different buckets hold different keys (and key map rows), and apply in
+    // parallel (ADR 0029). A projection's keys are its target rows. A GROUP BY's pages
+    // may recompute the same group at once: each from a snapshot that sees every change
+    // of the range, so whichever commits last is right for the range (later changes come
+    // with later ranges, opened once every page is done); their upserts take the groups
+    // in key order. A join's driving keys are found through the other tables' changes,
+    // which hash apart from them: one bucket.
     const buckets = rows > PAGE_ROWS && c.single_table ? BUCKETS : 1;
     if (rows <= PAGE_ROWS) {
       pages = [{ gen: null, lo: null, hi: null }];

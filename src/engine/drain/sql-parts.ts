@@ -79,8 +79,11 @@ export function upsert(plan: TransformPlan, from: string): string {
   const conflict =
     plan.key.length === 0 ? 'ON CONFLICT ((true))' : `ON CONFLICT (${list(plan.key.map(q))})`;
   const side = (alias: string) => list(written.map((c) => `${alias}.${q(c.name)}`));
+  // A GROUP BY's pages may upsert the same groups at once (ranges.ts): in key order, so
+  // they wait for each other rather than deadlock.
+  const order = plan.aggregates && plan.key.length > 0 ? ` ORDER BY ${list(plan.key.map(q))}` : '';
   return `INSERT INTO ${plan.targetSql} AS t (${columnList})
-      SELECT ${columnList} FROM ${from}
+      SELECT ${columnList} FROM ${from}${order}
       ${conflict} DO UPDATE SET ${set}
       WHERE record_image_ne(ROW(${side('t')}), ROW(${side('EXCLUDED')}))`;
 }
