@@ -110,7 +110,10 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
     await session.query('SAVEPOINT trellis_chunk');
     try {
       const starting = claim.backfill_position === null && claim.backfill_stage === 'rows';
-      if (starting && claim.rebuild) {
+      // A build an older version was filling chunk after chunk (its position set) starts
+      // over: its chunks are planned from the start.
+      const olderBuild = claim.backfill_position !== null && claim.backfill_stage === 'rows';
+      if ((starting && claim.rebuild) || olderBuild) {
         await session.query(`TRUNCATE ${plan.targetSql}`);
         if (plan.mapSql) await session.query(`TRUNCATE ${plan.mapSql}`);
       }
@@ -126,6 +129,7 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
       let total: number | null = null;
       if (stage === 'rows') {
         total = await planChunks(session, schema, plan);
+        step = { upto: null, rows: 0 };
         next = 'chunks';
       } else if (stage === 'chunks') {
         const repair = await nextRepairChunk(session, schema, plan.id);
