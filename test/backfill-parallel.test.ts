@@ -161,4 +161,31 @@ describe('builds filled by several drain loops', { timeout: 180_000 }, () => {
       await api.shutdown();
     }
   });
+
+  it('starts over a build an older version was filling chunk by chunk, and the target equals its definition', async () => {
+    const db = await freshDatabase();
+    await db.sql.unsafe(ACCOUNTS_DDL);
+    await db.sql.unsafe(seedAccounts(20_000));
+    // A staging worker and no drain loop: the build starts and nothing fills it.
+    await using staging = await migratedTrellis(db, { staging: true });
+    await staging.apply(transformStatement(PROJECTION));
+    await waitForStatus(staging, PROJECTION.target, 'backfilling', 30_000);
+    // As an older version left it: the key dropped until the end, the first chunk filled,
+    // its position recorded.
+    await db.sql.begin(async (tx) => {
+      await tx`SELECT set_config('trellis.maintaining', 'trellis', true)`;
+      await tx.unsafe(`ALTER TABLE ${PROJECTION.target} DROP CONSTRAINT ${PROJECTION.target}_pkey`);
+      await tx`UPDATE trellis.pipeline SET deferred_ddl = ${[
+        `ALTER TABLE public.${PROJECTION.target} ADD CONSTRAINT ${PROJECTION.target}_pkey PRIMARY KEY (id)`,
+      ]}`;
+      await tx.unsafe(
+        `INSERT INTO ${PROJECTION.target} (owner, doubled, id)
+         SELECT owner, balance * 2, id FROM accounts WHERE id <= 5000`,
+      );
+      await tx`UPDATE trellis.pipeline SET backfill_position = '{5000}', backfill_done = 5000`;
+    });
+    await using drain = await migratedTrellis(db, { drainThreads: 2 });
+    await waitForStatus(drain, PROJECTION.target, 'live', 60_000);
+    await expectMatchesDefinition(db.sql, PROJECTION);
+  });
 });
