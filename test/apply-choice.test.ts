@@ -3,6 +3,7 @@
 // target; a small one re-derives the changed groups. Either way the target equals its
 // definition, readers never see it half-applied, and status() and the logs say which and why.
 import { describe, expect, it } from 'vitest';
+import { trellisInProcess } from './support/cli.js';
 import { freshDatabase } from './support/database.js';
 import { type LoggedLine, recordingLogger } from './support/logging.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
@@ -78,6 +79,9 @@ describe('applying a burst: re-derive or recompute', { timeout: 120_000 }, () =>
       (l) => l.level === 'info' && l.msg.includes('recomputing every group'),
     );
     expect(logged?.obj).toMatchObject({ target: TOTALS.target, mode: 'recompute' });
+    // The CLI's plain line says so too.
+    const piped = await trellisInProcess(['status', '--watch', '--until', 'live', '--url', db.url]);
+    expect(piped.stdout).toMatch(/ sale_totals live lag=\S+ held=0 applied=recompute\n$/);
 
     // The key map was kept right by the recompute: rows moved back again are routed to
     // both their groups.
