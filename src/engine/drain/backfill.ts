@@ -129,7 +129,6 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
       let total: number | null = null;
       if (stage === 'rows') {
         total = await planChunks(session, schema, plan);
-        step = { upto: null, rows: 0 };
         next = 'chunks';
       } else if (stage === 'chunks') {
         const repair = await nextRepairChunk(session, schema, plan.id);
