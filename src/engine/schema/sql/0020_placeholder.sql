@@ -1,1 +1,0 @@
--- Placeholder for a migration of another branch (drop at merge).
