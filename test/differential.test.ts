@@ -60,7 +60,11 @@ describe.each(testSeeds([1, 2, 3], 8))(
         const started = Date.now();
         try {
           const outcome = await runCase(live, c, `d${prefixes}`, CONVERGE_MS);
-          if (!shrinking) {
+          if (shrinking) {
+            console.log(
+              `[differential] seed ${seed} shrink ${shrinks}: passes (${caseSummary(c)})`,
+            );
+          } else {
             const w = outcome.writes;
             console.log(
               `[differential] seed ${seed} case ${ran} ok in ${Date.now() - started} ms: ${caseSummary(c)}; ` +
