@@ -310,7 +310,7 @@ class PlannedRollback extends Error {}
  */
 async function classify(
   error: unknown,
-  lookup: postgres.Sql,
+  lookup: Pick<postgres.Sql, 'unsafe'>,
   tables: string[],
   options: Pick<WorkloadOptions, 'survivesRestarts'>,
   context: string,
@@ -474,9 +474,16 @@ export async function runPlan(
 
   const writer = async (steps: Step[], index: number) => {
     let sql = options.newClient ? options.newClient() : shared;
-    const tally = async (error: unknown, context: string) => {
+    // `lookup`: where a deadlock's relations and processes are looked up. Inside a
+    // transaction, its own connection: one from the pool could be the last free one,
+    // waited for while every other is held by a writer blocked on this transaction's locks.
+    const tally = async (
+      error: unknown,
+      context: string,
+      lookup: Pick<postgres.Sql, 'unsafe'> = sql,
+    ) => {
       if (error instanceof SuspectWriteError) throw error;
-      const kind = await classify(error, sql, tables, options, `writer ${index} ${context}`);
+      const kind = await classify(error, lookup, tables, options, `writer ${index} ${context}`);
       result.expected[kind] += 1;
       if (kind === 'connectionLost' && options.newClient) {
         // A client that lost its connection is not reused.
@@ -524,7 +531,7 @@ export async function runPlan(
                 } catch (error) {
                   // A savepoint's error rolls back to it; the transaction goes on.
                   if (error instanceof PlannedRollback) savepointsRolledBack += 1;
-                  else await tally(error, `${context}, in a savepoint: ${part.savepoint}`);
+                  else await tally(error, `${context}, in a savepoint: ${part.savepoint}`, tx);
                 }
               }
               if (step.holdMs > 0 && i < step.body.length - 1) await sleep(step.holdMs);
