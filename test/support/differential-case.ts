@@ -1,5 +1,6 @@
 import fc from 'fast-check';
 import type { Trellis } from '../../src/engine/index.js';
+import { sqlClient } from './database.js';
 import type { LivePipeline } from './live.js';
 import { compareWithDefinition, type Definition, transformStatement } from './oracle.js';
 import { type Database, databaseArb, databaseSql, physical } from './random-schema.js';
@@ -117,6 +118,46 @@ async function converged(trellis: Trellis, target: string, token: string, timeou
 }
 
 /**
+ * The writers' result, or, when they are not done within `ms` (stuck on a lock, say: a
+ * capture trigger must never block a write), an error showing the database's sessions;
+ * the writers' sessions are then ended, so the case can be dropped.
+ */
+async function writersWithin(
+  live: LivePipeline,
+  writers: Promise<WorkloadResult>,
+  ms: number,
+): Promise<WorkloadResult> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<'late'>((resolve) => {
+    timer = setTimeout(() => resolve('late'), ms);
+  });
+  try {
+    const result = await Promise.race([writers, late]);
+    if (result !== 'late') return result;
+  } finally {
+    clearTimeout(timer);
+  }
+  writers.catch(() => undefined);
+  // A client of its own: the writers may hold every connection of the shared one.
+  const look = sqlClient(live.db.url, { max: 1 });
+  try {
+    const sessions = await look`
+      SELECT pid, application_name, state, wait_event_type, wait_event,
+             left(regexp_replace(query, '\s+', ' ', 'g'), 200) AS query
+        FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`;
+    await look`
+      SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+       WHERE datname = current_database() AND pid <> pg_backend_pid()
+         AND application_name NOT LIKE 'trellis-pg%'`;
+    throw new Error(
+      `the writers were not done within ${ms} ms; the database's sessions: ${JSON.stringify(sessions)}`,
+    );
+  } finally {
+    await look.end({ timeout: 2 });
+  }
+}
+
+/**
  * Runs a case on a live pipeline, its tables and targets named with `prefix` (one a case:
  * they are dropped afterwards). Throws a CaseFailure naming every target that differs
  * from its definition, or holds keys, or did not converge, with the case as SQL.
@@ -147,11 +188,15 @@ export async function runCase(
       defined.push(d);
     }
     // The writers start while the targets backfill.
-    const writes = await runPlan(
-      sql,
-      c.writers.map((steps) => placeSteps(steps, name)),
-      tables,
-      {},
+    const writes = await writersWithin(
+      live,
+      runPlan(
+        sql,
+        c.writers.map((steps) => placeSteps(steps, name)),
+        tables,
+        {},
+      ),
+      convergeMs,
     );
     const token = await live.trellis.watermarkToken();
     const problems: string[] = [];
