@@ -3,16 +3,23 @@ import type { Trellis } from '../../src/engine/index.js';
 import { sqlClient } from './database.js';
 import type { LivePipeline } from './live.js';
 import { compareWithDefinition, type Definition, transformStatement } from './oracle.js';
-import { type Database, databaseArb, databaseSql, physical } from './random-schema.js';
+import {
+  type Database,
+  databaseSql,
+  physical,
+  readRows,
+  readSchema,
+  rowChoicesArb,
+  tableChoicesArb,
+} from './random-schema.js';
 import {
   definitionOf,
   readTransform,
   type Transform,
-  type TransformChoice,
   transformChoiceArb,
   transformShape,
 } from './random-transforms.js';
-import { placeSteps, stepText, writersArb } from './random-writes.js';
+import { placeSteps, readSteps, stepText, writersArb } from './random-writes.js';
 import { runPlan, type Step, type WorkloadResult } from './workload.js';
 
 /**
@@ -21,10 +28,15 @@ import { runPlan, type Step, type WorkloadResult } from './workload.js';
  * writes while the targets backfill and drain, waits for convergence and compares every
  * target with its definition run by Postgres (the oracle). A case prints as SQL: the
  * schema, the statements, each writer's steps.
+ *
+ * A case is generated as choices read against its schema (random-schema.ts says why), in
+ * the order fast-check shrinks them: transforms first (a case with fewer runs faster),
+ * then the writers' steps, the first rows, the tables.
  */
 export interface Case {
   db: Database;
-  transforms: TransformChoice[];
+  /** In definition order: a chain after the transform it reads. */
+  transforms: Transform[];
   writers: Step[][];
 }
 
@@ -40,20 +52,22 @@ export interface CaseSizes {
 const PRINT_PREFIX = 'd';
 
 export function caseArb(sizes: CaseSizes): fc.Arbitrary<Case> {
-  return databaseArb(sizes.tables, sizes.rows)
-    .chain((db) =>
-      fc.record({
-        db: fc.constant(db),
-        transforms: fc.array(transformChoiceArb, { minLength: 1, maxLength: sizes.transforms }),
-        writers: writersArb(db.schema, sizes),
-      }),
-    )
-    .map((c) => Object.assign(c, { [fc.toStringMethod]: () => `\n${caseText(c, PRINT_PREFIX)}` }));
-}
-
-/** The transforms of a case, read against its schema (a chain after what it reads). */
-export function caseTransforms(c: Case): Transform[] {
-  return c.transforms.flatMap((t, i) => readTransform(c.db.schema, t, i + 1));
+  return fc
+    .record({
+      transforms: fc.array(transformChoiceArb, { minLength: 1, maxLength: sizes.transforms }),
+      writers: writersArb(sizes),
+      rows: rowChoicesArb(sizes.rows),
+      tables: tableChoicesArb(sizes.tables),
+    })
+    .map((choice): Case => {
+      const schema = readSchema(choice.tables);
+      const c: Case = {
+        db: { schema, rows: readRows(schema, choice.rows) },
+        transforms: choice.transforms.flatMap((t, i) => readTransform(schema, t, i + 1)),
+        writers: choice.writers.map((steps) => readSteps(schema, steps)),
+      };
+      return Object.assign(c, { [fc.toStringMethod]: () => `\n${caseText(c, PRINT_PREFIX)}` });
+    });
 }
 
 /** A case in one line: its tables, transforms and writes. */
@@ -62,15 +76,13 @@ export function caseSummary(c: Case): string {
     (t, i) => `${t.name}(${t.key}, ${c.db.rows[i]?.length ?? 0} rows)`,
   );
   const steps = c.writers.map((w) => w.length).join('+');
-  return `tables ${tables.join(' ')}; ${caseTransforms(c).map(transformShape).join('; ')}; writers' steps ${steps}`;
+  return `tables ${tables.join(' ')}; ${c.transforms.map(transformShape).join('; ')}; writers' steps ${steps}`;
 }
 
 /** A case as SQL, with tables and targets named with `prefix`. */
 export function caseText(c: Case, prefix: string): string {
   const name = (n: string) => physical(prefix, n);
-  const statements = caseTransforms(c).map(
-    (t) => `${transformStatement(definitionOf(t, prefix))};`,
-  );
+  const statements = c.transforms.map((t) => `${transformStatement(definitionOf(t, prefix))};`);
   const writers = c.writers.map(
     (steps, i) =>
       `-- writer ${i + 1}${steps.length ? '' : ' (nothing)'}\n${placeSteps(steps, name).map(stepText).join('\n')}`,
@@ -171,7 +183,7 @@ export async function runCase(
   const sql = live.db.sql;
   const name = (n: string) => physical(prefix, n);
   const tables = c.db.schema.tables.map((t) => name(t.name));
-  const defs: Definition[] = caseTransforms(c).map((t) => definitionOf(t, prefix));
+  const defs: Definition[] = c.transforms.map((t) => definitionOf(t, prefix));
   const defined: Definition[] = [];
   const fail = (what: string) =>
     new CaseFailure(

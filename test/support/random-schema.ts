@@ -1,5 +1,5 @@
 import fc from 'fast-check';
-import { COLUMN_TYPES, type ColumnType, SQL_TYPE, value } from './random-values.js';
+import { COLUMN_TYPES, type ColumnType, SQL_TYPE, valueAt } from './random-values.js';
 
 /**
  * Random schemas for the differential tests: one to three tables (logical names a, b, c),
@@ -7,6 +7,11 @@ import { COLUMN_TYPES, type ColumnType, SQL_TYPE, value } from './random-values.
  * columns), one to four columns of assorted types (nullable or not), and, for every other
  * table, columns holding that table's key (nullable: `to_b`, or `to_b1`, `to_b2` for a
  * two-column key), through which the tables join. Plus the rows each starts with.
+ *
+ * Everything is generated as choices (natural numbers read modulo what there is) and read
+ * against the schema afterwards, never with `chain`: when fast-check shrinks a case (drops
+ * a table, a column, a row) every other part of it keeps its meaning, instead of being
+ * generated afresh as a different case.
  */
 export type KeyKind = 'int' | 'text' | 'text_ci' | 'pair';
 
@@ -26,6 +31,21 @@ export interface Table {
 
 export interface Schema {
   tables: Table[];
+}
+
+/** A table as generated: its key's kind and its data columns' types, unnamed. */
+export interface TableChoice {
+  key: KeyKind;
+  data: Array<{ type: ColumnType; notNull: boolean }>;
+}
+
+/**
+ * A row as generated: which key of the table's pool, and a choice per cell (each data
+ * column, then each reference, in `columnsOf` order); missing cells read as 0.
+ */
+export interface RowChoice {
+  key: number;
+  cells: number[];
 }
 
 export interface Database {
@@ -62,12 +82,17 @@ export function refColumns(other: Table): Column[] {
   }));
 }
 
+/** The other tables, whose keys `table` holds references to (in table order). */
+export function othersOf(schema: Schema, table: Table): Table[] {
+  return schema.tables.filter((t) => t !== table);
+}
+
 /** Every column of `table`, in table order: key, data, references. */
 export function columnsOf(schema: Schema, table: Table): Column[] {
   return [
     ...keyColumns(table),
     ...table.data,
-    ...schema.tables.filter((t) => t !== table).flatMap((other) => refColumns(other)),
+    ...othersOf(schema, table).flatMap((other) => refColumns(other)),
   ];
 }
 
@@ -85,9 +110,10 @@ const KEY_POOLS: Record<KeyKind, readonly string[][]> = {
   pair: [1, 2, 3].flatMap((k1) => ["'x'", "'y'", "'X'"].map((k2) => [String(k1), k2])),
 };
 
-/** A key of a table of kind `kind`, as its columns' literals. */
-export function keyValue(kind: KeyKind): fc.Arbitrary<string[]> {
-  return fc.constantFrom(...KEY_POOLS[kind]);
+/** The `n`th key (modulo the pool) of a table of kind `kind`, as its columns' literals. */
+export function keyAt(kind: KeyKind, n: number): string[] {
+  const pool = KEY_POOLS[kind];
+  return pool[n % pool.length]!;
 }
 
 /** Two keys are the same row's under the key's equality (case-blind under ci). */
@@ -96,24 +122,29 @@ export function sameKey(kind: KeyKind, x: string[], y: string[]): boolean {
   return JSON.stringify(norm(x)) === JSON.stringify(norm(y));
 }
 
-/** A reference to `other`: one of its keys (present or not), or NULL. */
-export function refValue(other: Table): fc.Arbitrary<string[]> {
+/** The `n`th reference to `other`: NULL first (and last), then its keys (present or not). */
+export function refAt(other: Table, n: number): string[] {
   const nulls = keyColumns(other).map(() => 'NULL');
-  return fc.oneof(
-    { arbitrary: keyValue(other.key), weight: 4 },
-    { arbitrary: fc.constant(nulls), weight: 1 },
-  );
+  const values = [nulls, ...KEY_POOLS[other.key], nulls];
+  return values[n % values.length]!;
 }
 
-/** A whole row of `table`, as literals in `columnsOf` order (key given). */
-export function rowValues(schema: Schema, table: Table, key: string[]): fc.Arbitrary<string[]> {
-  const others = schema.tables.filter((t) => t !== table);
-  return fc
-    .tuple(
-      fc.tuple(...table.data.map((c) => value(c.type, !c.notNull))),
-      fc.tuple(...others.map((o) => refValue(o))),
-    )
-    .map(([data, refs]) => [...key, ...data, ...refs.flat()]);
+/** How many cells a row of `table` has: one per data column, one per reference. */
+export function cellCount(schema: Schema, table: Table): number {
+  return table.data.length + othersOf(schema, table).length;
+}
+
+/** A whole row of `table`, as literals in `columnsOf` order, with the key given. */
+export function rowLiterals(
+  schema: Schema,
+  table: Table,
+  key: string[],
+  cells: number[],
+): string[] {
+  const cell = (i: number) => cells[i] ?? 0;
+  const data = table.data.map((c, i) => valueAt(c.type, !c.notNull, cell(i)));
+  const refs = othersOf(schema, table).flatMap((o, j) => refAt(o, cell(table.data.length + j)));
+  return [...key, ...data, ...refs];
 }
 
 /** Column names say their type: `num2` is numeric, `ci3` text under ci, `cit1` citext. */
@@ -131,43 +162,59 @@ const COLUMN_PREFIX: Record<ColumnType, string> = {
   jsonb: 'j',
 };
 
-const column = (index: number) =>
-  fc
-    .record({ type: fc.constantFrom(...COLUMN_TYPES), notNull: fc.boolean() })
-    .map(({ type, notNull }) => ({ name: `${COLUMN_PREFIX[type]}${index}`, type, notNull }));
+/** The schema a choice stands for: tables named a, b, c, columns after their types. */
+export function readSchema(tables: TableChoice[]): Schema {
+  return {
+    tables: tables.slice(0, TABLE_NAMES.length).map((t, i) => ({
+      name: TABLE_NAMES[i]!,
+      key: t.key,
+      data: t.data.map((c, n) => ({ name: `${COLUMN_PREFIX[c.type]}${n + 1}`, ...c })),
+    })),
+  };
+}
 
-const tableArb = (name: string) =>
-  fc.record({
-    name: fc.constant(name),
-    key: fc.constantFrom<KeyKind>('int', 'int', 'text', 'text_ci', 'pair'),
-    data: fc
-      .array(fc.nat(), { minLength: 1, maxLength: 4 })
-      .chain((slots) => fc.tuple(...slots.map((_, i) => column(i + 1)))),
+/** The first rows of each table: keys read from the choices, a repeated key's row dropped. */
+export function readRows(schema: Schema, rows: RowChoice[][]): string[][][] {
+  return schema.tables.map((table, i) => {
+    const keys: string[][] = [];
+    const read: string[][] = [];
+    for (const row of rows[i] ?? []) {
+      const key = keyAt(table.key, row.key);
+      if (keys.some((k) => sameKey(table.key, k, key))) continue;
+      keys.push(key);
+      read.push(rowLiterals(schema, table, key, row.cells));
+    }
+    return read;
   });
-
-export function schemaArb(maxTables = 3): fc.Arbitrary<Schema> {
-  return fc
-    .integer({ min: 1, max: maxTables })
-    .chain((n) => fc.tuple(...TABLE_NAMES.slice(0, n).map(tableArb)))
-    .map((tables) => ({ tables }));
 }
 
-/** Up to `max` first rows of `table`, with distinct keys. */
-export function firstRows(schema: Schema, table: Table, max: number): fc.Arbitrary<string[][]> {
-  return fc
-    .uniqueArray(keyValue(table.key), {
-      maxLength: max,
-      comparator: (x, y) => sameKey(table.key, x, y),
-    })
-    .chain((keys) => fc.tuple(...keys.map((k) => rowValues(schema, table, k))));
+/** Choices for a cell: uniform over a wide range (not biased towards 0), shrinking to 0. */
+export const cellArb = fc.noBias(fc.nat(1000));
+
+/** Up to six cells: four data columns and two references at most. */
+export const rowChoiceArb: fc.Arbitrary<RowChoice> = fc.record({
+  key: cellArb,
+  cells: fc.array(cellArb, { minLength: 6, maxLength: 6 }),
+});
+
+const tableChoiceArb: fc.Arbitrary<TableChoice> = fc.record({
+  key: fc.constantFrom<KeyKind>('int', 'int', 'text', 'text_ci', 'pair'),
+  data: fc.array(fc.record({ type: fc.constantFrom(...COLUMN_TYPES), notNull: fc.boolean() }), {
+    minLength: 1,
+    maxLength: 4,
+  }),
+});
+
+export function tableChoicesArb(maxTables = 3): fc.Arbitrary<TableChoice[]> {
+  return fc.array(tableChoiceArb, { minLength: 1, maxLength: Math.min(maxTables, 3) });
 }
 
-export function databaseArb(maxTables = 3, maxRows = 8): fc.Arbitrary<Database> {
-  return schemaArb(maxTables).chain((schema) =>
-    fc
-      .tuple(...schema.tables.map((t) => firstRows(schema, t, maxRows)))
-      .map((rows) => ({ schema, rows })),
-  );
+/** Each table's first rows (one list per table that may exist). */
+export function rowChoicesArb(maxRows = 8): fc.Arbitrary<RowChoice[][]> {
+  return fc.array(fc.array(rowChoiceArb, { maxLength: maxRows }), {
+    minLength: TABLE_NAMES.length,
+    maxLength: TABLE_NAMES.length,
+  });
 }
 
 /** DDL and first rows of a database, tables named with `prefix`. */

@@ -1,5 +1,3 @@
-import fc from 'fast-check';
-
 /**
  * Column types of the differential tests' random schemas, and SQL literals of each,
  * weighted towards the values that tell value images apart (ENGINE.md, capture): NULL,
@@ -136,19 +134,15 @@ const LITERALS: Record<ColumnType, readonly string[]> = {
   ],
 };
 
-/** A literal of `type` (an SQL expression of a constant). */
-export function literal(type: ColumnType): fc.Arbitrary<string> {
-  return fc.constantFrom(...LITERALS[type]);
-}
-
-/** A literal of `type`, or NULL when the column takes it. */
-export function value(type: ColumnType, nullable: boolean): fc.Arbitrary<string> {
-  return nullable
-    ? fc.oneof(
-        { arbitrary: fc.constant('NULL'), weight: 1 },
-        { arbitrary: literal(type), weight: 4 },
-      )
-    : literal(type);
+/**
+ * The `n`th value of a column of `type` (taken modulo how many there are): NULL first when
+ * the column takes it (and again last, so about one value in eight is NULL), then its
+ * literals. A choice shrinks towards 0: NULL, or the type's plainest literal.
+ */
+export function valueAt(type: ColumnType, nullable: boolean, n: number): string {
+  const literals = LITERALS[type];
+  const values = nullable ? ['NULL', ...literals, 'NULL'] : literals;
+  return values[n % values.length]!;
 }
 
 /** A constant to compare a column of `type` with (in WHERE, ON, FILTER, HAVING). */

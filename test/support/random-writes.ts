@@ -1,33 +1,66 @@
 import fc from 'fast-check';
 import {
   type Column,
+  cellArb,
   columnsOf,
+  keyAt,
   keyColumns,
-  keyValue,
+  othersOf,
+  type RowChoice,
+  refAt,
   refColumns,
-  refValue,
-  rowValues,
+  rowChoiceArb,
+  rowLiterals,
   type Schema,
   sameKey,
   type Table,
 } from './random-schema.js';
-import { type ColumnType, value } from './random-values.js';
+import { type ColumnType, valueAt } from './random-values.js';
 import type { SavepointStep, Step } from './workload.js';
 
 /**
  * Random concurrent writes to a random schema (random-schema.ts), for the differential
  * tests: each writer a list of steps (a statement, a transaction that commits or rolls
- * back, often with a savepoint rolled back inside, a TRUNCATE), as fast-check values, so a
- * failing run shrinks to the writes that matter. Statements name tables as `«a»`, replaced
- * by the case's physical names when it runs (`placeTables`).
+ * back, often with a savepoint rolled back inside, a key deleted and inserted again, a
+ * TRUNCATE). Steps are generated as choices (numbers read modulo the schema's tables,
+ * keys, columns and values: see `readSteps`), so a failing case shrinks to the writes
+ * that matter and every write still means something when its schema shrinks. Statements
+ * name tables as `«a»`, replaced by the case's physical names when it runs.
  *
  * What they do: single and multi-row inserts, upserts, updates of values, of references
  * (rows move between joins), of keys (to free keys or onto taken ones: a unique violation,
  * expected), updates that change only a value's image (case, numeric scale, the sign of
- * zero), deletes, a delete and re-insert of one key, updates and deletes of many rows.
- * Writers share the keys of a few keys' pool, so they collide (unique violations,
- * deadlocks: both expected, see workload.ts).
+ * zero), deletes, updates and deletes of many rows. Writers share a few keys, so they
+ * collide (unique violations and deadlocks, both expected: see workload.ts).
  */
+
+/** A statement as generated: which table, which kind of statement, and what it picks. */
+export interface StatementChoice {
+  table: number;
+  kind: number;
+  /** Picks (keys, columns, values...), each read modulo what there is. */
+  a: number;
+  b: number;
+  c: number;
+  flag: boolean;
+  rows: RowChoice[];
+}
+
+export type StepChoice =
+  | { kind: 'statement'; statement: StatementChoice }
+  | {
+      kind: 'transaction';
+      body: StatementChoice[];
+      savepoint: { statements: StatementChoice[]; rollback: boolean } | null;
+      rollback: boolean;
+      /** Held open between statements while the other writers commit (across ticks). */
+      hold: boolean;
+    }
+  | { kind: 'reinsert'; table: number; row: RowChoice }
+  | { kind: 'truncate'; table: number };
+
+/** How long a held transaction waits between its statements: a few of the 50 ms ticks. */
+const HOLD_MS = 120;
 
 const tableRef = (t: Table) => `«${t.name}»`;
 
@@ -60,151 +93,181 @@ function imageChange(c: Column): string {
   return images[c.type];
 }
 
-function predicateOn(c: Column): fc.Arbitrary<string> {
-  return fc.constantFrom(`${c.name} IS NULL`, `${c.name} IS NOT NULL`, 'true');
+function at<T>(items: readonly T[], n: number): T {
+  return items[n % items.length]!;
 }
 
-/** One statement on `table`. */
-function statementArb(schema: Schema, table: Table): fc.Arbitrary<string> {
+const ROW_FILTERS = [
+  (c: string) => `${c} IS NULL`,
+  (c: string) => `${c} IS NOT NULL`,
+  () => 'true',
+];
+
+/** One statement on one of the schema's tables. */
+export function readStatement(schema: Schema, s: StatementChoice): string {
+  const table = at(schema.tables, s.table);
   const t = tableRef(table);
   const keys = keyColumns(table);
-  const settable = columnsOf(schema, table).filter((c) => !keys.some((k) => k.name === c.name));
-  const others = schema.tables.filter((o) => o !== table);
-  const row = (key: string[]) => rowValues(schema, table, key).map((r) => `(${r.join(', ')})`);
-  const keyArb = keyValue(table.key);
-  // Values for data columns; references draw from the referenced table's keys (below).
-  const setArb = fc
-    .constantFrom(...table.data)
-    .chain((c) => value(c.type, !c.notNull).map((v) => `${c.name} = ${v}`));
-  const statements: Array<fc.Arbitrary<string>> = [
-    keyArb.chain(row).map((r) => `INSERT INTO ${t} VALUES ${r}`),
-    fc
-      .uniqueArray(keyArb, {
-        minLength: 2,
-        maxLength: 3,
-        comparator: (x, y) => sameKey(table.key, x, y),
-      })
-      .chain((ks) => fc.tuple(...ks.map(row)))
-      .map((rs) => `INSERT INTO ${t} VALUES ${rs.join(', ')}`),
-    fc
-      .tuple(keyArb.chain(row), fc.subarray(settable, { minLength: 1 }), fc.boolean())
-      .map(
-        ([r, cols, nothing]) =>
-          `INSERT INTO ${t} VALUES ${r} ON CONFLICT (${keys.map((k) => k.name).join(', ')}) ${
-            nothing
-              ? 'DO NOTHING'
-              : `DO UPDATE SET ${cols.map((c) => `${c.name} = EXCLUDED.${c.name}`).join(', ')}`
-          }`,
-      ),
-    fc
-      .tuple(setArb, keyArb)
-      .map(([set, k]) => `UPDATE ${t} SET ${set} WHERE ${keyWhere(table, k)}`),
-    fc
-      .tuple(setArb, fc.constantFrom(...settable).chain(predicateOn))
-      .map(([set, where]) => `UPDATE ${t} SET ${set} WHERE ${where}`),
-    fc
-      .tuple(fc.constantFrom(...settable), fc.option(keyArb))
-      .map(
-        ([c, k]) =>
-          `UPDATE ${t} SET ${c.name} = ${imageChange(c)}${k ? ` WHERE ${keyWhere(table, k)}` : ''}`,
-      ),
+  const settable = columnsOf(schema, table).slice(keys.length);
+  const others = othersOf(schema, table);
+  const key = (n: number) => keyAt(table.key, n);
+  const row = (r: RowChoice) => `(${rowLiterals(schema, table, key(r.key), r.cells).join(', ')})`;
+  const first: RowChoice = s.rows[0] ?? { key: 0, cells: [] };
+  const filter = (n: number) => at(ROW_FILTERS, n)(at(settable, n >> 2).name);
+  const set = (column: number, value: number) => {
+    const c = at(table.data, column);
+    return `${c.name} = ${valueAt(c.type, !c.notNull, value)}`;
+  };
+  const statements: Array<() => string> = [
+    () => `INSERT INTO ${t} VALUES ${row(first)}`,
+    () => {
+      // Several rows at once (distinct keys: one statement cannot insert a key twice).
+      const seen: string[][] = [];
+      const rows = s.rows.filter((r) => {
+        if (seen.some((k) => sameKey(table.key, k, key(r.key)))) return false;
+        seen.push(key(r.key));
+        return true;
+      });
+      return `INSERT INTO ${t} VALUES ${(rows.length ? rows : [first]).map(row).join(', ')}`;
+    },
+    () => {
+      const columns = settable.filter((_, i) => ((s.a >> i) & 1) === 1);
+      const update = columns.length ? columns : [at(settable, s.a)];
+      return `INSERT INTO ${t} VALUES ${row(first)} ON CONFLICT (${keys.map((k) => k.name).join(', ')}) ${
+        s.flag
+          ? 'DO NOTHING'
+          : `DO UPDATE SET ${update.map((c) => `${c.name} = EXCLUDED.${c.name}`).join(', ')}`
+      }`;
+    },
+    () => `UPDATE ${t} SET ${set(s.a, s.b)} WHERE ${keyWhere(table, key(s.c))}`,
+    () => `UPDATE ${t} SET ${set(s.a, s.b)} WHERE ${filter(s.c)}`,
+    () => {
+      const c = at(settable, s.a);
+      return `UPDATE ${t} SET ${c.name} = ${imageChange(c)}${s.flag ? '' : ` WHERE ${keyWhere(table, key(s.b))}`}`;
+    },
     // Key changes: to a key that may be free or taken, and (under ci) only in case.
-    fc.tuple(keyArb, keyArb, fc.nat(keys.length - 1)).map(([from, to, n]) => {
-      const k = keys[n]!;
-      return `UPDATE ${t} SET ${k.name} = ${to[n]} WHERE ${keyWhere(table, from)}`;
-    }),
-    fc.tuple(keyArb, fc.boolean()).map(([k, all]) => {
+    () => {
+      const n = s.c % keys.length;
+      return `UPDATE ${t} SET ${keys[n]!.name} = ${key(s.b)[n]} WHERE ${keyWhere(table, key(s.a))}`;
+    },
+    () => {
       const c = keys.find((x) => x.type !== 'int') ?? keys[0]!;
       const change = c.type === 'int' ? `${c.name} + 100` : `upper(${c.name})`;
-      return `UPDATE ${t} SET ${c.name} = ${change}${all ? '' : ` WHERE ${keyWhere(table, k)}`}`;
-    }),
-    keyArb.map((k) => `DELETE FROM ${t} WHERE ${keyWhere(table, k)}`),
-    fc
-      .constantFrom(...settable)
-      .chain((c) => predicateOn(c).map((w) => `DELETE FROM ${t} WHERE ${w}`)),
-  ];
-  if (others.length > 0) {
+      return `UPDATE ${t} SET ${c.name} = ${change}${s.flag ? '' : ` WHERE ${keyWhere(table, key(s.a))}`}`;
+    },
+    () => `DELETE FROM ${t} WHERE ${keyWhere(table, key(s.a))}`,
+    () => `DELETE FROM ${t} WHERE ${filter(s.a)}`,
     // References: rows move between join partners, or lose them.
-    statements.push(
-      fc.tuple(fc.constantFrom(...others), fc.option(keyArb, { freq: 3 })).chain(([other, k]) =>
-        refValue(other).map((ref) => {
-          const set = refColumns(other)
-            .map((c, i) => `${c.name} = ${ref[i]}`)
-            .join(', ');
-          return `UPDATE ${t} SET ${set}${k ? ` WHERE ${keyWhere(table, k)}` : ''}`;
-        }),
-      ),
-    );
-  }
-  return fc.oneof(...statements);
+    ...(others.length
+      ? [
+          () => {
+            const other = at(others, s.a);
+            const ref = refAt(other, s.b);
+            const sets = refColumns(other)
+              .map((c, i) => `${c.name} = ${ref[i]}`)
+              .join(', ');
+            return `UPDATE ${t} SET ${sets}${s.flag ? '' : ` WHERE ${keyWhere(table, key(s.c))}`}`;
+          },
+        ]
+      : []),
+  ];
+  return at(statements, s.kind)();
 }
 
-function anyStatementArb(schema: Schema): fc.Arbitrary<string> {
-  return fc.oneof(...schema.tables.map((t) => statementArb(schema, t)));
-}
-
-/** A key deleted and inserted again (maybe with other values), in one transaction. */
-function reinsertArb(schema: Schema): fc.Arbitrary<Step> {
-  return fc.constantFrom(...schema.tables).chain((table) =>
-    keyValue(table.key).chain((k) =>
-      rowValues(schema, table, k).map(
-        (r): Step => ({
+/** A writer's steps, read against the schema. */
+export function readSteps(schema: Schema, steps: StepChoice[]): Step[] {
+  const statement = (s: StatementChoice) => readStatement(schema, s);
+  return steps.map((step): Step => {
+    switch (step.kind) {
+      case 'statement':
+        return { kind: 'statement', sql: statement(step.statement) };
+      case 'transaction': {
+        const body: Array<string | SavepointStep> = step.body.map(statement);
+        if (step.savepoint) {
+          body.push({
+            savepoint: step.savepoint.statements.map(statement),
+            rollback: step.savepoint.rollback,
+          });
+        }
+        return {
+          kind: 'transaction',
+          body,
+          rollback: step.rollback,
+          holdMs: step.hold ? HOLD_MS : 0,
+        };
+      }
+      case 'reinsert': {
+        // A key deleted and inserted again (maybe with other values), in one transaction.
+        const table = at(schema.tables, step.table);
+        const key = keyAt(table.key, step.row.key);
+        return {
           kind: 'transaction',
           body: [
-            `DELETE FROM ${tableRef(table)} WHERE ${keyWhere(table, k)}`,
-            `INSERT INTO ${tableRef(table)} VALUES (${r.join(', ')})`,
+            `DELETE FROM ${tableRef(table)} WHERE ${keyWhere(table, key)}`,
+            `INSERT INTO ${tableRef(table)} VALUES (${rowLiterals(schema, table, key, step.row.cells).join(', ')})`,
           ],
           rollback: false,
           holdMs: 0,
-        }),
-      ),
-    ),
-  );
-}
-
-function stepArb(schema: Schema): fc.Arbitrary<Step> {
-  const statement = anyStatementArb(schema);
-  const savepoint: fc.Arbitrary<SavepointStep> = fc.record({
-    savepoint: fc.array(statement, { minLength: 1, maxLength: 2 }),
-    rollback: fc.boolean(),
+        };
+      }
+      default:
+        return { kind: 'truncate', sql: `TRUNCATE ${tableRef(at(schema.tables, step.table))}` };
+    }
   });
-  return fc.oneof(
-    { weight: 12, arbitrary: statement.map((sql): Step => ({ kind: 'statement', sql })) },
-    {
-      weight: 5,
-      arbitrary: fc
-        .record({
-          body: fc.array(statement, { minLength: 1, maxLength: 3 }),
-          savepoint: fc.option(savepoint, { freq: 2 }),
-          rollback: fc.boolean(),
-          // Now and then held open across ticks while the other writers commit.
-          holdMs: fc.constantFrom(0, 0, 0, 120),
-        })
-        .map(
-          ({ body, savepoint, rollback, holdMs }): Step => ({
-            kind: 'transaction',
-            body: savepoint ? [...body, savepoint] : body,
-            rollback,
-            holdMs,
-          }),
-        ),
-    },
-    { weight: 2, arbitrary: reinsertArb(schema) },
-    {
-      weight: 1,
-      arbitrary: fc
-        .constantFrom(...schema.tables)
-        .map((t): Step => ({ kind: 'truncate', sql: `TRUNCATE ${tableRef(t)}` })),
-    },
-  );
 }
 
-/** Concurrent writers' steps. */
-export function writersArb(
-  schema: Schema,
-  sizes: { writers: number; steps: number },
-): fc.Arbitrary<Step[][]> {
-  return fc.array(fc.array(stepArb(schema), { maxLength: sizes.steps }), {
+const statementChoiceArb: fc.Arbitrary<StatementChoice> = fc.record({
+  table: fc.nat(2),
+  kind: fc.noBias(fc.nat(10)),
+  a: cellArb,
+  b: cellArb,
+  c: cellArb,
+  flag: fc.boolean(),
+  rows: fc.array(rowChoiceArb, { minLength: 1, maxLength: 3 }),
+});
+
+const stepChoiceArb: fc.Arbitrary<StepChoice> = fc.oneof(
+  {
+    weight: 12,
+    arbitrary: fc.record({
+      kind: fc.constant('statement' as const),
+      statement: statementChoiceArb,
+    }),
+  },
+  {
+    weight: 5,
+    arbitrary: fc.record({
+      kind: fc.constant('transaction' as const),
+      body: fc.array(statementChoiceArb, { minLength: 1, maxLength: 3 }),
+      savepoint: fc.option(
+        fc.record({
+          statements: fc.array(statementChoiceArb, { minLength: 1, maxLength: 2 }),
+          rollback: fc.boolean(),
+        }),
+        { freq: 2 },
+      ),
+      rollback: fc.boolean(),
+      // Now and then held open across ticks while the other writers commit.
+      hold: fc.constantFrom(false, false, false, true),
+    }),
+  },
+  {
+    weight: 2,
+    arbitrary: fc.record({
+      kind: fc.constant('reinsert' as const),
+      table: fc.nat(2),
+      row: rowChoiceArb,
+    }),
+  },
+  { weight: 1, arbitrary: fc.record({ kind: fc.constant('truncate' as const), table: fc.nat(2) }) },
+);
+
+/** Concurrent writers' steps, as choices. */
+export function writersArb(sizes: {
+  writers: number;
+  steps: number;
+}): fc.Arbitrary<StepChoice[][]> {
+  return fc.array(fc.array(stepChoiceArb, { maxLength: sizes.steps }), {
     minLength: 1,
     maxLength: sizes.writers,
   });
