@@ -22,8 +22,8 @@ const live = livePipeline({
 });
 
 const SIZES: CaseSizes = SOAK
-  ? { tables: 3, rows: 10, transforms: 3, writers: 4, steps: 14 }
-  : { tables: 3, rows: 8, transforms: 3, writers: 3, steps: 8 };
+  ? { tables: 3, rows: 12, transforms: 3, writers: 4, steps: 24 }
+  : { tables: 3, rows: 8, transforms: 3, writers: 3, steps: 12 };
 
 /** Cases per seed. */
 const RUNS = SOAK ? 40 : 5;

@@ -32,12 +32,17 @@ import { runPlan, type Step, type WorkloadResult } from './workload.js';
  * A case is generated as choices read against its schema (random-schema.ts says why), in
  * the order fast-check shrinks them: transforms first (a case with fewer runs faster),
  * then the writers' steps, the first rows, the tables.
+ *
+ * The writers run twice: right after the transforms are defined, while their targets are
+ * built (a backfill must not miss what is written meanwhile), and again once every target
+ * is live, when each change reaches the targets through the ledger and the drain alone.
  */
 export interface Case {
   db: Database;
   /** In definition order: a chain after the transform it reads. */
   transforms: Transform[];
-  writers: Step[][];
+  /** Each writer's steps while the targets are built, then once they are live. */
+  writers: { building: Step[][]; live: Step[][] };
 }
 
 export interface CaseSizes {
@@ -55,7 +60,8 @@ export function caseArb(sizes: CaseSizes): fc.Arbitrary<Case> {
   return fc
     .record({
       transforms: fc.array(transformChoiceArb, { minLength: 1, maxLength: sizes.transforms }),
-      writers: writersArb(sizes),
+      building: writersArb({ ...sizes, steps: Math.ceil(sizes.steps / 3) }),
+      live: writersArb(sizes),
       rows: rowChoicesArb(sizes.rows),
       tables: tableChoicesArb(sizes.tables),
     })
@@ -64,7 +70,10 @@ export function caseArb(sizes: CaseSizes): fc.Arbitrary<Case> {
       const c: Case = {
         db: { schema, rows: readRows(schema, choice.rows) },
         transforms: choice.transforms.flatMap((t, i) => readTransform(schema, t, i + 1)),
-        writers: choice.writers.map((steps) => readSteps(schema, steps)),
+        writers: {
+          building: choice.building.map((steps) => readSteps(schema, steps)),
+          live: choice.live.map((steps) => readSteps(schema, steps)),
+        },
       };
       return Object.assign(c, { [fc.toStringMethod]: () => `\n${caseText(c, PRINT_PREFIX)}` });
     });
@@ -75,25 +84,31 @@ export function caseSummary(c: Case): string {
   const tables = c.db.schema.tables.map(
     (t, i) => `${t.name}(${t.key}, ${c.db.rows[i]?.length ?? 0} rows)`,
   );
-  const steps = c.writers.map((w) => w.length).join('+');
-  return `tables ${tables.join(' ')}; ${c.transforms.map(transformShape).join('; ')}; writers' steps ${steps}`;
+  const steps = (writers: Step[][]) => writers.map((w) => w.length).join('+');
+  return (
+    `tables ${tables.join(' ')}; ${c.transforms.map(transformShape).join('; ')}; ` +
+    `writers' steps ${steps(c.writers.building)} while building, ${steps(c.writers.live)} live`
+  );
 }
 
 /** A case as SQL, with tables and targets named with `prefix`. */
 export function caseText(c: Case, prefix: string): string {
   const name = (n: string) => physical(prefix, n);
   const statements = c.transforms.map((t) => `${transformStatement(definitionOf(t, prefix))};`);
-  const writers = c.writers.map(
-    (steps, i) =>
-      `-- writer ${i + 1}${steps.length ? '' : ' (nothing)'}\n${placeSteps(steps, name).map(stepText).join('\n')}`,
-  );
+  const writers = (all: Step[][]) =>
+    all.map(
+      (steps, i) =>
+        `-- writer ${i + 1}${steps.length ? '' : ' (nothing)'}\n${placeSteps(steps, name).map(stepText).join('\n')}`,
+    );
   return [
     '-- schema and first rows',
     databaseSql(c.db, prefix),
     '-- transforms',
     ...statements,
-    '-- concurrent writers',
-    ...writers,
+    '-- concurrent writers, at once, while the targets are built',
+    ...writers(c.writers.building),
+    '-- once every target is live: concurrent writers',
+    ...writers(c.writers.live),
   ].join('\n');
 }
 
@@ -169,6 +184,37 @@ async function writersWithin(
   }
 }
 
+/** Waits until a transform is live; fails at once when it stops (paused). */
+async function isLive(trellis: Trellis, target: string, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const status = await trellis.status(target);
+    if (status.status === 'live') return;
+    if (status.status === 'paused' || Date.now() > deadline) {
+      throw new CaseFailure(`${target} did not become live: ${JSON.stringify(status)}`);
+    }
+    await sleep(20);
+  }
+}
+
+/** What two workloads did, together. */
+function sumResults(x: WorkloadResult, y: WorkloadResult): WorkloadResult {
+  const expected = { ...x.expected };
+  for (const k of Object.keys(expected) as Array<keyof typeof expected>)
+    expected[k] += y.expected[k];
+  return {
+    operations: x.operations + y.operations,
+    fingerprint: `${x.fingerprint}+${y.fingerprint}`,
+    committed: x.committed + y.committed,
+    rolledBack: x.rolledBack + y.rolledBack,
+    savepointsRolledBack: x.savepointsRolledBack + y.savepointsRolledBack,
+    longTransactions: x.longTransactions + y.longTransactions,
+    truncates: x.truncates + y.truncates,
+    elapsedMs: x.elapsedMs + y.elapsedMs,
+    expected,
+  };
+}
+
 /**
  * Runs a case on a live pipeline, its tables and targets named with `prefix` (one a case:
  * they are dropped afterwards). Throws a CaseFailure naming every target that differs
@@ -199,17 +245,20 @@ export async function runCase(
       }
       defined.push(d);
     }
-    // The writers start while the targets backfill.
-    const writes = await writersWithin(
-      live,
-      runPlan(
-        sql,
-        c.writers.map((steps) => placeSteps(steps, name)),
-        tables,
-        {},
-      ),
-      convergeMs,
-    );
+    const write = (writers: Step[][]) =>
+      writersWithin(
+        live,
+        runPlan(
+          sql,
+          writers.map((steps) => placeSteps(steps, name)),
+          tables,
+          {},
+        ),
+        convergeMs,
+      );
+    const building = await write(c.writers.building);
+    for (const d of defs) await isLive(live.trellis, d.target, convergeMs);
+    const writes = sumResults(building, await write(c.writers.live));
     const token = await live.trellis.watermarkToken();
     const problems: string[] = [];
     for (const d of defs) {
