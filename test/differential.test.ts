@@ -26,7 +26,7 @@ const SIZES: CaseSizes = SOAK
   : { tables: 3, rows: 8, transforms: 3, writers: 3, steps: 12 };
 
 /** Cases per seed. */
-const RUNS = SOAK ? 40 : 5;
+const RUNS = SOAK ? 40 : 7;
 
 /** How long a case may take to converge (and its writers to finish) before it fails. */
 const CONVERGE_MS = timeoutFor(30_000, 120_000);

@@ -14,8 +14,10 @@ import { type ColumnType, comparand } from './random-values.js';
  * Random TRANSFORMs over a random schema (random-schema.ts), written as the oracle's
  * Definitions: projections with expressions and filters, GROUP BY with assorted aggregates
  * and HAVING, grand totals, inner and left joins of two and three tables (equality on a
- * key and the other table's reference to it, plus predicates on the joined side),
- * anti-joins (`WHERE b.id IS NULL`), and chains (a projection reading another's target).
+ * key and the other table's reference to it, or on any two columns of one type, plus
+ * predicates on the joined side),
+ * anti-joins (`WHERE b.id IS NULL`), and chains (a projection or GROUP BY reading the
+ * target of a projection over inner joins, or of a GROUP BY of bare NOT NULL columns).
  *
  * A transform is generated as choices (which table, column, template: natural numbers
  * taken modulo what is there), then read against the schema: a choice always means
@@ -23,7 +25,7 @@ import { type ColumnType, comparand } from './random-values.js';
  * and still have a valid statement.
  *
  * Only definitions Postgres computes deterministically: nothing groups by, or takes the
- * min or max of, values equal under their type's `=` but written differently (1.0 and
+ * min, max or a percentile of, values equal under their type's `=` but written differently (1.0 and
  * 1.00, 0 and -0, 'a' and 'A' under citext or ci: which one a group shows depends on row
  * order), so those are grouped through their text (`n::text`, `s COLLATE "C"`); ordered
  * aggregates (string_agg, array_agg) order by every key after the value; HAVING compares
@@ -69,6 +71,12 @@ export interface JoinChoice {
   reverse: boolean;
   /** Which table already in FROM it joins. */
   to: number;
+  /**
+   * Joins on a pair of columns of one type (any two, keys or not: many rows can match
+   * many, and under citext, ci, numeric or float8 values of different images match),
+   * instead of on a key and the reference to it; null for the latter.
+   */
+  values: number | null;
   /** A predicate on the joined table, in ON. */
   extra: Pick | null;
 }
@@ -185,25 +193,45 @@ const GROUPS: Record<ColumnType, Template[]> = {
   jsonb: [of('text', (c) => `${c} ->> 'k'`), of('text', (c) => `jsonb_typeof(${c})`)],
 };
 
-/** Aggregates of a column, given the ORDER BY that makes an ordered aggregate's order total. */
-type Aggregate = (c: string, keys: string) => string;
+/**
+ * Aggregates of a column, given the ORDER BY that makes an ordered aggregate's order total,
+ * with the type of what they return ('same': the column's; null: one a chain does not read).
+ */
+interface Aggregate {
+  sql: (c: string, keys: string) => string;
+  type: ColumnType | 'same' | null;
+}
+const agg = (type: Aggregate['type'], sql: Aggregate['sql']): Aggregate => ({ sql, type });
 const ANY_AGGREGATES: Aggregate[] = [
-  (c) => `count(${c})`,
-  (c) => `count(DISTINCT ${c})`,
-  (c, keys) => `string_agg(${c}::text, ',' ORDER BY ${c}::text COLLATE "C", ${keys})`,
-  (c, keys) => `array_agg(${c} ORDER BY ${keys})`,
+  agg('bigint', (c) => `count(${c})`),
+  agg('bigint', (c) => `count(DISTINCT ${c})`),
+  agg('text', (c, keys) => `string_agg(${c}::text, ',' ORDER BY ${c}::text COLLATE "C", ${keys})`),
+  agg(null, (c, keys) => `array_agg(${c} ORDER BY ${keys})`),
 ];
 const AGGREGATES: Record<ColumnType, Aggregate[]> = {
-  int: [(c) => `sum(${c})`, (c) => `min(${c})`, (c) => `max(${c})`, (c) => `avg(${c})`],
-  bigint: [(c) => `sum(${c})`, (c) => `max(${c})`],
-  numeric: [(c) => `sum(${c})`, (c) => `avg(${c})`],
-  numeric_2: [(c) => `sum(${c})`, (c) => `avg(${c})`],
-  float8: [(c) => `sum(${c})`, (c) => `avg(${c})`],
-  text: [(c) => `min(${c})`, (c) => `max(${c})`],
+  int: [
+    agg('bigint', (c) => `sum(${c})`),
+    agg('same', (c) => `min(${c})`),
+    agg('same', (c) => `max(${c})`),
+    agg('numeric', (c) => `avg(${c})`),
+    agg('float8', (c) => `percentile_cont(0.5) WITHIN GROUP (ORDER BY ${c})`),
+    agg('same', (c) => `percentile_disc(0.25) WITHIN GROUP (ORDER BY ${c})`),
+  ],
+  bigint: [agg('numeric', (c) => `sum(${c})`), agg('same', (c) => `max(${c})`)],
+  numeric: [agg('numeric', (c) => `sum(${c})`), agg('numeric', (c) => `avg(${c})`)],
+  numeric_2: [agg('numeric', (c) => `sum(${c})`), agg('numeric', (c) => `avg(${c})`)],
+  // No min, max or percentile: 0 and -0 are equal, so which one they return depends on
+  // row order.
+  float8: [agg('float8', (c) => `sum(${c})`), agg('float8', (c) => `avg(${c})`)],
+  text: [agg('same', (c) => `min(${c})`), agg('same', (c) => `max(${c})`)],
   citext: [],
   text_ci: [],
-  boolean: [(c) => `bool_and(${c})`, (c) => `bool_or(${c})`],
-  date: [(c) => `min(${c})`, (c) => `max(${c})`],
+  boolean: [agg('same', (c) => `bool_and(${c})`), agg('same', (c) => `bool_or(${c})`)],
+  date: [
+    agg('same', (c) => `min(${c})`),
+    agg('same', (c) => `max(${c})`),
+    agg('same', (c) => `percentile_disc(0.5) WITHIN GROUP (ORDER BY ${c})`),
+  ],
   jsonb: [],
 };
 
@@ -261,10 +289,15 @@ function predicate(sources: Source[], pick: Pick): string {
   return at(templates, pick.template)(col(c));
 }
 
-function aggregate(sources: Source[], pick: Pick, keys: string): string {
-  if (pick.template % 5 === 0) return 'count(*)';
+function aggregate(
+  sources: Source[],
+  pick: Pick,
+  keys: string,
+): { sql: string; type: ColumnType | null } {
+  if (pick.template % 5 === 0) return { sql: 'count(*)', type: 'bigint' };
   const c = column(sources, pick);
-  return at([...AGGREGATES[c.type], ...ANY_AGGREGATES], pick.template)(col(c), keys);
+  const a = at([...AGGREGATES[c.type], ...ANY_AGGREGATES], pick.template);
+  return { sql: a.sql(col(c), keys), type: a.type === 'same' ? c.type : a.type };
 }
 
 function having(sources: Source[], pick: Pick): string {
@@ -295,7 +328,8 @@ export interface Transform {
   /** Its WHERE starts with `<last LEFT JOINed table's key> IS NULL`. */
   anti: boolean;
   sources: Source[];
-  select: Array<{ sql: string; name: string; type: ColumnType; bare: ScopeColumn | null }>;
+  /** Its items; `type` null for one a chain does not read (an array). */
+  select: Array<{ sql: string; name: string; type: ColumnType | null; bare: ScopeColumn | null }>;
   where: string[];
   groupBy: string[];
   having: string | null;
@@ -335,15 +369,24 @@ function fromSources(schema: Schema, choice: TransformChoice): Source[] {
     const toIndex = at(indexes, j.to);
     const to = schema.tables[toIndex]!;
     const table = schema.tables[joined]!;
-    const [left, right] = j.reverse
-      ? [
-          refColumns(to).map((c) => `${table.name}.${c.name}`),
-          keyColumns(to).map((c) => `${to.name}.${c.name}`),
-        ]
-      : [
-          keyColumns(table).map((c) => `${table.name}.${c.name}`),
-          refColumns(table).map((c) => `${to.name}.${c.name}`),
-        ];
+    // Columns of one type on either side, for a join on values rather than keys.
+    const pairs = columnsOf(schema, table).flatMap((x) =>
+      columnsOf(schema, to)
+        .filter((y) => y.type === x.type)
+        .map((y) => [`${table.name}.${x.name}`, `${to.name}.${y.name}`] as const),
+    );
+    const [left, right] =
+      j.values !== null && pairs.length > 0
+        ? [[at(pairs, j.values)[0]], [at(pairs, j.values)[1]]]
+        : j.reverse
+          ? [
+              refColumns(to).map((c) => `${table.name}.${c.name}`),
+              keyColumns(to).map((c) => `${to.name}.${c.name}`),
+            ]
+          : [
+              keyColumns(table).map((c) => `${table.name}.${c.name}`),
+              refColumns(table).map((c) => `${to.name}.${c.name}`),
+            ];
     const conditions = left.map((l, i) => `${l} = ${right[i]}`);
     const source = tableSource(schema, joined, { left: j.left, on: '' });
     if (j.extra) conditions.push(predicate([source], j.extra));
@@ -368,6 +411,8 @@ function readQuery(
   const groupBy: string[] = [];
   const implicit: string[] = [];
   const targetKeys: ScopeColumn[] = [];
+  /** For GROUP BY: every grouping expression is a bare column (the key's are known). */
+  let keyed = false;
   const filter = choice.where ? [predicate(sources, choice.where)] : [];
   if (choice.kind === 'rows') {
     choice.items.forEach((item, i) => {
@@ -411,9 +456,10 @@ function readQuery(
     });
     choice.aggregates.forEach((a, i) => {
       const filterBy = a.filter ? ` FILTER (WHERE ${predicate(sources, a.filter)})` : '';
+      const made = aggregate(sources, a.pick, keys);
       select.push({
-        sql: `${aggregate(sources, a.pick, keys)}${filterBy}`,
-        type: 'int',
+        sql: `${made.sql}${filterBy}`,
+        type: made.type,
         bare: null,
         name: itemName(`n${i + 1}`, a.name, used),
       });
@@ -422,15 +468,20 @@ function readQuery(
     // column named after the bare column it is (alias_column when that name is taken).
     const taken = new Set([...select.map((s) => s.name), ...SYSTEM_COLUMNS]);
     for (const g of groupBy) {
+      const bare = groups.map((x) => groupExpr(sources, x.pick)).find((e) => e.sql === g)!.bare;
       const item = select.find((s) => s.sql === g);
-      if (item) continue;
-      const bare = groups.map((x) => groupExpr(sources, x.pick)).find((e) => e.sql === g)!.bare!;
-      let keyName = bare.name;
-      if (taken.has(keyName)) keyName = `${bare.alias}_${bare.name}`;
+      if (item) {
+        if (bare) targetKeys.push({ ...bare, alias: '', name: item.name });
+        continue;
+      }
+      let keyName = bare!.name;
+      if (taken.has(keyName)) keyName = `${bare!.alias}_${bare!.name}`;
       if (taken.has(keyName)) throw new Error(`the generator took the name ${keyName}`);
       taken.add(keyName);
-      implicit.push(`${col(bare)} AS ${keyName}`);
+      implicit.push(`${col(bare!)} AS ${keyName}`);
+      targetKeys.push({ ...bare!, alias: '', name: keyName });
     }
+    keyed = groupBy.length > 0 && targetKeys.length === groupBy.length;
   }
   const aggregates = choice.kind !== 'rows';
   return {
@@ -444,7 +495,11 @@ function readQuery(
     having: aggregates && choice.having ? having(sources, choice.having) : null,
     implicit,
     keys: targetKeys,
-    readable: !aggregates && sources.every((s) => !s.join?.left),
+    // A target a chain can read has a primary key: every key column NOT NULL (source
+    // keys outside LEFT JOINs; GROUP BY expressions that are bare NOT NULL columns).
+    readable: aggregates
+      ? keyed && targetKeys.every((k) => !k.nullable)
+      : sources.every((s) => !s.join?.left),
   };
 }
 
@@ -456,18 +511,22 @@ export function readTransform(schema: Schema, choice: TransformChoice, index: nu
   const where = anti ? [`${col(last.keys[0]!)} IS NULL`] : [];
   const transform = readQuery(`x${index}`, sources, choice, where, anti);
   if (!choice.chain || !transform.readable) return [transform];
+  // The upstream target's columns as the chain reads them: its SELECT items (but arrays),
+  // then the key columns the target added on its own; key columns are never NULL.
+  const isKey = (name: string) => transform.keys.some((k) => k.name === name);
   const upstream: Source = {
     alias: 'q',
     name: transform.name,
     keys: transform.keys.map((k) => ({ ...k, alias: 'q', nullable: false })),
     columns: [
-      ...transform.select.map((s) => ({ alias: 'q', name: s.name, type: s.type, nullable: true })),
-      ...transform.implicit.map((i, n) => ({
-        alias: 'q',
-        name: i.split(' AS ')[1]!,
-        type: transform.keys.find((k) => k.name === i.split(' AS ')[1])?.type ?? 'int',
-        nullable: n < 0,
-      })),
+      ...transform.select.flatMap((s) =>
+        s.type === null
+          ? []
+          : [{ alias: 'q', name: s.name, type: s.type, nullable: !isKey(s.name) }],
+      ),
+      ...transform.keys
+        .filter((k) => !transform.select.some((s) => s.name === k.name))
+        .map((k) => ({ ...k, alias: 'q', nullable: false })),
     ],
     join: null,
   };
@@ -541,6 +600,7 @@ export const transformChoiceArb: fc.Arbitrary<TransformChoice> = fc
         left: fc.boolean(),
         reverse: fc.boolean(),
         to: fc.nat(5),
+        values: fc.option(fc.nat(40), { freq: 3 }),
         extra: fc.option(pickArb, { freq: 2 }),
       }),
       { maxLength: 2 },
