@@ -97,7 +97,7 @@ class Runner {
       } else {
         this.firstFailureAt = Date.now();
         console.log(
-          `${tag} case ${this.cases} failed; shrinking it for up to ${SHRINK_MS / 1000} s. ` +
+          `${tag} case ${this.cases} failed${REPLAY_PATH ? ' (replayed: not shrunk again)' : `; shrinking it for up to ${SHRINK_MS / 1000} s`}. ` +
             `The failure as found:\n${(error as Error).message}`,
         );
       }
@@ -118,8 +118,11 @@ describe.each(testSeeds([1, 2, 3], 10))(
         fc.asyncProperty(caseArb(SIZES), (c) => runner.run(c)),
         {
           seed,
-          numRuns: RUNS,
-          ...(REPLAY_PATH ? { path: REPLAY_PATH, endOnFailure: true } : {}),
+          // A replayed path starts at that case: run it alone (fast-check would go on with
+          // the cases after it), and do not shrink it again.
+          ...(REPLAY_PATH
+            ? { path: REPLAY_PATH, numRuns: 1, endOnFailure: true }
+            : { numRuns: RUNS }),
         },
       );
       if (details.failed) {
