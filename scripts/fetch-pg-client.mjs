@@ -23,7 +23,17 @@
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { chmod, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import {
+  chmod,
+  mkdir,
+  readdir,
+  readFile,
+  realpath,
+  rename,
+  rm,
+  stat,
+  writeFile,
+} from 'node:fs/promises';
 import { homedir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { promisify } from 'node:util';
@@ -115,6 +125,11 @@ async function download(url) {
   }
   if (!response.ok) throw new Failure(`cannot fetch ${url}: HTTP ${response.status}`);
   return Buffer.from(await response.arrayBuffer());
+}
+
+/** `text` as one single-quoted word for sh. */
+function sh(text) {
+  return `'${text.replaceAll("'", "'\\''")}'`;
 }
 
 function sha256(buffer) {
@@ -260,8 +275,7 @@ async function libraryDirs(root) {
     const dir = join(root, top);
     // Skip merged-/usr symlinks (lib -> usr/lib) and what is not there.
     if (existsSync(dir) && (await stat(dir)).isDirectory()) {
-      const real = await run('realpath', [dir]).then((r) => r.stdout.trim());
-      if (real === dir) await walk(dir);
+      if ((await realpath(dir)) === dir) await walk(dir);
     }
   }
   // Plugin and private directories (gconv, sasl2, krb5 plugins) are loaded by path.
@@ -315,8 +329,8 @@ async function build(options) {
           '#!/bin/sh',
           `# ${program} of ${client.Package} ${client.Version} (Debian ${SUITE}), run with that`,
           "# release's own loader and libraries. Written by trellis-pg's scripts/fetch-pg-client.mjs.",
-          `exec '${join(finalRoot, loader)}' --library-path '${libs.join(':')}' \\`,
-          `  --argv0 "$0" '${join(finalRoot, 'usr/lib/postgresql', String(major), 'bin', program)}' "$@"`,
+          `exec ${sh(join(finalRoot, loader))} --library-path ${sh(libs.join(':'))} \\`,
+          `  --argv0 "$0" ${sh(join(finalRoot, 'usr/lib/postgresql', String(major), 'bin', program))} "$@"`,
           '',
         ].join('\n'),
       );
