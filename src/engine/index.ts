@@ -20,7 +20,7 @@ export {
 } from './errors.js';
 export type { Logger, LogLevel } from './logger.js';
 export { consoleLogger } from './logger.js';
-export { type ConnectOptions, DEFAULTS } from './options.js';
+export { type CaptureMode, type ConnectOptions, DEFAULTS } from './options.js';
 export type { MigrateResult } from './schema/migrator.js';
 export type { ApplyResult } from './statements/apply.js';
 export { Trellis, type TrellisConfig, type TrellisSummary } from './trellis.js';
