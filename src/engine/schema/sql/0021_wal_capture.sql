@@ -130,8 +130,10 @@ $fn$;
 --             {r: relation oid, c: [column names], k: [[value texts, in c's order], ...]}]
 -- A key is encoded as the capture triggers encode it: a one-column key's text, a wider key's
 -- text[] as text. Returns the ledger rows written.
+-- JIT off: the planner cannot see how small a batch is, and compiling the plan took
+-- seconds of a one-key batch.
 CREATE FUNCTION @schema@._wal_append(p_changes jsonb)
-RETURNS int LANGUAGE plpgsql AS $fn$
+RETURNS int LANGUAGE plpgsql SET jit = off AS $fn$
 DECLARE
   x bigint := pg_current_xact_id()::text::bigint;
   g smallint := @schema@.ledger_generation(x);
@@ -188,11 +190,16 @@ $fn$;
 -- ledger. Every transform reading a source captured from the WAL alone stops
 -- (captureFailure.kind 'disruption', RESUME rebuilds); published sources wait for a new
 -- slot (publishing again), and config forgets the slot, so the decoder makes a new one.
+-- Nothing when p_slot is not the instance's slot any more (someone acted already).
 -- Returns the targets stopped.
-CREATE FUNCTION @schema@._wal_lost(reason text)
+CREATE FUNCTION @schema@._wal_lost(p_slot name, reason text)
 RETURNS SETOF text LANGUAGE plpgsql AS $fn$
 BEGIN
-  UPDATE @schema@.config SET wal_slot = NULL;
+  -- Once per slot: whoever sees it lost first (the decoder, the staging worker) acts.
+  UPDATE @schema@.config SET wal_slot = NULL WHERE wal_slot = p_slot;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
   RETURN QUERY
   WITH lost AS (
     SELECT src.id, src.source_oid FROM @schema@.sources src
