@@ -73,35 +73,45 @@ describe.each(testSeeds([41]))('switching capture under concurrent writes (seed 
     const operations = 240;
     const writers = 4;
     const total = operations * writers;
-    let release: () => void = () => undefined;
-    const hold = new Promise<void>((resolve) => {
-      release = resolve;
-    });
+    // Writers pause twice, so that each switch sees writes while it runs and after it:
+    // before 45% of their steps until the instance is on the slot alone, before 90% until
+    // it is back on triggers.
+    const gate = () => {
+      let open: () => void = () => undefined;
+      const opened = new Promise<void>((resolve) => {
+        open = resolve;
+      });
+      return { open, opened };
+    };
+    const onSlot = gate();
+    const onTriggers = gate();
     const switching = (async () => {
-      await waitFor(async () => steps >= total * 0.2, 'a fifth of the writes', 120_000);
-      at.toLogical = steps;
-      await record('logical');
-      await waitFor(() => capturedBy('logical'), 'every source on WAL capture alone', 120_000);
-      at.logical = steps;
-      await waitFor(
-        async () => steps >= at.logical! + total * 0.1,
-        'writes under WAL capture',
-        120_000,
-      );
-      at.toTrigger = steps;
-      await record('trigger');
-      await waitFor(() => capturedBy('trigger'), 'every source back on triggers', 120_000);
-      at.trigger = steps;
-      release();
+      try {
+        await waitFor(async () => steps >= total * 0.2, 'a fifth of the writes', 120_000);
+        at.toLogical = steps;
+        await record('logical');
+        await waitFor(() => capturedBy('logical'), 'every source on WAL capture alone', 120_000);
+        at.logical = steps;
+        onSlot.open();
+        await waitFor(async () => steps >= total * 0.55, 'writes under WAL capture', 120_000);
+        at.toTrigger = steps;
+        await record('trigger');
+        await waitFor(() => capturedBy('trigger'), 'every source back on triggers', 120_000);
+        at.trigger = steps;
+      } finally {
+        onSlot.open();
+        onTriggers.open();
+      }
     })();
     const result = await runWorkload(db.sql, accountsWorkload(5_000), {
       seed,
       writers,
       operations,
       longTransactions: 2,
-      // The last tenth of every writer's steps waits for the switch back: writes go on
-      // through both switches, and some come after them.
-      holdAt: { step: Math.floor(operations * 0.9), until: hold },
+      holdAt: [
+        { step: Math.floor(operations * 0.45), until: onSlot.opened },
+        { step: Math.floor(operations * 0.9), until: onTriggers.opened },
+      ],
       onStep: () => {
         steps += 1;
       },

@@ -1,5 +1,6 @@
 import { type InspectOptionsStylized, inspect } from 'node:util';
 import { CallRunner } from './calls.js';
+import { detectWalDisruptions } from './capture/wal/slot-safety.js';
 import { type Definition, readDefinitions } from './catalog/definitions.js';
 import {
   type PoisonedRow,
@@ -344,7 +345,11 @@ export class Trellis implements AsyncDisposable {
    */
   detectCaptureDisruptions(): Promise<string[]> {
     return this.catalogCall('detectCaptureDisruptions', (session) =>
-      session.transaction(() => detectDisruptions(session, this.options.schema, this.log)),
+      session.transaction(async () => {
+        const triggers = await detectDisruptions(session, this.options.schema, this.log);
+        const wal = await detectWalDisruptions(session, this.options.schema, this.log);
+        return [...new Set([...triggers, ...wal])].sort();
+      }),
     );
   }
 

@@ -293,7 +293,12 @@ export class CaptureReconciler {
     spec: CaptureSpec,
   ): Promise<boolean> {
     const table = want.qualified!;
-    const logical = wal.capture === 'logical' && wal.ready && want.ineligible === null;
+    // A source not published yet waits for the slot (and publication) on triggers; one
+    // published stays so while a lost slot is made again (its readers were stopped).
+    const logical =
+      wal.capture === 'logical' &&
+      want.ineligible === null &&
+      (wal.ready || row.wal_state !== null);
     if (logical) {
       if (row.wal_state === null) {
         const done = await this.locked(session, row, 'install', async () => {

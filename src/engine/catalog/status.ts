@@ -64,6 +64,15 @@ interface StatusRow {
     columns: string[];
     detected_at: string;
   } | null;
+  capture: {
+    setting: 'trigger' | 'logical';
+    sources: Array<{
+      table: string;
+      mode: 'trigger' | 'logical' | 'switching';
+      reason: string | null;
+    }>;
+    slot: { name: string; retained: string | null; limit: string; confirmed: string | null } | null;
+  };
   capture_wait: {
     operation: CaptureWait['operation'];
     table: string;
@@ -74,6 +83,8 @@ interface StatusRow {
     oid: string;
     /** For a widen: the transactions waited on (null until the staging worker has looked). */
     holders?: Array<{ vxid: string }> | null;
+    /** For a publish: transactions with an xid below this one are waited on. */
+    xmax?: string | null;
   } | null;
 }
 
@@ -130,7 +141,38 @@ export async function readStatus(
                  FROM ${s}.transform_sources ts JOIN ${s}.sources src ON src.source_oid = ts.source_oid
                 WHERE ts.transform_id = t.id AND p.phase = 'waiting_to_backfill'
                   AND src.widened_at IS NOT NULL AND ts.read_columns && src.widen_columns
+                ORDER BY ts.ordinal LIMIT 1),
+              (SELECT jsonb_build_object(
+                        'operation', 'publish', 'table', src.qualified, 'lock_mode', 'none',
+                        'since', src.wal_since, 'oid', src.source_oid::text,
+                        'xmax', src.wal_xmax::text)
+                 FROM ${s}.transform_sources ts JOIN ${s}.sources src ON src.source_oid = ts.source_oid
+                WHERE ts.transform_id = t.id AND p.phase = 'waiting_to_backfill'
+                  AND src.wal_state = 'publishing' AND src.installed_at IS NULL
                 ORDER BY ts.ordinal LIMIT 1)) AS capture_wait,
+            (SELECT jsonb_build_object(
+                      'setting', c.capture,
+                      'sources', coalesce((
+                        SELECT jsonb_agg(jsonb_build_object(
+                                 'table', coalesce(src.qualified, ts.source_schema || '.' || ts.source_name),
+                                 'mode', CASE WHEN src.wal_state = 'ready' AND src.installed_at IS NULL THEN 'logical'
+                                              WHEN src.wal_state IS NULL THEN 'trigger'
+                                              ELSE 'switching' END,
+                                 'reason', CASE WHEN c.capture = 'logical' AND src.wal_state IS NULL
+                                                 AND EXISTS (SELECT 1 FROM pg_class rc WHERE rc.oid = ts.source_oid)
+                                                THEN ${s}._wal_ineligible(ts.source_oid) END)
+                               ORDER BY ts.ordinal)
+                          FROM ${s}.transform_sources ts
+                          LEFT JOIN ${s}.sources src ON src.source_oid = ts.source_oid
+                         WHERE ts.transform_id = t.id), '[]'),
+                      'slot', CASE WHEN c.wal_slot IS NOT NULL THEN jsonb_build_object(
+                        'name', c.wal_slot, 'limit', c.wal_retention_limit::text,
+                        'retained', (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn)::bigint::text
+                                       FROM pg_replication_slots rs
+                                      WHERE rs.slot_name = c.wal_slot AND rs.database = current_database()),
+                        'confirmed', (SELECT rs.confirmed_flush_lsn::text FROM pg_replication_slots rs
+                                       WHERE rs.slot_name = c.wal_slot AND rs.database = current_database())) END)
+               FROM ${s}.config c) AS capture,
             ${s}.source_index_gaps(t.id) AS source_index_gaps,
             (SELECT coalesce(jsonb_agg(jsonb_build_object(
                       'node', c.node, 'since', c.since,
@@ -217,6 +259,19 @@ export async function readStatus(
       segments: hasCursor ? Number(row.lag_segments) : 0,
       seconds: hasCursor ? (row.lag_seconds ?? 0) : 0,
     },
+    capture: {
+      setting: row.capture.setting,
+      sources: row.capture.sources,
+      slot: row.capture.slot
+        ? {
+            name: row.capture.slot.name,
+            retainedBytes:
+              row.capture.slot.retained === null ? null : Number(row.capture.slot.retained),
+            limitBytes: Number(row.capture.slot.limit),
+            confirmedLsn: row.capture.slot.confirmed,
+          }
+        : null,
+    },
   };
 }
 
@@ -245,6 +300,7 @@ async function captureWait(
   schema: string,
   wait: NonNullable<StatusRow['capture_wait']>,
 ): Promise<CaptureWait> {
+  if (wait.operation === 'publish') return publishWait(session, wait);
   const widen = wait.operation === 'widen' && 'holders' in wait;
   const modes = widen ? WRITER_LOCK_MODES : CONFLICTS_WITH_SHARE_ROW_EXCLUSIVE;
   // null: any transaction; otherwise only these virtual transaction ids.
@@ -299,6 +355,74 @@ async function captureWait(
     lockMode: wait.lock_mode,
     since: new Date(wait.since),
     attempts: wait.attempts ?? null,
+    blockers: blockers.map(
+      (b): LockBlocker => ({
+        pid: b.pid,
+        applicationName: b.application_name,
+        database: b.datname,
+        state: b.state,
+        xactStart: b.xact_start,
+        queryStart: b.query_start,
+        query: b.query,
+      }),
+    ),
+    prepared: prepared.map(
+      (p): PreparedBlocker => ({
+        gid: p.gid,
+        owner: p.owner,
+        database: p.database,
+        prepared: p.prepared,
+        transaction: p.transaction,
+      }),
+    ),
+  };
+}
+
+/**
+ * A source published for WAL capture that a backfill waits on: the transactions running
+ * when it was published (an xid below `xmax` that a snapshot still counts as running),
+ * anywhere in the cluster, prepared ones included.
+ */
+async function publishWait(
+  session: Session,
+  wait: NonNullable<StatusRow['capture_wait']>,
+): Promise<CaptureWait> {
+  const running = `(SELECT (x::text::bigint % 4294967296)::text AS xid
+                      FROM pg_snapshot_xip(pg_current_snapshot()) x
+                     WHERE $1::text IS NOT NULL AND x < $1::text::xid8)`;
+  const blockers = await session.query<{
+    pid: number;
+    application_name: string;
+    datname: string;
+    state: string | null;
+    xact_start: Date | null;
+    query_start: Date | null;
+    query: string;
+  }>(
+    `SELECT a.pid, a.application_name, a.datname, a.state, a.xact_start, a.query_start, a.query
+       FROM pg_stat_activity a
+      WHERE a.backend_xid::text IN ${running} AND a.pid <> pg_backend_pid()
+      ORDER BY a.pid`,
+    [wait.xmax ?? null],
+  );
+  const prepared = await session.query<{
+    gid: string;
+    owner: string;
+    database: string;
+    prepared: Date;
+    transaction: string;
+  }>(
+    `SELECT p.gid, p.owner, p.database, p.prepared, p.transaction::text AS transaction
+       FROM pg_prepared_xacts p WHERE p.transaction::text IN ${running}
+      ORDER BY p.prepared, p.gid`,
+    [wait.xmax ?? null],
+  );
+  return {
+    operation: 'publish',
+    table: wait.table,
+    lockMode: wait.lock_mode,
+    since: new Date(wait.since),
+    attempts: null,
     blockers: blockers.map(
       (b): LockBlocker => ({
         pid: b.pid,

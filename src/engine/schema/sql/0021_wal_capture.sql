@@ -93,7 +93,7 @@ RETURNS text LANGUAGE sql STABLE AS $fn$
     UNION ALL
     SELECT i.inhrelid, tree.depth + 1 FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid),
   problems AS (
-    SELECT t.depth, c.oid::regclass::text AS name,
+    SELECT t.depth, quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS name,
            CASE
              WHEN c.relkind NOT IN ('r', 'p') THEN 'is not a table'
              WHEN t.depth > 0 AND NOT c.relispartition THEN 'is an inheritance child'
@@ -107,7 +107,7 @@ RETURNS text LANGUAGE sql STABLE AS $fn$
                     SELECT 1 FROM pg_index x WHERE x.indrelid = c.oid AND x.indisprimary AND x.indisreplident)
                THEN 'has REPLICA IDENTITY USING INDEX of an index other than its primary key'
            END AS problem
-      FROM tree t JOIN pg_class c ON c.oid = t.relid)
+      FROM tree t JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace)
   SELECT p.name || ' ' || p.problem FROM problems p WHERE p.problem IS NOT NULL
    ORDER BY p.depth, p.name LIMIT 1
 $fn$;
