@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Trellis } from '../src/engine/index.js';
 import { startPostgres } from '../src/testing/index.js';
+import { plainConnect } from './support/capture-mode.js';
 import { freshDatabase, serverInfo, sqlClient, type TestDatabase } from './support/database.js';
 import { quietLogger, rejection } from './support/trellis.js';
 
@@ -14,7 +14,7 @@ const role = `trellis_norepl_${process.pid}_${Date.now().toString(36)}`;
 beforeAll(async () => {
   db = await freshDatabase();
   await db.sql.unsafe(`CREATE ROLE ${role} LOGIN NOREPLICATION`);
-  const migrator = await Trellis.connect({ url: db.url, logger: quietLogger });
+  const migrator = await plainConnect({ url: db.url, logger: quietLogger });
   await migrator.migrate();
   await migrator.shutdown();
 });
@@ -33,7 +33,7 @@ describe('capture setting', () => {
   it("is 'trigger' at install, and a handle given capture records it (left out, it stands)", async () => {
     expect(await setting()).toEqual({ capture: 'trigger', limit: String(4 * 1024 ** 3) });
 
-    const logical = await Trellis.connect({
+    const logical = await plainConnect({
       url: db.url,
       logger: quietLogger,
       capture: 'logical',
@@ -42,11 +42,11 @@ describe('capture setting', () => {
     await logical.shutdown();
     expect(await setting()).toEqual({ capture: 'logical', limit: String(1024 ** 3) });
 
-    const plain = await Trellis.connect({ url: db.url, logger: quietLogger });
+    const plain = await plainConnect({ url: db.url, logger: quietLogger });
     await plain.shutdown();
     expect(await setting()).toEqual({ capture: 'logical', limit: String(1024 ** 3) });
 
-    const back = await Trellis.connect({ url: db.url, logger: quietLogger, capture: 'trigger' });
+    const back = await plainConnect({ url: db.url, logger: quietLogger, capture: 'trigger' });
     await back.migrate();
     await back.shutdown();
     expect(await setting()).toEqual({ capture: 'trigger', limit: String(1024 ** 3) });
@@ -59,7 +59,7 @@ describe('capture setting', () => {
       { walRetentionLimit: 1.5 },
     ]) {
       const error = await rejection(
-        Trellis.connect({ url: db.url, logger: quietLogger, ...(options as object) }),
+        plainConnect({ url: db.url, logger: quietLogger, ...(options as object) }),
       );
       expect(error.code).toBe('validation');
     }
@@ -73,7 +73,7 @@ describe('capture setting', () => {
     url.username = role;
     url.password = '';
     const error = await rejection(
-      Trellis.connect({ url: url.toString(), logger: quietLogger, capture: 'logical' }),
+      plainConnect({ url: url.toString(), logger: quietLogger, capture: 'logical' }),
     );
     expect(error.code).toBe('validation');
     expect(error.message).toContain('REPLICATION');
@@ -99,11 +99,11 @@ describe('capture setting', () => {
       });
       try {
         const { url } = await server.createDatabase();
-        const migrator = await Trellis.connect({ url, logger: quietLogger });
+        const migrator = await plainConnect({ url, logger: quietLogger });
         await migrator.migrate();
         await migrator.shutdown();
         const error = await rejection(
-          Trellis.connect({ url, logger: quietLogger, capture: 'logical' }),
+          plainConnect({ url, logger: quietLogger, capture: 'logical' }),
         );
         expect(error.code).toBe('validation');
         expect(error.message).toMatch(/wal_level = logical.*wal_level = replica.*restart Postgres/);

@@ -1,6 +1,7 @@
 import type postgres from 'postgres';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Trellis } from '../src/engine/index.js';
+import { TEST_CAPTURE } from './support/capture-mode.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import { quietLogger, rejection, waitForStatus } from './support/trellis.js';
@@ -45,7 +46,7 @@ function clientAs(role: string): postgres.Sql {
 beforeAll(async () => {
   db = await freshDatabase();
   await db.sql.unsafe(`
-    CREATE ROLE ${ROLES.owner} LOGIN;
+    CREATE ROLE ${ROLES.owner} LOGIN ${TEST_CAPTURE === 'logical' ? 'REPLICATION' : ''};
     CREATE ROLE ${ROLES.writer} LOGIN;
     CREATE ROLE ${ROLES.sqlWriter} LOGIN;
     CREATE ROLE ${ROLES.ungranted} LOGIN;
