@@ -168,7 +168,8 @@ describe.each(testSeeds([9], 5))('crashes under concurrent writes (seed %i)', (s
     timeout: timeoutFor(120_000, 600_000),
   }, async () => {
     announceSeed('crash', seed, 'test/crash.test.ts');
-    const server = await startPostgres();
+    // wal_level = logical as the suite's own cluster has it (WAL capture runs: ADR 0023).
+    const server = await startPostgres({ settings: { wal_level: 'logical' } });
     let check: postgres.Sql | undefined;
     try {
       const { url, name } = await server.createDatabase();
