@@ -99,13 +99,18 @@ export async function removeFromPublication(
 ): Promise<void> {
   const s = quoteIdent(schema);
   if (table !== null) {
-    const [member] = await session.query<{ member: boolean }>(
+    const [member] = await session.query<{ member: boolean; plain: boolean }>(
       `SELECT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
-                       WHERE p.pubname = $1 AND r.prrelid = $2::regclass) AS member`,
+                       WHERE p.pubname = $1 AND r.prrelid = $2::regclass) AS member,
+              (SELECT relkind = 'r' FROM pg_class WHERE oid = $2::regclass) AS plain`,
       [publication, table],
     );
     if (member?.member) {
-      await session.query(`ALTER PUBLICATION ${quoteIdent(publication)} DROP TABLE ${table}`);
+      // ONLY: DROP TABLE would take inheritance children (which made the table leave WAL
+      // capture, and were never members) along, and fail on them.
+      await session.query(
+        `ALTER PUBLICATION ${quoteIdent(publication)} DROP TABLE ${member.plain ? 'ONLY ' : ''}${table}`,
+      );
     }
   }
   await session.query(
