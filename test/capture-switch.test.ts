@@ -49,7 +49,11 @@ describe.each(testSeeds([41]))('switching capture under concurrent writes (seed 
     const db = await freshDatabase();
     await db.sql.unsafe(ACCOUNTS_DDL);
     await db.sql.unsafe(seedAccounts(5_000));
-    await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+    await using trellis = await migratedTrellis(db, {
+      staging: true,
+      drainThreads: 2,
+      capture: 'trigger',
+    });
     for (const d of DEFINITIONS) await trellis.apply(transformStatement(d));
     const token0 = await trellis.watermarkToken();
     for (const d of DEFINITIONS) await awaitConvergedWithin(trellis, d.target, token0, 60_000);
