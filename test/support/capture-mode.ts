@@ -14,13 +14,15 @@ export const plainConnect: (options: ConnectOptions) => Promise<Trellis> =
   Trellis.connect.bind(Trellis);
 
 /**
- * Under TRELLIS_TEST_CAPTURE=logical, every handle a test (or a fixture process) makes
- * records WAL capture unless it says otherwise, so each instance's staging worker moves
- * its sources to the slot. A test support switch, not an option of the engine: the
- * engine's own default stays 'trigger'.
+ * Under TRELLIS_TEST_CAPTURE=logical, every handle a test (or a fixture process) makes to
+ * run a staging worker records WAL capture unless it says otherwise, so the instance's
+ * staging worker moves its sources to the slot. Only those: the role that runs the
+ * staging worker is the one that needs REPLICATION (a handle that records the setting
+ * must have it), and the others (calls, migrations, a TLS login) need nothing new. A test
+ * support switch, not an option of the engine: the engine's own default stays 'trigger'.
  */
 export function applyTestCapture(): void {
   if (TEST_CAPTURE === 'trigger') return;
   Trellis.connect = (options: ConnectOptions) =>
-    plainConnect({ capture: TEST_CAPTURE, ...options });
+    plainConnect(options.staging ? { capture: TEST_CAPTURE, ...options } : options);
 }
