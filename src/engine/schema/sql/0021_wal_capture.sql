@@ -25,6 +25,12 @@ ALTER TABLE @schema@.sources
   ADD COLUMN wal_since timestamptz,
   ADD COLUMN wal_rel_xmin text;
 
+-- A partition or child that left a WAL-captured source (detached, NO INHERIT) stays a
+-- recorded member until the slot has acknowledged the WAL position where the staging
+-- worker saw it go: changes made in it before it left may still be decoded, and must still
+-- reach the source (see _wal_sources_of). NULL for a member that has not left.
+ALTER TABLE @schema@.source_members ADD COLUMN left_lsn pg_lsn;
+
 -- The instance's publication and slot names. Slot names are cluster-wide: the database's
 -- oid keeps a database cloned from another (with its catalog) from taking the other's slot.
 CREATE FUNCTION @schema@._wal_publication()
@@ -224,7 +230,8 @@ $fn$;
 
 -- Something the staging worker's reconcile pass must come back to soon: as before (0015),
 -- and a source waiting for older transactions to end before its WAL capture is trusted, or
--- whose triggers can go now that it is.
+-- whose triggers can go now that it is, or a member that left a WAL-captured source and
+-- waits to be decoded past.
 CREATE OR REPLACE FUNCTION @schema@._capture_pending()
 RETURNS boolean LANGUAGE sql STABLE AS $fn$
   SELECT EXISTS (SELECT 1 FROM @schema@.sources WHERE widened_at IS NOT NULL)
@@ -233,6 +240,7 @@ RETURNS boolean LANGUAGE sql STABLE AS $fn$
                   WHERE p.phase = 'waiting_to_backfill' AND t.paused_at IS NULL)
       OR EXISTS (SELECT 1 FROM @schema@.sources
                   WHERE wal_state = 'publishing' OR (wal_state = 'ready' AND installed_at IS NOT NULL))
+      OR EXISTS (SELECT 1 FROM @schema@.source_members WHERE left_lsn IS NOT NULL)
 $fn$;
 
 -- What the reconcile pass reads, as one text (0015), now with the instance's settings and
