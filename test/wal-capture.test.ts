@@ -1,6 +1,8 @@
 import { describe, expect, it } from 'vitest';
+import { sqlClient } from './support/database.js';
 import { livePipeline } from './support/live.js';
-import type { Definition } from './support/oracle.js';
+import { type Definition, transformStatement } from './support/oracle.js';
+import { waitFor, waitForStatus } from './support/trellis.js';
 
 // WAL capture (ADR 0023) end to end: a replication slot feeds the ledger, the sources carry
 // no trigger, and every target equals its definition (the oracle) after every kind of
@@ -80,6 +82,43 @@ describe('WAL capture', () => {
     await sql`TRUNCATE pairs`;
     await sql`INSERT INTO pairs VALUES (1, 'again', 5)`;
     await live.converged(ALL);
+  });
+
+  it('waits out a transaction older than the publication change, and names it in captureWait', async () => {
+    await live.db.sql`CREATE TABLE late (id int PRIMARY KEY, v int NOT NULL)`;
+    // A transaction with an xid, begun before the table is published: it could write the
+    // table unpublished later (its first change came before the publication changed).
+    const holder = sqlClient(live.db.url, { max: 1 });
+    try {
+      let commit: () => void = () => undefined;
+      const committed = new Promise<void>((resolve) => {
+        commit = resolve;
+      });
+      let pid = 0;
+      const held = holder.begin(async (tx) => {
+        const [row] = await tx<
+          { pid: number }[]
+        >`SELECT pg_backend_pid() AS pid, pg_current_xact_id()`;
+        pid = row!.pid;
+        await committed;
+        await tx`INSERT INTO late VALUES (1, 10)`;
+      });
+      await waitFor(async () => pid !== 0, 'the older transaction to begin');
+      const late: Definition = { target: 'late_values', from: 'late', select: 'v', implicit: 'id' };
+      await live.trellis.apply(transformStatement(late));
+      await waitFor(async () => {
+        const wait = (await live.trellis.status('late_values')).captureWait;
+        return wait?.operation === 'publish' && wait.blockers.some((b) => b.pid === pid);
+      }, 'captureWait to name the older transaction');
+      expect((await live.trellis.status('late_values')).status).toBe('waiting_to_backfill');
+      commit();
+      await held;
+      await waitForStatus(live.trellis, 'late_values', 'live');
+      await live.db.sql`UPDATE late SET v = 11`;
+      await live.converged(late);
+    } finally {
+      await holder.end();
+    }
   });
 
   it('reads its own writes: a token covers changes not yet decoded', async () => {
