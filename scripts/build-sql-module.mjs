@@ -16,16 +16,11 @@ const outFile = join(root, 'src/engine/schema/migrations.generated.ts');
 const files = readdirSync(sqlDir)
   .filter((f) => f.endsWith('.sql'))
   .sort();
-// Numbers go up; a gap is allowed, because branches developed side by side are given their
-// numbers ahead of time (a branch may hold 0021 before 0016 has landed). An install runs
-// each migration whose own version row is missing, in number order.
-let previous = 0;
-const migrations = files.map((file) => {
+const migrations = files.map((file, index) => {
   const match = /^(\d{4})_([a-z0-9_]+)\.sql$/.exec(file);
   if (!match) throw new Error(`migration file name must be NNNN_name.sql: ${file}`);
   const version = Number(match[1]);
-  if (version <= previous) throw new Error(`migration numbers must go up: ${file}`);
-  previous = version;
+  if (version !== index + 1) throw new Error(`migrations must be numbered 1, 2, 3…: ${file}`);
   const sql = readFileSync(join(sqlDir, file), 'utf8');
   return { version, name: match[2], breaking: sql.startsWith('--! breaking'), sql };
 });

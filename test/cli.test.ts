@@ -1,7 +1,6 @@
 import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { migrations } from '../src/engine/schema/migrations.generated.js';
 import { latestVersion } from '../src/migration/index.js';
 import { freshDatabase } from './support/database.js';
 
@@ -66,7 +65,9 @@ describe('trellis CLI', () => {
       await db.sql`SELECT count(*)::int AS n FROM pg_namespace WHERE nspname = 'trellis'`;
     expect(ns?.n).toBe(1);
     const rows = await db.sql`SELECT version FROM trellis.migrations ORDER BY version`;
-    expect(rows.map((r) => r.version)).toEqual(migrations.map((m) => m.version));
+    expect(rows.map((r) => r.version)).toEqual(
+      Array.from({ length: latestVersion() }, (_, i) => i + 1),
+    );
     const [config] = await db.sql`SELECT target_schema FROM trellis.config`;
     expect(config?.target_schema).toBe('public');
   });
@@ -102,7 +103,7 @@ describe('trellis CLI', () => {
       `from version ${latestVersion()} to version ${latestVersion()} (already up to date)`,
     );
     const [row] = await db.sql`SELECT count(*)::int AS n FROM trellis.migrations`;
-    expect(row?.n).toBe(migrations.length);
+    expect(row?.n).toBe(latestVersion());
   });
 
   it('needs a URL to migrate', async () => {

@@ -1,7 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { Trellis, TrellisError } from '../src/engine/index.js';
 import { installSql, latestVersion } from '../src/engine/schema/install-sql.js';
-import { migrations } from '../src/engine/schema/migrations.generated.js';
 import { freshDatabase } from './support/database.js';
 
 const quiet = { logger: { debug() {}, info() {}, warn() {}, error() {} } };
@@ -17,8 +16,7 @@ describe('migrate()', () => {
     await using trellis = await Trellis.connect({ url: db.url, ...quiet });
     expect(await trellis.migrate()).toEqual({ from: 0, to: latestVersion() });
     const applied = await versions(db.sql);
-    // Numbers go up, with gaps where a number was given to work not landed yet.
-    expect(applied).toEqual(migrations.map((m) => m.version));
+    expect(applied).toEqual(Array.from({ length: latestVersion() }, (_, i) => i + 1));
     const [before] = await db.sql`SELECT max(applied_at) AS at FROM trellis.migrations`;
     expect(await trellis.migrate()).toEqual({ from: latestVersion(), to: latestVersion() });
     const [after] = await db.sql`SELECT max(applied_at) AS at FROM trellis.migrations`;
@@ -34,7 +32,7 @@ describe('migrate()', () => {
       const results = await Promise.all(handles.slice(0, 2).map((h) => h.migrate()));
       // Exactly one of the two did the install; the other found it done.
       expect(results.map((r) => r.to)).toEqual([latestVersion(), latestVersion()]);
-      expect(await versions(db.sql, 'raced')).toHaveLength(migrations.length);
+      expect(await versions(db.sql, 'raced')).toHaveLength(latestVersion());
       // A third is a no-op.
       expect(await handles[2]!.migrate()).toEqual({ from: latestVersion(), to: latestVersion() });
     } finally {
@@ -63,7 +61,7 @@ describe('migrate()', () => {
     await db.sql.unsafe(sql); // again: idempotent
     await using trellis = await Trellis.connect({ url: db.url, ...quiet });
     expect(await trellis.migrate()).toEqual({ from: latestVersion(), to: latestVersion() });
-    expect(await versions(db.sql)).toHaveLength(migrations.length);
+    expect(await versions(db.sql)).toHaveLength(latestVersion());
   });
 
   it('rolls back with the transaction it ran in', async () => {
