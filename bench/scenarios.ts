@@ -5,6 +5,8 @@ import { freshness } from './freshness.js';
 import { groupBy } from './group-by.js';
 import { idle } from './idle.js';
 import type { Scenario } from './scenario.js';
+import { scrape } from './scrape.js';
+import { selfCheck } from './self-check.js';
 import { writeThroughput } from './write-throughput.js';
 
 /** Every scenario `npm run bench` runs, in order. A new scenario: a file, and a line here. */
@@ -16,4 +18,6 @@ export const SCENARIOS: Scenario[] = [
   drain,
   backfill,
   groupBy,
+  selfCheck,
+  scrape,
 ];

@@ -1,4 +1,5 @@
 import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -45,6 +46,15 @@ async function sh(
   }
 }
 
+function devDependency(name: string): string {
+  const pkg = JSON.parse(readFileSync(join(repo, 'package.json'), 'utf8')) as {
+    devDependencies: Record<string, string>;
+  };
+  const version = pkg.devDependencies[name];
+  if (!version) throw new Error(`${name} is not a dev dependency`);
+  return version;
+}
+
 const dirs: string[] = [];
 let project = '';
 
@@ -60,9 +70,12 @@ beforeAll(async () => {
   const pkgPath = join(project, 'package.json');
   const pkg = JSON.parse(await readFile(pkgPath, 'utf8')) as Record<string, unknown>;
   await writeFile(pkgPath, JSON.stringify({ ...pkg, type: 'module' }, null, 2));
+  // drizzle-orm is an optional peer dependency, of trellis-pg/drizzle only: installed here
+  // as a Drizzle app has it, at the version this repository tests.
+  const drizzle = `drizzle-orm@${devDependency('drizzle-orm')}`;
   await sh(
     'npm',
-    ['install', join(packDir, tarball), '--no-audit', '--no-fund', '--prefer-offline'],
+    ['install', join(packDir, tarball), drizzle, '--no-audit', '--no-fund', '--prefer-offline'],
     project,
   );
 }, SLOW);
@@ -87,9 +100,12 @@ describe('the packed package, installed in an empty project', { timeout: SLOW },
       join(project, 'check.mjs'),
       `
 import { Trellis, TrellisError, TRELLIS_ERROR_CODES, DEFAULTS } from 'trellis-pg';
-import { applyStatementSql } from 'trellis-pg/drizzle';
+import { applyStatementSql, statementOf, transform } from 'trellis-pg/drizzle';
 import { installSql, latestVersion } from 'trellis-pg/migration';
 import { startPostgres } from 'trellis-pg/testing';
+import { integer, pgTable } from 'drizzle-orm/pg-core';
+const things = pgTable('things', { id: integer().primaryKey(), n: integer() });
+const target = transform('thing_ns', (t) => t.from(things).select({ n: things.n }));
 const error = new TrellisError('parse', 'x');
 console.log(JSON.stringify({
   connect: typeof Trellis.connect,
@@ -100,6 +116,7 @@ console.log(JSON.stringify({
   install: installSql().includes('CREATE SCHEMA IF NOT EXISTS "trellis"'),
   latest: latestVersion(),
   startPostgres: typeof startPostgres,
+  statement: statementOf(target),
 }));
 `,
     );
@@ -113,6 +130,7 @@ console.log(JSON.stringify({
       apply: `SELECT "trellis".apply('TRANSFORM t FROM s SELECT ''a'' AS a');`,
       install: true,
       startPostgres: 'function',
+      statement: 'TRANSFORM "thing_ns"\nFROM "things"\nSELECT "things"."n" AS "n"',
     });
     expect(seen.latest).toBeGreaterThan(0);
   });
@@ -129,7 +147,6 @@ console.log(JSON.stringify({
       join(project, 'check.ts'),
       `
 import { Trellis, TrellisError, type ConnectOptions, type TrellisErrorCode } from 'trellis-pg';
-import { applyStatementSql } from 'trellis-pg/drizzle';
 import { installSql, type InstallSqlOptions, latestVersion } from 'trellis-pg/migration';
 import { startPostgres, type TestPostgres } from 'trellis-pg/testing';
 
@@ -137,7 +154,7 @@ const options: ConnectOptions = { url: 'postgres://localhost/app', staging: fals
 const connect: (o: ConnectOptions) => Promise<Trellis> = Trellis.connect;
 const code: TrellisErrorCode = new TrellisError('timeout', 'late').code;
 const install: InstallSqlOptions = { schema: 'trellis', targetSchema: 'public' };
-const sql: string = installSql(install) + applyStatementSql('DROP TRANSFORM t');
+const sql: string = installSql(install);
 const version: number = latestVersion();
 const start: () => Promise<TestPostgres> = () => startPostgres();
 async function configOf(url: string) {
@@ -173,5 +190,43 @@ export { bad, code, configOf, connect, install, missing, options, sql, start, ve
       }),
     );
     await sh(join(repo, 'node_modules', '.bin', 'tsc'), ['-p', 'tsconfig.json'], project);
+  });
+
+  it('type-checks code using trellis-pg/drizzle with drizzle-orm', async () => {
+    await writeFile(
+      join(project, 'check-drizzle.ts'),
+      `
+import { integer, pgTable } from 'drizzle-orm/pg-core';
+import { applyStatementSql, statementOf, transform } from 'trellis-pg/drizzle';
+
+const things = pgTable('things', { id: integer().primaryKey(), n: integer() });
+const target = transform('thing_ns', (t) => t.from(things).select({ n: things.n }));
+const sql: string = applyStatementSql(statementOf(target));
+const row: (typeof target)['$inferSelect'] = { n: null };
+// @ts-expect-error n is a number or null
+const wrongRow: (typeof target)['$inferSelect'] = { n: 'x' };
+export { row, sql, wrongRow };
+`,
+    );
+    // drizzle-orm's own declaration files do not compile without skipLibCheck (they name
+    // drivers that are not installed), so this check skips library files.
+    await writeFile(
+      join(project, 'tsconfig.drizzle.json'),
+      JSON.stringify({
+        compilerOptions: {
+          target: 'ES2022',
+          lib: ['ES2022'],
+          module: 'NodeNext',
+          moduleResolution: 'NodeNext',
+          strict: true,
+          noEmit: true,
+          skipLibCheck: true,
+          typeRoots: [join(repo, 'node_modules', '@types')],
+          types: ['node'],
+        },
+        files: ['check-drizzle.ts'],
+      }),
+    );
+    await sh(join(repo, 'node_modules', '.bin', 'tsc'), ['-p', 'tsconfig.drizzle.json'], project);
   });
 });

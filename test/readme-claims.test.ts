@@ -117,6 +117,8 @@ describe('a handle on a database where migrate() never ran', () => {
       ['poisonedSince', () => trellis.poisonedSince(new Date())],
       ['releaseKey', () => trellis.releaseKey('t', 'public.x', '1')],
       ['detectCaptureDisruptions', () => trellis.detectCaptureDisruptions()],
+      ['selfCheck', () => trellis.selfCheck('t', 'full')],
+      ['selfCheckJob', () => trellis.selfCheckJob('00000000-0000-4000-8000-000000000000')],
     ];
     const codes: Record<string, string> = {};
     for (const [name, call] of calls) codes[name] = (await rejection(call())).code as string;

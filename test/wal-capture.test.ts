@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { sqlClient } from './support/database.js';
 import { livePipeline } from './support/live.js';
 import { type Definition, transformStatement } from './support/oracle.js';
+import { scrape } from './support/prometheus.js';
 import { waitFor, waitForStatus } from './support/trellis.js';
 
 // WAL capture (ADR 0023) end to end: a replication slot feeds the ledger, the sources carry
@@ -62,6 +63,25 @@ describe('WAL capture', () => {
       SELECT count(*)::int AS n FROM pg_replication_slots WHERE database = current_database()`;
     expect(slot?.n).toBe(1);
     await live.converged(ALL);
+
+    // What an operator sees of it: status() and the metrics.
+    const status = await live.trellis.status('item_prices');
+    expect(status.capture.setting).toBe('logical');
+    expect(status.capture.sources).toEqual([
+      { table: 'public.items', mode: 'logical', reason: null },
+    ]);
+    expect(status.capture.slot?.retainedBytes).toBeGreaterThanOrEqual(0);
+    expect(status.capture.slot?.limitBytes).toBe(4 * 1024 ** 3);
+    const metrics = await scrape();
+    const instance = { trellis_instance: `${live.db.name}/trellis` };
+    expect(metrics.value('trellis_capture_sources', { ...instance, mode: 'logical' })).toBe(4);
+    expect(metrics.value('trellis_capture_sources', { ...instance, mode: 'trigger' })).toBe(0);
+    expect(metrics.value('trellis_wal_retained_bytes', instance)).toBeGreaterThanOrEqual(0);
+    expect(metrics.value('trellis_wal_retention_limit_bytes', instance)).toBe(4 * 1024 ** 3);
+    // A schema dump's config row leaves the slot behind: the loaded database makes its own.
+    const dump = await live.trellis.dumpDefinitionsSql();
+    expect(dump).toContain('"capture":"logical"');
+    expect(dump).not.toContain('wal_slot');
   });
 
   it('carries inserts, updates, deletes, key changes and TRUNCATE to every target', async () => {

@@ -105,6 +105,21 @@ describe('running a workload', () => {
     expect(own.expected.deadlock).toBeGreaterThan(0);
     expect(own.longTransactions).toBe(2);
 
+    // The same on a pool of two connections, each held by a writer's transaction: the
+    // victim looks its deadlock up on its own transaction's connection. (On a connection
+    // from the pool it waited forever: the other writer, waiting for the victim's locks,
+    // held the other one. The differential test hung so.)
+    const tight = sqlClient(db.url, { max: 2 });
+    const squeezed = await Promise.race([
+      runWorkload(tight, crossed, { seed: 1, writers: 2, operations: 1, longTransactions: 2 }),
+      new Promise<never>((_, reject) =>
+        setTimeout(() => reject(new Error('the writers hung on a pool of two')), 30_000),
+      ),
+    ]);
+    expect(squeezed.expected.deadlock).toBeGreaterThan(0);
+    expect(squeezed.longTransactions).toBe(2);
+    await tight.end({ timeout: 2 });
+
     // A unique violation on a table the workload writes: counted.
     const clash = scripted(['mine'], [['UPDATE mine SET id = 2 WHERE id = 1']]);
     const clashed = await runWorkload(sql, clash, { seed: 1, writers: 1, operations: 3 });

@@ -6,6 +6,19 @@ export interface CliIo {
   out(text: string): void;
   err(text: string): void;
   env: Readonly<Record<string, string | undefined>>;
+  /** Whether stderr is a terminal (progress is drawn there only then). */
+  isTTY?: boolean;
+  /**
+   * stdout, when it is a terminal: commands may then redraw in place and use colours
+   * (unless NO_COLOR is set). Absent when piped, and in tests.
+   */
+  tty?: NodeJS.WriteStream | undefined;
+  /**
+   * Aborted when the user asks the process to stop (SIGINT, SIGTERM): long-running
+   * commands (`worker`, `status --watch`) finish gracefully then. A second signal ends the
+   * process at once (main.ts).
+   */
+  stop?: AbortSignal | undefined;
 }
 
 export interface Command {
@@ -15,8 +28,11 @@ export interface Command {
   summary: string;
   /** Its own help text, for `trellis <command> --help`. */
   help: string;
-  /** Runs it; failures throw (a `TrellisError` for anything the user can fix). */
-  run(args: string[], io: CliIo): Promise<void>;
+  /**
+   * Runs it; failures throw (a `TrellisError` for anything the user can fix). May resolve
+   * to an exit status (a number; anything else means 0).
+   */
+  run(args: string[], io: CliIo): Promise<unknown>;
 }
 
 /** Options every command that touches an instance takes. */

@@ -1,10 +1,37 @@
 import { isTrellisError, TrellisError } from '../engine/errors.js';
 import type { CliIo, Command } from './command.js';
+import { apply } from './commands/apply.js';
+import { check } from './commands/check.js';
+import { definitions } from './commands/definitions.js';
+import { dump } from './commands/dump.js';
+import { generateInstall, generateUpgrade } from './commands/generate-install.js';
+import { generateTransform } from './commands/generate-transform.js';
 import { migrate } from './commands/migrate.js';
+import { quarantine } from './commands/quarantine.js';
+import { release } from './commands/release.js';
 import { sqlInstall } from './commands/sql-install.js';
+import { status } from './commands/status.js';
+import { worker } from './commands/worker.js';
+import { CliExit } from './define-command.js';
+import { EXIT_CODES, EXIT_CODES_HELP, exitCodeFor } from './exit-codes.js';
 import { packageVersion } from './version.js';
 
-const COMMANDS: readonly Command[] = [sqlInstall, migrate];
+/** Every command, one file each under commands/; `trellis --help` lists them in this order. */
+const COMMANDS: readonly Command[] = [
+  status,
+  apply,
+  definitions,
+  quarantine,
+  release,
+  check,
+  worker,
+  dump,
+  generateInstall,
+  generateTransform,
+  generateUpgrade,
+  migrate,
+  sqlInstall,
+];
 
 function usage(): string {
   const width = Math.max(...COMMANDS.map((c) => c.name.length));
@@ -20,13 +47,18 @@ Options:
   -h, --help     show this help, or a command's (trellis <command> --help)
   -v, --version  print the version
 
-Errors print "trellis: <message> (<code>)" to stderr and exit with status 1.
+Commands that connect take --url <postgres url> (default: $DATABASE_URL), and most take
+--json for scripts. Errors print "trellis: <message> (<code>)" to stderr.
+
+${EXIT_CODES_HELP}
 `;
 }
 
 /** The command named by the leading words of `argv`, and the arguments after them. */
 function findCommand(argv: string[]): { command: Command; args: string[] } {
-  for (const command of COMMANDS) {
+  // Longest name first: `sql install` before a command named `sql`, were there one.
+  const byLength = [...COMMANDS].sort((a, b) => b.name.length - a.name.length);
+  for (const command of byLength) {
     const words = command.name.split(' ');
     if (words.every((word, i) => argv[i] === word)) {
       return { command, args: argv.slice(words.length) };
@@ -43,29 +75,35 @@ function findCommand(argv: string[]): { command: Command; args: string[] } {
   throw new TrellisError('validation', `unknown command "${argv[0]}" (see trellis --help)`);
 }
 
-/** Runs the CLI; resolves to the exit status. Never throws. */
+/** Runs the CLI; resolves to the exit status (see EXIT_CODES). Never throws. */
 export async function runCli(argv: string[], io: CliIo): Promise<number> {
   try {
     const [first] = argv;
     if (first === undefined || first === '-h' || first === '--help' || first === 'help') {
       io.out(usage());
-      return 0;
+      return EXIT_CODES.ok;
     }
     if (first === '-v' || first === '--version') {
       io.out(`${packageVersion()}\n`);
-      return 0;
+      return EXIT_CODES.ok;
     }
     const { command, args } = findCommand(argv);
-    if (args.includes('-h') || args.includes('--help')) {
+    // Options after `--` belong to someone else (trellis dump passes them to pg_dump).
+    const own = args.includes('--') ? args.slice(0, args.indexOf('--')) : args;
+    if (own.includes('-h') || own.includes('--help')) {
       io.out(command.help);
-      return 0;
+      return EXIT_CODES.ok;
     }
-    await command.run(args, io);
-    return 0;
+    const status = await command.run(args, io);
+    return typeof status === 'number' ? status : EXIT_CODES.ok;
   } catch (error) {
+    if (error instanceof CliExit) {
+      io.err(`trellis: ${error.message}\n`);
+      return error.status;
+    }
     const code = isTrellisError(error) ? error.code : 'unknown';
     const message = error instanceof Error ? error.message : String(error);
     io.err(`trellis: ${message} (${code})\n`);
-    return 1;
+    return exitCodeFor(code);
   }
 }

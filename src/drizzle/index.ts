@@ -1,39 +1,34 @@
 /**
- * Helpers for apps that manage their schema with drizzle-kit. drizzle-orm is not imported
- * here: what this module returns is SQL text for a custom migration
- * (`drizzle-kit generate --custom`), which drizzle-kit runs in its migration transaction.
+ * Trellis for apps that use Drizzle ORM and drizzle-kit.
  *
- * Typed statement builders over drizzle table objects, and typed reads of targets, are
- * not built yet.
+ * - `transform(name, t => t.from(…).select(…)…)` builds a TRANSFORM statement from drizzle
+ *   tables (columns checked by TypeScript, values written as literals) and returns the
+ *   target as a typed, read-only drizzle object: `db.select().from(target)`. drizzle-kit
+ *   sees it as an existing view and never writes DDL for it.
+ * - `statementOf(target)` is the statement, for `apply()`, `applyStatementSql()` or
+ *   `trellis generate transform --from <module>`.
+ * - `applyStatementSql(statement)` is the line a drizzle-kit custom migration runs.
+ *
+ * drizzle-orm (a peer dependency of this entry point only) is imported here; the engine
+ * (`trellis-pg`) never imports it.
  * @packageDocumentation
  */
-import { assertIdentifier, quoteIdent, quoteLiteral } from '../engine/identifiers.js';
-import { DEFAULTS } from '../engine/options.js';
-
-export interface ApplyStatementSqlOptions {
-  /**
-   * The catalog schema of the Trellis instance.
-   * @defaultValue `'trellis'`
-   */
-  schema?: string;
-}
-
-/**
- * The SQL that applies one Trellis statement from a migration, e.g.
- * `SELECT "trellis".apply('TRANSFORM widget_prices FROM widgets SELECT price AS price');`.
- * The statement is quoted as a literal and the schema as an identifier, so neither can
- * inject SQL.
- *
- * `<schema>.apply(statement text) RETURNS jsonb` is part of Trellis's schema (install it
- * first, in the same or an earlier migration): it runs in the migration's transaction, so
- * the transform commits or rolls back with the DDL around it. A refused statement fails
- * the migration with SQLSTATE `TRP01` (parse) or `TRV01` (validation).
- */
-export function applyStatementSql(
-  statement: string,
-  options: ApplyStatementSqlOptions = {},
-): string {
-  const schema = options.schema ?? DEFAULTS.schema;
-  assertIdentifier('schema', schema);
-  return `SELECT ${quoteIdent(schema)}.apply(${quoteLiteral(statement)});`;
-}
+export { type ApplyStatementSqlOptions, applyStatementSql } from './apply-sql.js';
+export type { Casing } from './render.js';
+export {
+  type AnyTrellisTarget,
+  isTrellisTarget,
+  type Selection,
+  type SourceColumn,
+  statementOf,
+  type TargetColumns,
+  type TransformDefinition,
+  type TransformOptions,
+  TransformSelected,
+  type TransformSource,
+  TransformSources,
+  TransformStart,
+  type TrellisTarget,
+  transform,
+  transformDefinition,
+} from './transform.js';

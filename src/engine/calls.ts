@@ -22,18 +22,49 @@ export class CallRunner {
   constructor(
     private readonly pool: ConnectionPool,
     private readonly options: { callTimeoutMs: number; acquireTimeoutMs: number },
+    /** Told how each call (but internal ones) ended: "ok" or its error code (metrics). */
+    private readonly onSettled: (what: string, outcome: string, seconds: number) => void = () =>
+      undefined,
   ) {}
 
   get isShutDown(): boolean {
     return this.shutDown;
   }
 
-  run<T>(what: string, fn: (session: Session) => Promise<T>): Promise<T> {
+  /**
+   * Runs `fn` on a pooled session as call `what`. `timeoutMs` shortens the deadline (never
+   * past the call timeout); an `internal` call (the handle's own reads for metrics and
+   * events) is not counted in the call metrics.
+   */
+  run<T>(
+    what: string,
+    fn: (session: Session) => Promise<T>,
+    options: { timeoutMs?: number; internal?: boolean } = {},
+  ): Promise<T> {
+    const counted = options.internal ? undefined : this.onSettled;
+    const called = performance.now();
+    const result = this.runCall(what, fn, options.timeoutMs);
+    if (counted) {
+      const seconds = () => (performance.now() - called) / 1000;
+      result.then(
+        () => report(counted, what, 'ok', seconds()),
+        (error: unknown) =>
+          report(counted, what, error instanceof TrellisError ? error.code : 'unknown', seconds()),
+      );
+    }
+    return result;
+  }
+
+  private runCall<T>(
+    what: string,
+    fn: (session: Session) => Promise<T>,
+    timeoutOverrideMs: number | undefined,
+  ): Promise<T> {
     if (this.shutDown) {
       return Promise.reject(new TrellisError('shutdown', `${what}: the handle is shut down`));
     }
     const started = Date.now();
-    const timeoutMs = this.options.callTimeoutMs;
+    const timeoutMs = Math.min(this.options.callTimeoutMs, timeoutOverrideMs ?? Infinity);
     return new Promise<T>((resolve, reject) => {
       let settled = false;
       const call: InFlight = {
@@ -100,5 +131,18 @@ export class CallRunner {
     }
     this.pool.refuseNew();
     await Promise.allSettled([...this.unsettled]);
+  }
+}
+
+function report(
+  onSettled: (what: string, outcome: string, seconds: number) => void,
+  what: string,
+  outcome: string,
+  seconds: number,
+): void {
+  try {
+    onSettled(what, outcome, seconds);
+  } catch {
+    // Metrics are best effort: they never change what a call returns.
   }
 }

@@ -20,7 +20,29 @@ export {
 } from './errors.js';
 export type { Logger, LogLevel } from './logger.js';
 export { consoleLogger } from './logger.js';
+export {
+  metricsRegistry,
+  prometheusContentType,
+  renderPrometheus,
+} from './metrics/registry.js';
+export type {
+  CaptureFailureEvent,
+  HeldEvent,
+  StatusEvent,
+  TrellisEventMap,
+  TrellisEventName,
+  TrellisListener,
+} from './observe/events.js';
 export { type CaptureMode, type ConnectOptions, DEFAULTS } from './options.js';
 export type { MigrateResult } from './schema/migrator.js';
+export type {
+  SelfCheckColumnDifference,
+  SelfCheckFinding,
+  SelfCheckJob,
+  SelfCheckMode,
+  SelfCheckOptions,
+  SelfCheckReport,
+  SelfCheckState,
+} from './selfcheck/types.js';
 export type { ApplyResult } from './statements/apply.js';
 export { Trellis, type TrellisConfig, type TrellisSummary } from './trellis.js';

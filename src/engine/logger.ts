@@ -1,14 +1,18 @@
+import { LogBridge } from './observe/log-bridge.js';
+
 /**
  * The logger a handle writes to: anything pino-compatible (`debug`, `info`, `warn`, `error`
  * taking a merge object and a message). Engine lines carry `trellis_instance` so several
- * handles in one process stay apart. A logger that throws is ignored: logging never crashes
- * the engine, and the engine never awaits the logger.
+ * handles in one process stay apart, and their values as fields (`target`, `address`,
+ * `loop`, `code`, `sqlstate`, `durationMs`…) rather than in the text. Lines reach it
+ * through a bounded buffer (see observe/log-bridge.ts): a logger that throws, is slow, or
+ * returns a promise that takes its time never blocks or breaks the engine.
  */
 export interface Logger {
-  debug(obj: Record<string, unknown>, msg: string): void;
-  info(obj: Record<string, unknown>, msg: string): void;
-  warn(obj: Record<string, unknown>, msg: string): void;
-  error(obj: Record<string, unknown>, msg: string): void;
+  debug(obj: Record<string, unknown>, msg: string): unknown;
+  info(obj: Record<string, unknown>, msg: string): unknown;
+  warn(obj: Record<string, unknown>, msg: string): unknown;
+  error(obj: Record<string, unknown>, msg: string): unknown;
 }
 
 export type LogLevel = keyof Logger;
@@ -31,16 +35,16 @@ export function consoleLogger(minLevel: LogLevel = 'warn'): Logger {
   return { debug: line('debug'), info: line('info'), warn: line('warn'), error: line('error') };
 }
 
-/** Wraps a user logger so every line names its instance and a throwing logger is contained. */
-export function instanceLogger(logger: Logger, instance: string): Logger {
-  const safe =
-    (level: LogLevel) =>
-    (obj: Record<string, unknown>, msg: string): void => {
-      try {
-        logger[level]({ trellis_instance: instance, ...obj }, msg);
-      } catch {
-        // A broken logger must not take the engine down with it.
-      }
-    };
-  return { debug: safe('debug'), info: safe('info'), warn: safe('warn'), error: safe('error') };
+/**
+ * Wraps a user logger so every line names its instance, and reaches the logger through a
+ * bounded buffer that a broken or slow logger cannot block (`onDropped` counts lines
+ * dropped when it overflows).
+ */
+export function instanceLogger(
+  logger: Logger,
+  instance: string,
+  bufferLines: number,
+  onDropped?: (lines: number) => void,
+): LogBridge {
+  return new LogBridge(logger, { trellis_instance: instance }, onDropped, bufferLines);
 }

@@ -1,6 +1,7 @@
 import { TrellisError } from './errors.js';
 import { assertIdentifier } from './identifiers.js';
 import { consoleLogger, type Logger } from './logger.js';
+import { LOG_BUFFER_LINES } from './observe/log-bridge.js';
 
 /** Options of `Trellis.connect`. Every field but `url` has a default, declared once below. */
 export interface ConnectOptions {
@@ -43,6 +44,12 @@ export interface ConnectOptions {
    * @defaultValue warn-level console logger
    */
   logger?: Logger;
+  /**
+   * Log lines that may wait for a slow logger; past this, lines are dropped and one warning
+   * says how many (the engine never waits for the logger).
+   * @defaultValue `1000`
+   */
+  logBufferLines?: number;
   /**
    * Every call settles within this many milliseconds, or fails with `timeout` and the
    * server-side work it started is cancelled.
@@ -90,6 +97,7 @@ export interface ResolvedOptions {
   staging: boolean;
   drainThreads: number;
   logger: Logger;
+  logBufferLines: number;
   callTimeoutMs: number;
   applicationName: string;
   quarantineThreshold: number | undefined;
@@ -103,6 +111,7 @@ export const DEFAULTS = {
   pool: { max: 10, acquireTimeoutMs: 5000 },
   staging: false,
   drainThreads: 0,
+  logBufferLines: LOG_BUFFER_LINES,
   callTimeoutMs: 30_000,
   applicationName: 'trellis-pg',
 } as const satisfies Omit<
@@ -144,6 +153,11 @@ export function resolveOptions(options: ConnectOptions): ResolvedOptions {
     staging: options.staging ?? DEFAULTS.staging,
     drainThreads: positiveInt('drainThreads', options.drainThreads ?? DEFAULTS.drainThreads, 0),
     logger: options.logger ?? consoleLogger('warn'),
+    logBufferLines: positiveInt(
+      'logBufferLines',
+      options.logBufferLines ?? DEFAULTS.logBufferLines,
+      1,
+    ),
     callTimeoutMs: positiveInt('callTimeoutMs', options.callTimeoutMs ?? DEFAULTS.callTimeoutMs, 1),
     applicationName: options.applicationName ?? DEFAULTS.applicationName,
     quarantineThreshold:

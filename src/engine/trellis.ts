@@ -2,6 +2,7 @@ import { type InspectOptionsStylized, inspect } from 'node:util';
 import { CallRunner } from './calls.js';
 import { detectWalDisruptions } from './capture/wal/slot-safety.js';
 import { type Definition, readDefinitions } from './catalog/definitions.js';
+import { dumpDefinitionsSql } from './catalog/dump-definitions.js';
 import {
   type PoisonedRow,
   poisonedSince,
@@ -24,7 +25,16 @@ import { TrellisError } from './errors.js';
 import { quoteIdent } from './identifiers.js';
 import { LOCK_CLASS, lockHeldSql } from './internal/advisory-locks.js';
 import { trackHandle, untrackHandle } from './internal/open-handles.js';
-import { instanceLogger, type Logger } from './logger.js';
+import { JobRunner } from './jobs/job-runner.js';
+import { jobsSchemaFor } from './jobs/jobs-schema.js';
+import { SELF_CHECK_QUEUE } from './jobs/queues.js';
+import { instanceLogger } from './logger.js';
+import { HandleMetrics } from './metrics/handle-metrics.js';
+import { recordSelfCheck } from './metrics/self-check.js';
+import { type InstanceSnapshot, readSnapshot } from './observe/catalog-snapshot.js';
+import { CatalogWatch, SNAPSHOT_MAX_AGE_MS } from './observe/catalog-watch.js';
+import { type TrellisEventName, TrellisEvents, type TrellisListener } from './observe/events.js';
+import type { LogBridge } from './observe/log-bridge.js';
 import { type ConnectOptions, type ResolvedOptions, resolveOptions } from './options.js';
 import {
   assertCompatible,
@@ -33,6 +43,14 @@ import {
   migrateSchema,
   readSchemaState,
 } from './schema/migrator.js';
+import { selfCheckHandler } from './selfcheck/handler.js';
+import { assertJobId, readJob } from './selfcheck/read.js';
+import {
+  assertSelfChecksInstalled,
+  checkArguments,
+  requestSelfCheck,
+} from './selfcheck/request.js';
+import type { SelfCheckJob, SelfCheckMode, SelfCheckOptions } from './selfcheck/types.js';
 import { detectDisruptions } from './staging/disruptions.js';
 import { type ApplyResult, applyStatement } from './statements/apply.js';
 import { ConvergenceWaits, waitTimeout, watermarkToken } from './watermark.js';
@@ -45,6 +63,23 @@ import { Background } from './workers/background.js';
  */
 const CONNECT_TIMEOUT_MS = 10_000;
 const WORKER_CONNECT_TIMEOUT_MS = 5_000;
+
+/**
+ * A scrape reads the catalog snapshot within this (Prometheus's default scrape timeout is
+ * 10 s): a database that cannot answer leaves the catalog series out, not the scrape hung.
+ */
+const SNAPSHOT_READ_TIMEOUT_MS = 5_000;
+
+/** While the app listens for events, the catalog is looked at this often. */
+const EVENT_WATCH_MS = 1_000;
+
+/** How long shutdown waits for queued log lines to reach the logger. */
+const LOG_FLUSH_MS = 1_000;
+
+/** Where a call's metrics go: set once the handle (and its instance label) exists. */
+interface MetricsSink {
+  metrics: HandleMetrics | undefined;
+}
 
 /** The configuration a handle connected with, as `config()` returns it. */
 export interface TrellisConfig {
@@ -73,12 +108,17 @@ export interface TrellisSummary {
 export class Trellis implements AsyncDisposable {
   /** `<database>/<catalog schema>`: names this instance in logs and metrics. */
   readonly instance: string;
-  private readonly log: Logger;
+  private readonly log: LogBridge;
+  private readonly metrics: HandleMetrics;
+  private readonly events: TrellisEvents;
+  private readonly watch: CatalogWatch;
+  private eventTimer: NodeJS.Timeout | undefined;
   private shutdownPromise: Promise<void> | undefined;
   /** Set once the catalog schema was seen installed (it is never uninstalled under us). */
   private installed = false;
 
   private readonly background: Background | undefined;
+  private readonly jobs: JobRunner;
   private readonly waits: ConvergenceWaits;
 
   private constructor(
@@ -87,11 +127,61 @@ export class Trellis implements AsyncDisposable {
     private readonly calls: CallRunner,
     database: string,
     connection: ConnectionConfig,
+    sink: MetricsSink,
   ) {
     this.instance = `${database}/${options.schema}`;
-    this.log = instanceLogger(options.logger, this.instance);
+    this.metrics = new HandleMetrics(this.instance, {
+      snapshot: () => this.snapshotForScrape(),
+      stagingLeader: () => this.background?.stagingLeader() ?? null,
+      drainLoopsAlive: () => this.background?.drainLoopsAlive() ?? null,
+      pools: () => [
+        { pool: 'calls', ...this.pool.stats() },
+        ...(this.background ? [{ pool: 'workers' as const, ...this.background.poolStats() }] : []),
+      ],
+    });
+    sink.metrics = this.metrics;
+    this.log = instanceLogger(options.logger, this.instance, options.logBufferLines, (lines) =>
+      this.metrics.logLinesDropped(lines),
+    );
+    this.events = new TrellisEvents(
+      (event, error) =>
+        this.log.warn(
+          { event, error: error instanceof Error ? error.message : String(error) },
+          `a listener of the ${event} event failed`,
+        ),
+      (count) => this.watchForListeners(count),
+    );
+    // The process whose staging worker is the elected one logs the instance's changes.
+    this.watch = new CatalogWatch(
+      this.events,
+      this.log,
+      () => this.background?.stagingLeader() === 1,
+    );
     this.waits = new ConvergenceWaits(calls, options.schema, (session) =>
       this.requireInstalled(session),
+    );
+    // Every handle sends jobs; a handle with drain loops works them too (ADR 0014).
+    this.jobs = new JobRunner(
+      connection,
+      {
+        jobsSchema: jobsSchemaFor(options.schema),
+        work: options.drainThreads > 0,
+        queues: [
+          {
+            queue: SELF_CHECK_QUEUE,
+            handler: selfCheckHandler(options.schema, (target, report) =>
+              recordSelfCheck(this.instance, {
+                target,
+                outcome: report.outcome,
+                divergences: report.counts,
+              }),
+            ),
+          },
+        ],
+        applicationName: options.applicationName,
+        connectTimeoutMs: Math.min(options.callTimeoutMs, WORKER_CONNECT_TIMEOUT_MS),
+      },
+      this.log,
     );
     if (options.staging || options.drainThreads > 0) {
       this.background = new Background(
@@ -104,6 +194,11 @@ export class Trellis implements AsyncDisposable {
           connectTimeoutMs: Math.min(options.callTimeoutMs, WORKER_CONNECT_TIMEOUT_MS),
         },
         this.log,
+        {
+          applied: (work) => this.metrics.page(work),
+          tickSealed: () => this.metrics.tickSealed(),
+          afterPass: (session) => this.watchOnStagingPass(session),
+        },
       );
     }
   }
@@ -121,10 +216,15 @@ export class Trellis implements AsyncDisposable {
       statementTimeoutMs: resolved.callTimeoutMs,
       connectTimeoutMs: Math.min(resolved.callTimeoutMs, CONNECT_TIMEOUT_MS),
     });
-    const calls = new CallRunner(pool, {
-      callTimeoutMs: resolved.callTimeoutMs,
-      acquireTimeoutMs: resolved.pool.acquireTimeoutMs,
-    });
+    const sink: MetricsSink = { metrics: undefined };
+    const calls = new CallRunner(
+      pool,
+      {
+        callTimeoutMs: resolved.callTimeoutMs,
+        acquireTimeoutMs: resolved.pool.acquireTimeoutMs,
+      },
+      (what, outcome, seconds) => sink.metrics?.call(what, outcome, seconds),
+    );
     let reached = false;
     try {
       const database = await calls.run('connect', async (session) => {
@@ -142,7 +242,7 @@ export class Trellis implements AsyncDisposable {
         }
         return row?.db ?? config.database;
       });
-      const handle = new Trellis(resolved, pool, calls, database, config);
+      const handle = new Trellis(resolved, pool, calls, database, config, sink);
       trackHandle(handle);
       handle.log.debug({}, 'connected');
       return handle;
@@ -273,7 +373,62 @@ export class Trellis implements AsyncDisposable {
     } catch (error) {
       return Promise.reject(error);
     }
-    return this.waits.wait(target, token, timeoutMs);
+    const started = performance.now();
+    const waiting = this.waits.wait(target, token, timeoutMs);
+    const seconds = () => (performance.now() - started) / 1000;
+    waiting.then(
+      () => this.metrics.call('awaitConverged', 'ok', seconds()),
+      (error: unknown) =>
+        this.metrics.call(
+          'awaitConverged',
+          error instanceof TrellisError ? error.code : 'unknown',
+          seconds(),
+        ),
+    );
+    return waiting;
+  }
+
+  /**
+   * Starts a check of `target` against its definition recomputed from the sources, as a
+   * background job (pg-boss) that a drain worker somewhere in the fleet runs, and returns
+   * the job at once (`queued`). `'full'` compares every row, `'sample'` `options.sample`
+   * keys chosen at random (1000 by default). While a check of the target is unfinished,
+   * asking again returns it; the next call after it finished replaces it. Refused with
+   * `validation` for a target with source index gaps (unless defined WITHOUT SOURCE
+   * INDEX), with `conflict` for a paused one. Read it back with `selfCheckJob(id)`.
+   */
+  selfCheck(
+    target: string,
+    mode: SelfCheckMode,
+    options: SelfCheckOptions = {},
+  ): Promise<SelfCheckJob> {
+    return this.calls.run('selfCheck', async (session) => {
+      const checked = checkArguments(mode, options);
+      await this.requireInstalled(session);
+      await assertSelfChecksInstalled(session, this.options.schema);
+      const { job, started } = await requestSelfCheck(
+        session,
+        this.options.schema,
+        this.jobs,
+        target,
+        checked,
+      );
+      if (started) this.jobs.wake();
+      return job;
+    });
+  }
+
+  /**
+   * A self-check job as it stands (its state, progress, and once `done` its report), or
+   * null when it was replaced by a later check of its target or the transform was dropped.
+   */
+  selfCheckJob(id: string): Promise<SelfCheckJob | null> {
+    return this.calls.run('selfCheckJob', async (session) => {
+      assertJobId(id);
+      await this.requireInstalled(session);
+      await assertSelfChecksInstalled(session, this.options.schema);
+      return readJob(session, this.options.schema, id);
+    });
   }
 
   /** Whether some process runs a drain loop for this instance now. */
@@ -369,6 +524,20 @@ export class Trellis implements AsyncDisposable {
     });
   }
 
+  /**
+   * The server's version number (`server_version_num`, e.g. 150018). For schema dumps,
+   * which pick the pg_dump that matches the server.
+   * @internal
+   */
+  serverVersionNum(): Promise<number> {
+    return this.calls.run('serverVersionNum', async (session) => {
+      const [row] = await session.query<{ v: string }>(
+        `SELECT current_setting('server_version_num') AS v`,
+      );
+      return Number(row?.v);
+    });
+  }
+
   /** A call that reads or changes the catalog (`not_migrated` until it is installed). */
   private catalogCall<T>(what: string, fn: (session: Session) => Promise<T>): Promise<T> {
     return this.calls.run(what, async (session) => {
@@ -385,6 +554,19 @@ export class Trellis implements AsyncDisposable {
     });
   }
 
+  /**
+   * The definitions as SQL for the end of a schema-only `pg_dump` of this database: loaded
+   * after it, the SQL records Trellis's schema as installed and registers every transform
+   * again (each starts at waiting_to_backfill; a worker builds it). Only definitions: the
+   * ledger, progress, pauses, quarantine and claims are runtime state. For a caller that
+   * assembles its own dump; `trellis dump` and `appendDefinitions()` use it.
+   */
+  dumpDefinitionsSql(): Promise<string> {
+    return this.catalogCall('dumpDefinitionsSql', (session) =>
+      dumpDefinitionsSql(session, this.options.schema),
+    );
+  }
+
   /** Fails with `not_migrated` when the catalog schema is not installed. */
   private async requireInstalled(session: Session): Promise<void> {
     if (this.installed) return;
@@ -396,6 +578,87 @@ export class Trellis implements AsyncDisposable {
       );
     }
     this.installed = true;
+  }
+
+  /**
+   * Listens for changes in the instance, whichever process (or SQL session) made them:
+   * `'status'` (a transform's lifecycle, pause reason or paused columns changed; defined;
+   * dropped), `'held'` (the keys held at a quarantine address went up or down),
+   * `'captureFailure'` (a transform stopped because capture, or its target, stopped being
+   * right). While a listener is registered, the handle looks at the catalog once a second
+   * (one statement); listeners run outside the engine's work, and one that throws or
+   * rejects is logged and changes nothing else. Unknown event names fail with `validation`.
+   */
+  on<K extends TrellisEventName>(event: K, listener: TrellisListener<K>): this {
+    if (this.calls.isShutDown) throw new TrellisError('shutdown', 'the handle is shut down');
+    this.events.on(event, listener);
+    return this;
+  }
+
+  /** Removes a listener `on()` added. */
+  off<K extends TrellisEventName>(event: K, listener: TrellisListener<K>): this {
+    this.events.off(event, listener);
+    return this;
+  }
+
+  /** Reads the catalog snapshot through a pooled call (internal: not in the call metrics). */
+  private readSnapshotByCall(): Promise<InstanceSnapshot> {
+    return this.calls.run(
+      'catalogSnapshot',
+      (session) => readSnapshot(session, this.options.schema),
+      {
+        timeoutMs: SNAPSHOT_READ_TIMEOUT_MS,
+        internal: true,
+      },
+    );
+  }
+
+  /** For a scrape: the snapshot, or undefined when it cannot be read in time. */
+  private async snapshotForScrape(): Promise<InstanceSnapshot | undefined> {
+    if (this.calls.isShutDown) return undefined;
+    try {
+      return await this.watch.fresh(() => this.readSnapshotByCall(), SNAPSHOT_MAX_AGE_MS);
+    } catch (error) {
+      this.log.debug(
+        { code: error instanceof TrellisError ? error.code : 'unknown' },
+        'metrics: the catalog could not be read',
+      );
+      return undefined;
+    }
+  }
+
+  /** After each pass of the elected staging worker: a snapshot on its session, at most once a second. */
+  private async watchOnStagingPass(session: Session): Promise<void> {
+    try {
+      await this.watch.refreshUnlessBusy(() => readSnapshot(session, this.options.schema));
+    } catch (error) {
+      this.log.debug(
+        { code: error instanceof TrellisError ? error.code : 'unknown' },
+        'the catalog snapshot failed on the staging session',
+      );
+    }
+  }
+
+  /** Looks at the catalog once a second while the app has listeners. */
+  private watchForListeners(count: number): void {
+    if (count > 0 && !this.eventTimer && !this.calls.isShutDown) {
+      this.eventTimer = setInterval(() => {
+        this.watch
+          .fresh(() => this.readSnapshotByCall())
+          .catch((error: unknown) => {
+            this.log.debug(
+              { code: error instanceof TrellisError ? error.code : 'unknown' },
+              'events: the catalog could not be read',
+            );
+          });
+      }, EVENT_WATCH_MS);
+      this.eventTimer.unref();
+      // A first look now: the changes from here on are what listeners hear.
+      this.watch.fresh(() => this.readSnapshotByCall()).catch(() => undefined);
+    } else if (count === 0 && this.eventTimer) {
+      clearInterval(this.eventTimer);
+      this.eventTimer = undefined;
+    }
   }
 
   /** The configuration this handle connected with. */
@@ -447,13 +710,18 @@ export class Trellis implements AsyncDisposable {
   shutdown(): Promise<void> {
     this.shutdownPromise ??= (async () => {
       try {
+        // Its series leave the registry now: a scrape never reads a handle going away.
+        this.metrics.close();
+        this.events.removeAll();
         this.waits.shutdown();
-        await this.background?.stop();
+        await Promise.all([this.jobs.stop(), this.background?.stop()]);
         await this.calls.shutdown();
         await this.pool.end(5);
       } finally {
         untrackHandle(this);
         this.log.debug({}, 'shut down');
+        await this.log.flush(LOG_FLUSH_MS);
+        this.log.close();
       }
     })();
     return this.shutdownPromise;

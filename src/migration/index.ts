@@ -4,6 +4,10 @@
  * two mix freely: it is version-guarded (each migration runs once), serialised by an
  * advisory lock, atomic inside the transaction it runs in, and it refuses a schema that
  * holds a breaking migration newer than this version of trellis-pg.
+ *
+ * Also schema dumps (`trellis dump`): `dumpSchema()` and `appendDefinitions()`, which put
+ * the definitions after a schema-only pg_dump so that loading it gives a database whose
+ * worker builds every transform (README, "Schema dumps").
  * @packageDocumentation
  */
 
@@ -50,3 +54,7 @@ export function installSql(options: InstallSqlOptions = {}): string {
 export function latestVersion(): number {
   return engineLatestVersion();
 }
+
+export type { PgDump } from './dump/find-pg-dump.js';
+export type { DumpSchemaOptions, SchemaDump } from './dump/schema-dump.js';
+export { appendDefinitions, dumpSchema, MAX_REDOS } from './dump/schema-dump.js';

@@ -317,9 +317,9 @@ class PlannedRollback extends Error {}
  */
 async function classify(
   error: unknown,
-  lookup: postgres.Sql,
-  shape: WorkloadShape,
-  options: WorkloadOptions,
+  lookup: Pick<postgres.Sql, 'unsafe'>,
+  tables: string[],
+  options: Pick<WorkloadOptions, 'survivesRestarts'>,
   context: string,
 ): Promise<ExpectedError> {
   const e = (typeof error === 'object' && error !== null ? error : {}) as PgErrorFields;
@@ -333,7 +333,7 @@ async function classify(
   if (e.where?.includes('capture_')) throw suspect('raised inside a capture trigger');
   if (e.code && options.survivesRestarts && CONNECTION_LOST.has(e.code)) return 'connectionLost';
   if (e.code === UNIQUE_VIOLATION) {
-    if (e.schema_name === 'public' && e.table_name && shape.tables.includes(e.table_name)) {
+    if (e.schema_name === 'public' && e.table_name && tables.includes(e.table_name)) {
       return 'uniqueViolation';
     }
     throw suspect('a unique violation on a table the workload does not write');
@@ -365,7 +365,7 @@ async function classify(
       throw lookupError;
     }
     const own = (r: { schema: string; name: string }) =>
-      r.schema === 'public' && shape.tables.includes(r.name);
+      r.schema === 'public' && tables.includes(r.name);
     const others = relations.filter((oid) => !found.some((r) => r.oid === oid && own(r)));
     if (others.length > 0) {
       const names = others.map((oid) => {
@@ -449,9 +449,24 @@ export async function runWorkload(
   if (options.survivesRestarts && !options.newClient) {
     throw new Error('survivesRestarts needs newClient (a client per writer)');
   }
-  const plan = planWorkload(shape, options);
+  return runPlan(shared, planWorkload(shape, options), shape.tables, options);
+}
+
+/**
+ * Runs a plan made elsewhere (each writer its steps, at once) on tables in `public` named
+ * `tables`, sorting the errors writes get as runWorkload does.
+ */
+export async function runPlan(
+  shared: postgres.Sql,
+  plan: Step[][],
+  tables: string[],
+  options: Omit<
+    WorkloadOptions,
+    'seed' | 'writers' | 'operations' | 'truncates' | 'longTransactions'
+  >,
+): Promise<WorkloadResult> {
   const result: WorkloadResult = {
-    operations: options.operations,
+    operations: Math.max(0, ...plan.map((steps) => steps.length)),
     fingerprint: planFingerprint(plan),
     committed: 0,
     rolledBack: 0,
@@ -466,9 +481,16 @@ export async function runWorkload(
 
   const writer = async (steps: Step[], index: number) => {
     let sql = options.newClient ? options.newClient() : shared;
-    const tally = async (error: unknown, context: string) => {
+    // `lookup`: where a deadlock's relations and processes are looked up. Inside a
+    // transaction, its own connection: one from the pool could be the last free one,
+    // waited for while every other is held by a writer blocked on this transaction's locks.
+    const tally = async (
+      error: unknown,
+      context: string,
+      lookup: Pick<postgres.Sql, 'unsafe'> = sql,
+    ) => {
       if (error instanceof SuspectWriteError) throw error;
-      const kind = await classify(error, sql, shape, options, `writer ${index} ${context}`);
+      const kind = await classify(error, lookup, tables, options, `writer ${index} ${context}`);
       result.expected[kind] += 1;
       if (kind === 'connectionLost' && options.newClient) {
         // A client that lost its connection is not reused.
@@ -518,7 +540,7 @@ export async function runWorkload(
                 } catch (error) {
                   // A savepoint's error rolls back to it; the transaction goes on.
                   if (error instanceof PlannedRollback) savepointsRolledBack += 1;
-                  else await tally(error, `${context}, in a savepoint: ${part.savepoint}`);
+                  else await tally(error, `${context}, in a savepoint: ${part.savepoint}`, tx);
                 }
               }
               if (step.holdMs > 0 && i < step.body.length - 1) await sleep(step.holdMs);

@@ -1,6 +1,15 @@
 /** Where a transform is in its lifecycle. */
 export type Lifecycle = 'waiting_to_backfill' | 'backfilling' | 'catching_up' | 'live' | 'paused';
 
+/** Every lifecycle, in the order a transform goes through them. */
+export const LIFECYCLES: readonly Lifecycle[] = [
+  'waiting_to_backfill',
+  'backfilling',
+  'catching_up',
+  'live',
+  'paused',
+];
+
 /** A build (backfill) that keeps failing: it retries with backoff, and pauses after a few. */
 export interface BuildFailure {
   attempts: number;

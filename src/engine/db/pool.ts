@@ -131,6 +131,15 @@ export class ConnectionPool {
     client.sql.end({ timeout: timeoutSeconds }).catch(() => undefined);
   }
 
+  /** Sessions handed out now, the cap, and acquirers waiting for one (for metrics). */
+  stats(): { inUse: number; max: number; waiting: number } {
+    return {
+      inUse: this.options.max - this.permits.free,
+      max: this.options.max,
+      waiting: this.permits.waiting,
+    };
+  }
+
   /** Refuses new sessions from now on, and turns away those waiting for one. */
   refuseNew(): void {
     this.closed = true;

@@ -30,6 +30,16 @@ export class Semaphore {
     });
   }
 
+  /** Permits free now. */
+  get free(): number {
+    return this.available;
+  }
+
+  /** Acquirers waiting for a permit now. */
+  get waiting(): number {
+    return this.waiters.length;
+  }
+
   release(): void {
     const next = this.waiters.shift();
     if (next) {

@@ -55,7 +55,24 @@ export class Session {
       throw new TrellisError('connection', 'the connection to Postgres was closed');
     }
     // postgres.js' "unsafe" means "not a tagged template": parameters are still bound.
-    const pending = this.client.sql.unsafe(text, params as never[], { prepare: true });
+    return this.run<T>(this.client.sql.unsafe(text, params as never[], { prepare: true }));
+  }
+
+  /**
+   * Runs `text`, which may hold several statements and takes no parameters, by the simple
+   * query protocol (as psql does). Resolves to the last statement's rows when it is one
+   * statement; to one array of rows per statement when it is several.
+   */
+  async simpleQuery<T extends object = Row>(text: string): Promise<T[] | T[][]> {
+    if (this.abortedWith) throw this.abortedWith;
+    if (this.broken || this.client.closed) {
+      this.broken = true;
+      throw new TrellisError('connection', 'the connection to Postgres was closed');
+    }
+    return this.run<T>(this.client.sql.unsafe(text).simple());
+  }
+
+  private async run<T>(pending: Promise<unknown>): Promise<T[]> {
     this.current = pending;
     try {
       const rows = await this.settle(pending);
@@ -98,10 +115,13 @@ export class Session {
     }
   }
 
-  /** Runs `fn` in a transaction; commits when it resolves, rolls back when it throws. */
-  async transaction<T>(fn: () => Promise<T>): Promise<T> {
+  /**
+   * Runs `fn` in a transaction; commits when it resolves, rolls back when it throws.
+   * `begin` opens it (e.g. `BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY`).
+   */
+  async transaction<T>(fn: () => Promise<T>, begin = 'BEGIN'): Promise<T> {
     if (this.inTransaction) return fn();
-    await this.query('BEGIN');
+    await this.query(begin);
     this.inTransaction = true;
     try {
       const result = await fn();

@@ -149,7 +149,12 @@ function newerColumns(plan: TransformPlan): string[] {
  * and whether it passes HAVING (`derived` keeps those that do): a group HAVING leaves out
  * of the target still depends on its rows.
  */
-function aggregatedGroups(plan: TransformPlan, since: string | null): string {
+function aggregatedGroups(
+  plan: TransformPlan,
+  since: string | null,
+  /** Whether the key map is brought up to date from this scan (see `mapJoined`). */
+  listNewer = true,
+): string {
   const exprs = plan.groups.map((g) => `(${g.expression})`);
   const cols = groupColumns(plan);
   const anyNull = cols.map((c) => `${c} IS NULL`).join(' OR ');
@@ -158,10 +163,12 @@ function aggregatedGroups(plan: TransformPlan, since: string | null): string {
   const newer = mayBeNewer(plan, since);
   const select = list([
     selectList(plan),
-    ...driving.keyColumns.map(
-      (k, i) =>
-        `array_agg(${col(driving.alias, k)}) FILTER (WHERE ${newer}) AS ${newerColumns(plan)[i]}`,
-    ),
+    ...(listNewer
+      ? driving.keyColumns.map(
+          (k, i) =>
+            `array_agg(${col(driving.alias, k)}) FILTER (WHERE ${newer}) AS ${newerColumns(plan)[i]}`,
+        )
+      : []),
     ...(plan.having ? [`coalesce((${plan.having}), false) AS ${own('kept')}`] : []),
   ]);
   // The group expressions are evaluated inside the EXISTS, where the groups CTE is in
@@ -337,6 +344,92 @@ SELECT (SELECT count(*) FROM affected)::int AS keys,
        (SELECT count(*) FROM map_removed)::int AS map_removed,
        (SELECT count(*) FROM map_added)::int AS map_added,
        (SELECT count(*) FROM map_joined)::int AS map_joined`;
+}
+
+/**
+ * The groups (target keys) a set of changes re-derives, as the drain routes them: their
+ * old groups from the key map and their new groups from the sources. A statement over the
+ * `changed` CTE (`changedSql` is its body), selecting each group's key columns as text
+ * (`ARRAY[...]::text[]`, column `k`), narrowed by `filter` (a condition on `groups`, or
+ * null). For a grand total, one empty key when anything changed. The self-check asks it to
+ * tell a difference the drain has yet to apply from one it never will.
+ */
+export function affectedGroupsSql(
+  plan: TransformPlan,
+  changedSql: string,
+  filter: (groupColumns: string[]) => string | null,
+): string {
+  if (plan.groups.length === 0 || !plan.mapSql) {
+    return `WITH changed AS MATERIALIZED (
+  ${changedSql}
+)
+SELECT '{}'::text[] AS k WHERE EXISTS (SELECT 1 FROM changed)`;
+  }
+  const mapSql = plan.mapSql;
+  const driving = requireSourceIds(plan)[0]!;
+  const affectedCols = driving.keyColumns.map((_, i) => `k${i + 1}`);
+  const groupCols = plan.groups.map((_, i) => mapGroup(i + 1));
+  const drivingInMap = tuple(mapKeys(driving, 'm'));
+  const named = groupColumns(plan);
+  const where = filter(named);
+  return `WITH changed AS MATERIALIZED (
+  ${changedSql}
+),
+affected AS MATERIALIZED (
+     ${affectedDrivingKeys(plan, mapSql)}
+),
+groups AS MATERIALIZED (
+  SELECT ${list(groupCols.map((c, i) => `m.${c} AS ${named[i]}`))} FROM ${mapSql} m
+   WHERE ${drivingInMap} IN (SELECT ${list(affectedCols)} FROM affected) AND m.passes
+  UNION
+  SELECT ${list(groupCols.map((c, i) => `n.${c} AS ${named[i]}`))}
+    FROM (${mapRows(plan, `${tuple(sourceKeys(driving))} IN (SELECT ${list(affectedCols)} FROM affected)`)}) n
+   WHERE n.passes
+)
+SELECT DISTINCT ARRAY[${list(named.map((c) => `${c}::text COLLATE "C"`))}]::text[] AS k
+  FROM groups${
+    where
+      ? `
+ WHERE ${where}`
+      : ''
+  }`;
+}
+
+/**
+ * Re-derives the groups given as `$1` (a JSON array of text arrays, one per group key, in
+ * key order) whole, from the sources now: upserts what they are, deletes those the
+ * definition no longer produces. The drain's path for a group (derivedGroups, upsert,
+ * delete), with the groups named instead of found through changes: what a self-check's
+ * repair runs after re-deriving the groups' rows, for a group the target holds and no row
+ * maps to.
+ */
+export function regroupSql(plan: TransformPlan): string {
+  const named = groupColumns(plan);
+  const typed = plan.groups.map((g, i) => `(e->>${i})::${g.type} AS ${named[i]}`);
+  return `WITH groups AS MATERIALIZED (
+  SELECT ${list(typed)} FROM jsonb_array_elements($1::jsonb) e
+),
+aggregated AS MATERIALIZED (
+  ${aggregatedGroups(plan, null, false)}
+),
+derived AS MATERIALIZED (
+  SELECT * FROM aggregated${plan.having ? ` WHERE ${own('kept')}` : ''}
+),
+upserted AS (
+  ${upsert(plan, 'derived')}
+  RETURNING 1
+),
+gone AS MATERIALIZED (
+  SELECT ${list(named.map((c, i) => `${c} AS ${q(plan.key[i]!)}`))} FROM groups
+  EXCEPT
+  SELECT ${list(plan.key.map((k) => `d.${q(k)}`))} FROM derived d
+),
+removed AS (
+  DELETE FROM ${plan.targetSql} t USING gone g
+   WHERE ${keyMatch(plan, 't', 'g')}
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM upserted)::int AS upserted, (SELECT count(*) FROM removed)::int AS removed`;
 }
 
 /**

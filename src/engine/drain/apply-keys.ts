@@ -7,6 +7,7 @@ import type { TransformPlan } from './plan.js';
 import { affectedDrivingKeysSql, rederiveSql } from './rederive-sql.js';
 import { isRowError } from './row-errors.js';
 import { writtenColumns } from './sql-parts.js';
+import { rederiveCounted, type Tally } from './tally.js';
 
 /** A changed source key as the ledger holds it: the source's id and the key as text. */
 export interface ChangedKey {
@@ -27,12 +28,15 @@ export async function applyKeysBisecting(
   plan: TransformPlan,
   keys: ChangedKey[],
   log: Logger,
+  tally?: Tally,
 ): Promise<number> {
   const attempt = async (part: ChangedKey[]): Promise<number> => {
     if (part.length === 0) return 0;
-    const error = await tryRederive(session, plan, part, true);
+    const error = await tryRederive(session, plan, part, true, tally);
     if (error === null) return 0;
-    if (part.length === 1) return holdNarrowest(session, schema, plan, part[0]!, error, log);
+    if (part.length === 1) {
+      return holdNarrowest(session, schema, plan, part[0]!, error, log, tally);
+    }
     const middle = part.length >> 1;
     return (await attempt(part.slice(0, middle))) + (await attempt(part.slice(middle)));
   };
@@ -40,19 +44,26 @@ export async function applyKeysBisecting(
 }
 
 /**
- * Re-derives `keys` under `plan` in a savepoint: kept when it goes through (if `keep`),
- * rolled back otherwise. Returns null, or the row error it failed with (any other error
- * propagates).
+ * Re-derives `keys` under `plan` in a savepoint: kept when it goes through (if `keep`,
+ * counted in `tally`), rolled back otherwise. Returns null, or the row error it failed
+ * with (any other error propagates).
  */
 async function tryRederive(
   session: Session,
   plan: TransformPlan,
   keys: ChangedKey[],
   keep: boolean,
+  tally?: Tally,
 ): Promise<unknown | null> {
   await session.query('SAVEPOINT trellis_keys');
   try {
-    await session.query(rederiveSql(plan, changedFromList()), [keys]);
+    const counted = { keys: 0, upserted: 0, deleted: 0 };
+    await rederiveCounted(session, rederiveSql(plan, changedFromList()), [keys], counted);
+    if (keep && tally) {
+      tally.keys += counted.keys;
+      tally.upserted += counted.upserted;
+      tally.deleted += counted.deleted;
+    }
     await session.query(
       keep ? 'RELEASE SAVEPOINT trellis_keys' : 'ROLLBACK TO SAVEPOINT trellis_keys',
     );
@@ -93,12 +104,13 @@ async function holdNarrowest(
   key: ChangedKey,
   error: unknown,
   log: Logger,
+  tally?: Tally,
 ): Promise<number> {
   const driving = plan.sources[0]!;
   if (!plan.aggregates && key.s !== driving.sourceId) {
     const rows = await session.query<{ k: string[] }>(affectedDrivingKeysSql(plan), [[key]]);
     const keys = rows.map((r) => ({ s: driving.sourceId!, k: r.k }));
-    if (keys.length > 0) return applyKeysBisecting(session, schema, plan, keys, log);
+    if (keys.length > 0) return applyKeysBisecting(session, schema, plan, keys, log, tally);
   }
   if (!plan.aggregates && key.s === driving.sourceId) {
     const candidates = writtenColumns(plan)
@@ -120,7 +132,7 @@ async function holdNarrowest(
       }
       if (
         culprits.size > 0 &&
-        (await tryRederive(session, without(plan, culprits.keys()), [key], true)) === null
+        (await tryRederive(session, without(plan, culprits.keys()), [key], true, tally)) === null
       ) {
         for (const [column, failure] of culprits) {
           await hold(session, schema, plan, key, column, failure, log);
@@ -150,11 +162,19 @@ async function hold(
   );
   const address = column ? `${plan.target}.${column}` : plan.target;
   log.warn(
-    { target: plan.target, address, source_id: key.s, key: renderKey(key.k), sqlstate },
+    {
+      target: plan.target,
+      address,
+      source_id: key.s,
+      key: renderKey(key.k),
+      sqlstate,
+      error: message,
+    },
     `key held at ${address}: re-deriving it failed: ${message}`,
   );
   if (row?.paused) {
-    log.warn({ target: plan.target, address }, `${address} paused: it holds too many keys`);
+    // The pause itself is logged once, as a state change, by the catalog watch.
+    log.debug({ target: plan.target, address }, `${address} paused: it holds too many keys`);
   }
 }
 

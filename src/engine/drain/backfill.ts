@@ -121,7 +121,8 @@ export async function backfillChunk(
           WHERE transform_id = $1`,
         [claim.transform_id, step.upto, stage === 'repair' ? 0 : step.rows, next, done],
       );
-      if (done) log.info({ target: plan.target }, 'backfill done');
+      // Its state change (catching up) is logged by the catalog watch.
+      if (done) log.debug({ target: plan.target }, 'backfill done');
     } catch (error) {
       await session.query('ROLLBACK TO SAVEPOINT trellis_chunk');
       await recordBuildFailure(session, schema, claim, plan, error, log);
@@ -313,7 +314,7 @@ async function recordBuildFailure(
     );
   }
   log.warn(
-    { target: plan.target, attempts, sqlstate: sqlstateOf(error), paused: pause },
+    { target: plan.target, attempts, sqlstate: sqlstateOf(error), paused: pause, error: message },
     `backfill chunk failed: ${message}`,
   );
 }

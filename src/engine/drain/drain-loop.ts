@@ -8,6 +8,7 @@ import { backfillChunk } from './backfill.js';
 import { applyPage } from './pages.js';
 import { PlanCache } from './plan-cache.js';
 import { openRange } from './ranges.js';
+import type { AppliedWork } from './tally.js';
 
 /**
  * After a step that found nothing although work was announced (another loop took it),
@@ -86,6 +87,8 @@ export class DrainLoop {
     signal: AbortSignal,
     index: number,
     private readonly shared: SharedWait = new SharedWait(),
+    /** Told what each page (or small range) applied did (metrics). */
+    private readonly onApplied: (work: AppliedWork) => void = () => undefined,
   ) {
     this.plans = new PlanCache(schema);
     this.loop = new WorkerLoop({
@@ -100,6 +103,11 @@ export class DrainLoop {
 
   get done(): Promise<void> {
     return this.loop.done;
+  }
+
+  /** Connected and registered (hasLiveDrainWorkers sees it). */
+  get alive(): boolean {
+    return this.loop.connected;
   }
 
   interrupt(): void {
@@ -126,10 +134,14 @@ export class DrainLoop {
       this.waiting = false;
     }
     if (Date.now() >= this.nextBackfillTurn && (await this.backfill(session))) return this.busy();
-    if (await applyPage(session, this.schema, this.plans, this.log)) return this.busy();
-    if ((await openRange(session, this.schema, this.plans, this.log)) !== 'none') {
+    const page = await applyPage(session, this.schema, this.plans, this.log);
+    if (page) {
+      this.onApplied(page);
       return this.busy();
     }
+    const range = await openRange(session, this.schema, this.plans, this.log);
+    if (range.applied) this.onApplied(range.applied);
+    if (range.result !== 'none') return this.busy();
     if (await this.backfill(session)) return this.busy();
     return this.idle();
   }

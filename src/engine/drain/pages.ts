@@ -9,6 +9,7 @@ import type { TransformPlan } from './plan.js';
 import type { PlanCache } from './plan-cache.js';
 import { rederiveSql } from './rederive-sql.js';
 import { backoffMs, isRowError } from './row-errors.js';
+import { type AppliedWork, appliedWork, emptyTally, rederiveCounted, type Tally } from './tally.js';
 import { enterTransformWork } from './work-settings.js';
 
 interface Claim {
@@ -40,8 +41,9 @@ export async function applyPage(
   schema: string,
   plans: PlanCache,
   log: Logger,
-): Promise<boolean> {
+): Promise<AppliedWork | null> {
   const s = quoteIdent(schema);
+  const started = performance.now();
   return session.transaction(async () => {
     const [claim] = await session.query<Claim>(
       `SELECT p.transform_id, p.page, p.gen, p.blk_lo, p.blk_hi, p.bucket, p.buckets, p.attempts,
@@ -57,7 +59,7 @@ export async function applyPage(
         LIMIT 1
           FOR UPDATE OF p, slot SKIP LOCKED`,
     );
-    if (!claim) return false;
+    if (!claim) return null;
     const plan = await plans.load(session, claim.transform_id);
     await enterTransformWork(session, schema, plan);
     const changed = changedFromLedger(schema, plan, claim.gen, claim.buckets);
@@ -65,10 +67,10 @@ export async function applyPage(
     if (claim.gen !== null) params.push(`(${claim.blk_lo},0)`, `(${claim.blk_hi},0)`);
     if (claim.buckets > 1) params.push(claim.bucket);
 
-    const failure = await applyChanged(session, schema, plan, changed, params, log);
+    const { failure, tally } = await applyChanged(session, schema, plan, changed, params, log);
     if (failure !== null) {
       await recordPageFailure(session, schema, claim, failure, log, plan.target);
-      return true;
+      return appliedWork(plan.target, tally, started, true);
     }
 
     await session.query(`DELETE FROM ${s}.pages WHERE transform_id = $1 AND page = $2`, [
@@ -83,16 +85,16 @@ export async function applyPage(
     if (left && left.pages_left <= 0) {
       await advanceCursor(session, schema, claim.transform_id, left.open_hi);
     }
-    return true;
+    return appliedWork(plan.target, tally, started, false);
   });
 }
 
 /**
  * Re-derives the keys `changed` yields (the body of a `changed` CTE reading a ledger range,
  * with its `params`: `$1` is the snapshot of the tick the range starts after) inside the
- * current transaction. A failure some rows explain is bisected to those rows,
- * which are held; the rest is applied. Returns null when applied, or the error no row
- * explains (everything this call did is then rolled back).
+ * current transaction. A failure some rows explain is bisected to those rows, which are
+ * held; the rest is applied. Returns a null failure when applied, or the error no row
+ * explains (everything this call did is then rolled back), with what was applied.
  */
 export async function applyChanged(
   session: Session,
@@ -101,26 +103,28 @@ export async function applyChanged(
   changed: string,
   params: unknown[],
   log: Logger,
-): Promise<unknown | null> {
+): Promise<{ failure: unknown | null; tally: Tally }> {
   await session.query('SAVEPOINT trellis_page');
+  const tally = emptyTally();
   try {
-    await session.query(rederiveSql(plan, changed, '$1'), params);
+    await rederiveCounted(session, rederiveSql(plan, changed, '$1'), params, tally);
     await session.query('RELEASE SAVEPOINT trellis_page');
-    return null;
+    return { failure: null, tally };
   } catch (error) {
     await session.query('ROLLBACK TO SAVEPOINT trellis_page');
-    if (!isRowError(error)) return error;
+    Object.assign(tally, emptyTally());
+    if (!isRowError(error)) return { failure: error, tally };
     try {
       const keys = await session.query<{ s: number; k: string[] }>(
         `SELECT DISTINCT source_id AS s, key AS k FROM (${changed}) c ORDER BY 1, 2`,
         params,
       );
-      await applyKeysBisecting(session, schema, plan, keys as ChangedKey[], log);
+      await applyKeysBisecting(session, schema, plan, keys as ChangedKey[], log, tally);
       await session.query('RELEASE SAVEPOINT trellis_page');
-      return null;
+      return { failure: null, tally };
     } catch (bisectError) {
       await session.query('ROLLBACK TO SAVEPOINT trellis_page');
-      return bisectError;
+      return { failure: bisectError, tally: emptyTally() };
     }
   }
 }
@@ -151,7 +155,7 @@ async function recordPageFailure(
     ],
   );
   log.warn(
-    { target, page: claim.page, attempts, sqlstate: sqlstateOf(error) },
+    { target, page: claim.page, attempts, sqlstate: sqlstateOf(error), error: message },
     `drain page failed: ${message}`,
   );
 }

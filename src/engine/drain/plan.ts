@@ -153,6 +153,11 @@ export async function loadPlan(
     // A source table is gone: the staging worker stops the transform (captureFailure).
     throw new TrellisError('conflict', `a source table of ${row.target_name} no longer exists`);
   }
+  // A grand total (aggregates, no GROUP BY) needs no key map: any change recomputes its one
+  // row. Yet one over a join with a WHERE is given a 'rows' map (_key_map_kind in
+  // 0009_source_changes.sql looks at joins and WHERE only), whose layout the aggregate
+  // paths do not write: its build failed on it. The drain leaves that map alone (empty).
+  const keyMap = row.aggregates && row.spec.key_map === 'rows' ? null : (row.spec.key_map ?? null);
   return {
     id: row.id,
     catalog: quoteIdent(schema),
@@ -185,7 +190,7 @@ export async function loadPlan(
     hasHeldKeys: row.has_held_keys,
     heldColumns: row.held_columns,
     groups: (row.spec.groups ?? []).map((g) => ({ expression: g.expr, type: g.type })),
-    mapSql: row.spec.key_map ? `${quoteIdent(schema)}.${quoteIdent(`map_${row.id}`)}` : null,
-    mapKind: row.spec.key_map ?? null,
+    mapSql: keyMap ? `${quoteIdent(schema)}.${quoteIdent(`map_${row.id}`)}` : null,
+    mapKind: keyMap,
   };
 }

@@ -5,6 +5,7 @@ import { changedFromLedger, inRange } from './changed-sql.js';
 import { advanceCursor } from './cursor.js';
 import { applyChanged } from './pages.js';
 import type { PlanCache } from './plan-cache.js';
+import { type AppliedWork, appliedWork } from './tally.js';
 import { enterTransformWork } from './work-settings.js';
 
 /** Changed keys per drain page: big enough to amortise a statement, small enough to share. */
@@ -40,9 +41,10 @@ export async function openRange(
   schema: string,
   plans: PlanCache,
   log: Logger,
-): Promise<OpenRangeResult> {
+): Promise<{ result: OpenRangeResult; applied: AppliedWork | null }> {
   const s = quoteIdent(schema);
-  return session.transaction(async () => {
+  let applied: AppliedWork | null = null;
+  const result = await session.transaction(async (): Promise<OpenRangeResult> => {
     const [c] = await session.query<Candidate>(
       `SELECT pl.transform_id, lo.snap::text AS lo_snap, hi.seq AS hi_seq, hi.snap::text AS hi_snap,
               ARRAY(SELECT DISTINCT src.id FROM ${s}.transform_sources ts
@@ -90,9 +92,10 @@ export async function openRange(
       // A small range (the common case when live) is applied at once, in this transaction:
       // no page to write, claim and delete. If it fails for no row's fault, it becomes a
       // page after all, which is retried with backoff and reported.
+      const started = performance.now();
       const plan = await plans.load(session, c.transform_id);
       await enterTransformWork(session, schema, plan);
-      const failure = await applyChanged(
+      const { failure, tally } = await applyChanged(
         session,
         schema,
         plan,
@@ -100,6 +103,7 @@ export async function openRange(
         [c.lo_snap, c.hi_snap],
         log,
       );
+      applied = appliedWork(plan.target, tally, started, failure !== null);
       if (failure === null) {
         await advanceCursor(session, schema, c.transform_id, c.hi_seq);
         return 'opened';
@@ -152,4 +156,5 @@ export async function openRange(
     );
     return 'opened';
   });
+  return { result, applied };
 }

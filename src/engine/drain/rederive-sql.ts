@@ -29,8 +29,12 @@ import {
  * itself) and of the join rows holding it now (the new state, through the join).
  */
 
-/** The driving keys (of the FROM table) whose target rows a change can touch. */
-function affectedDrivingKeys(plan: TransformPlan): string {
+/**
+ * The driving keys (of the FROM table) whose target rows a change can touch: a query over
+ * the `changed` CTE, with columns k1..kn (typed). The self-check asks it too, to tell a
+ * difference the drain has yet to apply from one it never will (selfcheck/classify-sql.ts).
+ */
+export function affectedDrivingKeys(plan: TransformPlan): string {
   const sources = requireSourceIds(plan);
   const driving = sources[0]!;
   const drivingTargetKeys = driving.targetKeyColumns!;

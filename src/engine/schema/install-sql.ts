@@ -1,5 +1,7 @@
 import { quoteIdent, quoteLiteral } from '../identifiers.js';
 import { LOCK_CLASS } from '../internal/advisory-locks.js';
+import { bossInstallStatements } from '../jobs/boss-install-sql.js';
+import { jobsSchemaFor } from '../jobs/jobs-schema.js';
 import type { Migration } from './migration.js';
 import { migrations as allMigrations } from './migrations.generated.js';
 
@@ -61,8 +63,14 @@ export function installSql(options: InstallSqlOptions): string {
 DO $trellis_install$
 DECLARE
   newer int;
+  boss_version int;
 BEGIN
   PERFORM pg_advisory_xact_lock(${MIGRATE_LOCK_CLASS}, hashtext(${quoteLiteral(options.schema)}));
+  IF to_regclass(${quoteLiteral(`${s}.migrations`)}) IS NULL AND to_regclass(${quoteLiteral(`${s}.job`)}) IS NOT NULL
+     AND to_regclass(${quoteLiteral(`${s}.queue`)}) IS NOT NULL AND to_regclass(${quoteLiteral(`${s}.version`)}) IS NOT NULL THEN
+    RAISE EXCEPTION 'schema % holds another Trellis instance''s background jobs (pg-boss): choose another catalog schema',
+      ${quoteLiteral(options.schema)} USING ERRCODE = 'TRC01';
+  END IF;
   CREATE SCHEMA IF NOT EXISTS ${s};
   CREATE TABLE IF NOT EXISTS ${s}.migrations (
     version int PRIMARY KEY,
@@ -78,6 +86,7 @@ BEGIN
 ${steps}
   INSERT INTO ${s}.config (target_schema) VALUES (${quoteLiteral(options.targetSchema)})
     ON CONFLICT DO NOTHING;
+${bossInstallStatements(jobsSchemaFor(options.schema), options.schema)}
 END
 $trellis_install$;
 `;

@@ -92,9 +92,11 @@ export async function detectDisruptions(
     [ids, rows.map((r) => r.error)],
   );
   for (const row of rows) {
-    log.warn({ tables: row.tables }, `capture disrupted: ${row.error}`);
+    log.warn({ tables: row.tables, error: row.error }, `capture disrupted: ${row.error}`);
   }
-  for (const { target } of stopped)
-    log.warn({ target }, `transform ${target} stopped: capture was disrupted`);
+  // The pause itself is logged once, as a state change, by the catalog watch.
+  for (const { target } of stopped) {
+    log.debug({ target }, `transform ${target} stopped: capture was disrupted`);
+  }
   return [...new Set(rows.flatMap((r) => r.tables))].sort();
 }

@@ -114,7 +114,8 @@ export async function checkSourceChanges(
       WHERE t.id = p.transform_id
      RETURNING t.target_name AS target, p.error`,
   );
+  // The pause itself is logged once, as a state change, by the catalog watch.
   for (const { target, error } of [...stopped, ...halted]) {
-    log.warn({ target, error }, `transform ${target} stopped: ${error}`);
+    log.debug({ target, error }, `transform ${target} stopped: ${error}`);
   }
 }

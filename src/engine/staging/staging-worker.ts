@@ -62,6 +62,18 @@ export const STAGING_TIMINGS: StagingTimings = {
 
 type Wake = 'tick' | 'capture' | 'maintain' | 'timeout' | 'due';
 
+/** What the staging worker tells the handle's metrics and catalog watch. */
+export interface StagingHooks {
+  tickSealed(): void;
+  /**
+   * At the end of each pass of the elected worker, on its session: the catalog watch
+   * reads its snapshot there when the last one is older than a second. Must not throw.
+   */
+  afterPass(session: Session): Promise<void>;
+}
+
+const NO_HOOKS: StagingHooks = { tickSealed: () => undefined, afterPass: async () => undefined };
+
 /**
  * The instance's staging worker: ticks (sealing ledger segments), installs and adjusts
  * capture, starts backfills, and keeps the ledger small. One per instance, elected by a
@@ -97,6 +109,7 @@ export class StagingWorker {
     private readonly log: Logger,
     signal: AbortSignal,
     private readonly timings: StagingTimings = STAGING_TIMINGS,
+    private readonly hooks: StagingHooks = NO_HOOKS,
   ) {
     this.capture = new CaptureReconciler(schema, log);
     this.summaries = new LedgerSummaries(schema, log);
@@ -118,6 +131,11 @@ export class StagingWorker {
 
   interrupt(): void {
     this.loop.interrupt();
+  }
+
+  /** This process runs the instance's elected staging worker now (metrics, logging). */
+  get isLeader(): boolean {
+    return this.leaderPid !== undefined && this.loop.connected;
   }
 
   private async step(session: Session): Promise<number> {
@@ -158,6 +176,7 @@ export class StagingWorker {
       maintain ||= this.mayMaintain(now) && ticked.floor !== this.maintainedFloor;
       if (ticked.seq !== null) {
         this.lastTickAt = now;
+        this.hooks.tickSealed();
         await this.summaries.summarize(session);
       }
     }
@@ -186,7 +205,8 @@ export class StagingWorker {
     }
     if (reconcile || backfills) {
       const started = await startBackfills(session, this.schema);
-      for (const target of started) this.log.info({ target }, 'backfill started');
+      // Their state change (backfilling) is logged by the catalog watch.
+      for (const target of started) this.log.debug({ target }, 'backfill started');
     }
     if (reconcile) {
       // What this pass left to come back to soon, whatever else changes.
@@ -206,6 +226,7 @@ export class StagingWorker {
       this.nextMaintenance =
         now + (done.skipped ? this.timings.maintenanceMs : this.timings.idleMaintenanceMs);
     }
+    await this.hooks.afterPass(session);
     return 0;
   }
 

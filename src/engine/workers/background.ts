@@ -2,8 +2,9 @@ import { WalDecoder } from '../capture/wal/decoder.js';
 import type { ConnectionConfig } from '../db/connection-config.js';
 import { ConnectionPool } from '../db/pool.js';
 import { DrainLoop, SharedWait } from '../drain/drain-loop.js';
+import type { AppliedWork } from '../drain/tally.js';
 import type { Logger } from '../logger.js';
-import { StagingWorker } from '../staging/staging-worker.js';
+import { STAGING_TIMINGS, type StagingHooks, StagingWorker } from '../staging/staging-worker.js';
 
 export interface BackgroundOptions {
   schema: string;
@@ -11,6 +12,11 @@ export interface BackgroundOptions {
   drainThreads: number;
   applicationName: string;
   connectTimeoutMs: number;
+}
+
+/** What the workers tell the handle (metrics, the catalog watch). Hooks must not throw. */
+export interface BackgroundHooks extends StagingHooks {
+  applied(work: AppliedWork): void;
 }
 
 /**
@@ -25,7 +31,12 @@ export class Background {
   private readonly decoder: WalDecoder | undefined;
   private readonly drains: DrainLoop[] = [];
 
-  constructor(config: ConnectionConfig, options: BackgroundOptions, log: Logger) {
+  constructor(
+    config: ConnectionConfig,
+    options: BackgroundOptions,
+    log: Logger,
+    hooks: BackgroundHooks,
+  ) {
     this.pool = new ConnectionPool(config, {
       // A staging process also runs a WAL decoder (idle under trigger capture).
       max: (options.staging ? 2 : 0) + options.drainThreads,
@@ -41,7 +52,14 @@ export class Background {
     });
     const signal = this.controller.signal;
     if (options.staging) {
-      this.staging = new StagingWorker(this.pool, options.schema, log, signal);
+      this.staging = new StagingWorker(
+        this.pool,
+        options.schema,
+        log,
+        signal,
+        STAGING_TIMINGS,
+        hooks,
+      );
       this.decoder = new WalDecoder(this.pool, options.schema, log, signal, {
         config,
         applicationName: options.applicationName,
@@ -51,8 +69,28 @@ export class Background {
     // The loops wait for work together: one backend waits for all of them.
     const wait = new SharedWait();
     for (let i = 0; i < options.drainThreads; i += 1) {
-      this.drains.push(new DrainLoop(this.pool, options.schema, log, signal, i + 1, wait));
+      this.drains.push(
+        new DrainLoop(this.pool, options.schema, log, signal, i + 1, wait, (work) =>
+          hooks.applied(work),
+        ),
+      );
     }
+  }
+
+  /** 1 when this process's staging worker is the elected one, 0 standing by, null without one. */
+  stagingLeader(): number | null {
+    if (!this.staging) return null;
+    return this.staging.isLeader ? 1 : 0;
+  }
+
+  /** Drain loops connected and registered; null without any. */
+  drainLoopsAlive(): number | null {
+    if (this.drains.length === 0) return null;
+    return this.drains.filter((d) => d.alive).length;
+  }
+
+  poolStats(): { inUse: number; max: number; waiting: number } {
+    return this.pool.stats();
   }
 
   get running(): boolean {

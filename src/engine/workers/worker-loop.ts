@@ -37,6 +37,14 @@ export class WorkerLoop {
     this.done = this.run();
   }
 
+  /**
+   * The loop has a session and has run `onSession` on its backend (its locks are taken):
+   * it is alive as far as Postgres can tell (metrics: drain loops alive, staging leader).
+   */
+  get connected(): boolean {
+    return this.session !== undefined && !this.session.aborted && this.backendPid !== undefined;
+  }
+
   /** Cancels the query in flight, if any (shutdown). */
   interrupt(): void {
     this.session?.abort('shutdown', `${this.options.name} stopped by shutdown`);
@@ -60,7 +68,13 @@ export class WorkerLoop {
         failures += 1;
         const classified = classifyError(error, { doing: name });
         log.warn(
-          { loop: name, code: classified.code, sqlstate: classified.sqlstate, failures },
+          {
+            loop: name,
+            code: classified.code,
+            sqlstate: classified.sqlstate,
+            failures,
+            error: classified.message,
+          },
           `${name}: ${classified.message}`,
         );
         if (classified.code === 'connection' || this.session?.aborted) await this.dropSession();

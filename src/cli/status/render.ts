@@ -1,0 +1,173 @@
+import cliProgress from 'cli-progress';
+import Table from 'cli-table3';
+import { createColors } from 'picocolors';
+import type { Status } from '../../engine/catalog/status-types.js';
+
+/**
+ * What `trellis status` shows of each transform: a table (one row per transform, its
+ * failures as notes under it) for a terminal or a one-shot run, and one plain line per
+ * transform for a log (`--watch` piped). The terminal drawing itself — column widths with
+ * colours in them, the progress bar, the redraw — is the libraries' (ADR 0021).
+ */
+
+const BAR_SIZE = 20;
+const { shades_classic: barChars } = cliProgress.Presets;
+
+/** How far a backfill is: keys done and in all (an estimate), and the fraction (null: unknown). */
+export function progressOf(
+  status: Status,
+): { done: number; total: number | null; fraction: number | null } | null {
+  if (status.status !== 'backfilling' || !status.backfill) return null;
+  const { keysDone: done, keysTotal: total } = status.backfill;
+  const fraction = total && total > 0 ? Math.min(1, done / total) : null;
+  return { done, total, fraction };
+}
+
+/** The progress bar, as cli-progress draws its own. */
+function bar(fraction: number): string {
+  return cliProgress.Format.BarFormat(fraction, {
+    barsize: BAR_SIZE,
+    barCompleteString: barChars.barCompleteChar.repeat(BAR_SIZE),
+    barIncompleteString: barChars.barIncompleteChar.repeat(BAR_SIZE),
+    barGlue: '',
+  });
+}
+
+function progressText(status: Status): string {
+  const p = progressOf(status);
+  if (!p) return '';
+  const keys = `${p.done.toLocaleString('en-US')}/${p.total === null ? '?' : p.total.toLocaleString('en-US')} keys`;
+  if (p.fraction === null) return keys;
+  return `${Math.floor(p.fraction * 100)}% ${keys}`;
+}
+
+function lagText(status: Status): string {
+  if (status.lag.segments === 0 && status.lag.seconds === 0) return '-';
+  return `${status.lag.segments} seg, ${Math.round(status.lag.seconds)} s`;
+}
+
+function pausesText(status: Status): string {
+  const parts = [
+    ...status.pausedColumns,
+    ...status.pausedUpstreamColumns.map((c) => `upstream ${c}`),
+  ];
+  return parts.length > 0 ? parts.join(', ') : '-';
+}
+
+function waitText(status: Status): string {
+  const w = status.captureWait;
+  if (!w) return '-';
+  const waitingOn = w.blockers.length + w.prepared.length;
+  return `${w.operation} ${w.table}: ${waitingOn} blocker${waitingOn === 1 ? '' : 's'}`;
+}
+
+function lifecycleText(status: Status): string {
+  return status.status === 'paused' && status.pauseReason
+    ? `paused (${status.pauseReason})`
+    : status.status;
+}
+
+/** Notes under the table: what stopped or keeps failing, one line each. */
+function notes(status: Status): string[] {
+  const lines: string[] = [];
+  if (status.captureFailure) {
+    lines.push(
+      `${status.target}: capture ${status.captureFailure.kind}: ${status.captureFailure.error}`,
+    );
+  }
+  if (status.buildFailure) {
+    lines.push(
+      `${status.target}: build failed ${status.buildFailure.attempts} time(s): ${status.buildFailure.error}`,
+    );
+  }
+  if (status.drainFailure) {
+    lines.push(
+      `${status.target}: a ledger page keeps failing (${status.drainFailure.attempts} attempts): ${status.drainFailure.error}`,
+    );
+  }
+  return lines;
+}
+
+export interface RenderOptions {
+  /** ANSI colours (a terminal without NO_COLOR). */
+  color: boolean;
+}
+
+/** The status table, ending with a newline. */
+export function renderTable(statuses: readonly Status[], options: RenderOptions): string {
+  const c = createColors(options.color);
+  const paint = (s: Status): string => {
+    const text = lifecycleText(s);
+    switch (s.status) {
+      case 'live':
+        return c.green(text);
+      case 'catching_up':
+        return c.cyan(text);
+      case 'backfilling':
+        return c.yellow(text);
+      case 'paused':
+        return c.red(text);
+      default:
+        return c.dim(text);
+    }
+  };
+  const table = new Table({
+    head: ['TARGET', 'STATUS', 'LAG', 'HELD', 'PAUSES', 'CAPTURE WAIT', 'BACKFILL'].map((h) =>
+      c.bold(h),
+    ),
+    chars: {
+      top: '',
+      'top-mid': '',
+      'top-left': '',
+      'top-right': '',
+      bottom: '',
+      'bottom-mid': '',
+      'bottom-left': '',
+      'bottom-right': '',
+      left: '',
+      'left-mid': '',
+      mid: '',
+      'mid-mid': '',
+      right: '',
+      'right-mid': '',
+      middle: '  ',
+    },
+    style: { head: [], border: [], 'padding-left': 0, 'padding-right': 0 },
+  });
+  for (const s of statuses) {
+    const p = progressOf(s);
+    const progress = p
+      ? `${p.fraction === null ? '' : `${c.yellow(bar(p.fraction))} `}${progressText(s)}`
+      : '';
+    table.push([
+      s.target,
+      paint(s),
+      lagText(s),
+      s.heldKeys > 0 ? c.red(String(s.heldKeys)) : '0',
+      pausesText(s),
+      s.captureWait ? c.yellow(waitText(s)) : waitText(s),
+      progress,
+    ]);
+  }
+  const body = statuses.length > 0 ? table.toString() : 'no transforms are defined';
+  const extra = statuses.flatMap(notes).map((line) => c.red(`! ${line}`));
+  return `${[body, ...extra].join('\n')}\n`;
+}
+
+/** One plain line for a transform: `target status lag=… held=… …` (no colours, no bar). */
+export function renderLine(status: Status): string {
+  const fields = [
+    status.target,
+    lifecycleText(status),
+    `lag=${lagText(status)}`,
+    `held=${status.heldKeys}`,
+  ];
+  if (status.pausedColumns.length + status.pausedUpstreamColumns.length > 0) {
+    fields.push(`pauses=${pausesText(status).replaceAll(' ', '')}`);
+  }
+  if (status.captureWait) fields.push(`wait="${waitText(status)}"`);
+  const progress = progressText(status);
+  if (progress) fields.push(`backfill="${progress}"`);
+  for (const note of notes(status)) fields.push(`! ${note.slice(status.target.length + 2)}`);
+  return fields.join(' ');
+}

@@ -1,0 +1,237 @@
+-- The catalog reads, callable from SQL: <schema>.status(target) RETURNS jsonb and
+-- <schema>.definitions() RETURNS SETOF jsonb, for migrations and for people who live in
+-- psql. Each returns exactly what the handle's status() and definitions() return, as JSON
+-- (camelCase keys, times as ISO 8601 text): the handle calls these functions and only
+-- turns the times into Dates, so the two cannot drift apart.
+--
+--   SELECT jsonb_pretty(trellis.status('customer_totals'));
+--   SELECT d->>'target', d->>'statement' FROM trellis.definitions() d;
+
+-- The sessions and prepared transactions a capture wait waits on: those holding or queued
+-- for a lock in `p_modes` on the source `p_oid` (or a partition or inheritance child), in
+-- this database; only the transactions `p_vxids` when given (a widen's recorded holders).
+-- The staging worker's own session is not a blocker.
+CREATE FUNCTION @schema@._capture_wait_blockers(p_oid oid, p_modes text[], p_vxids text[])
+RETURNS jsonb LANGUAGE sql STABLE AS $fn$
+  WITH RECURSIVE tree(relid) AS (
+    SELECT p_oid
+    UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid),
+  locks AS (
+    SELECT l.* FROM pg_locks l
+     WHERE l.locktype = 'relation'
+       AND l.relation IN (SELECT relid FROM tree)
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND l.mode = ANY (p_modes)
+       AND (p_vxids IS NULL OR l.virtualtransaction = ANY (p_vxids))),
+  sessions AS (
+    SELECT DISTINCT ON (a.pid) a.pid, a.application_name, a.datname, a.state, a.xact_start,
+           a.query_start, a.query
+      FROM locks l JOIN pg_stat_activity a ON a.pid = l.pid
+     WHERE l.pid <> pg_backend_pid()
+       -- the elected staging worker ("trst" advisory lock on this catalog schema)
+       AND l.pid NOT IN (
+         SELECT h.pid FROM pg_locks h
+          WHERE h.locktype = 'advisory' AND h.granted AND h.classid = 1953657716::oid
+            AND h.objid = ((hashtext(@schema_literal@)::bigint + 4294967296) % 4294967296)::oid)
+     ORDER BY a.pid),
+  -- A prepared transaction's locks have no pid: it is found by the transaction id lock it
+  -- holds under the same virtual transaction id.
+  prepared AS (
+    SELECT DISTINCT ON (p.prepared, p.gid) p.gid, p.owner, p.database, p.prepared,
+           p.transaction::text AS transaction
+      FROM locks l
+      JOIN pg_locks x ON x.locktype = 'transactionid' AND x.pid IS NULL
+                     AND x.virtualtransaction = l.virtualtransaction
+      JOIN pg_prepared_xacts p ON p.transaction = x.transactionid
+     WHERE l.pid IS NULL
+     ORDER BY p.prepared, p.gid)
+  SELECT jsonb_build_object(
+    'blockers', coalesce((SELECT jsonb_agg(jsonb_build_object(
+                   'pid', s.pid, 'applicationName', s.application_name, 'database', s.datname,
+                   'state', s.state, 'xactStart', s.xact_start, 'queryStart', s.query_start,
+                   'query', s.query) ORDER BY s.pid) FROM sessions s), '[]'),
+    'prepared', coalesce((SELECT jsonb_agg(jsonb_build_object(
+                   'gid', p.gid, 'owner', p.owner, 'database', p.database,
+                   'prepared', p.prepared, 'transaction', p.transaction)
+                   ORDER BY p.prepared, p.gid) FROM prepared p), '[]'))
+$fn$;
+
+-- Where a transform is (the handle's Status): lifecycle, held keys, paused columns, source
+-- index gaps, corrections, failures, what capture waits on, backfill progress and lag.
+-- Refuses an unknown transform with TRN01.
+CREATE FUNCTION @schema@.status(target text)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+  t @schema@.transforms;
+  p @schema@.pipeline;
+  lifecycle text;
+  paused_columns jsonb;
+  paused_upstream jsonb;
+  correcting jsonb;
+  upstream_behind boolean;
+  lag_segments bigint;
+  lag_seconds float8;
+  wait jsonb;
+  drain jsonb;
+  -- Lock modes that conflict with SHARE ROW EXCLUSIVE, the mode capture DDL takes; a widen
+  -- waits on writers (ROW EXCLUSIVE and stronger), which is the same list.
+  conflicting constant text[] := ARRAY['RowExclusiveLock', 'ShareUpdateExclusiveLock',
+    'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock'];
+BEGIN
+  SELECT * INTO t FROM @schema@.transforms WHERE target_name = status.target;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'TRN01',
+      MESSAGE = format('there is no transform named %s', status.target);
+  END IF;
+  SELECT * INTO p FROM @schema@.pipeline WHERE transform_id = t.id;
+
+  paused_columns := to_jsonb(ARRAY(
+    SELECT t.target_name || '.' || c.name FROM @schema@.transform_columns c
+     WHERE c.transform_id = t.id AND c.paused_at IS NOT NULL ORDER BY c.name));
+  -- Columns this transform reads of an upstream transform's target that are paused there
+  -- (every column it reads, when the upstream transform is paused as a whole).
+  paused_upstream := to_jsonb(ARRAY(
+    SELECT DISTINCT u.target_name || '.' || uc.name
+      FROM @schema@.transform_sources src
+      JOIN @schema@.transforms u ON u.target_oid = src.source_oid
+      JOIN @schema@.transform_columns uc ON uc.transform_id = u.id
+     WHERE src.transform_id = t.id
+       AND uc.name = ANY (src.read_columns)
+       AND (uc.paused_at IS NOT NULL OR u.paused_at IS NOT NULL)
+     ORDER BY 1));
+  SELECT coalesce(jsonb_agg(jsonb_build_object(
+           'node', c.node, 'since', c.since,
+           'keysRemaining', CASE WHEN c.keys_total IS NOT NULL
+                                 THEN greatest(c.keys_total - c.keys_done, 0) END)
+         ORDER BY c.since, c.node), '[]')
+    INTO correcting
+    FROM @schema@.corrections c JOIN @schema@.sources src ON src.id = c.source_id
+    JOIN @schema@.transform_sources ts ON ts.source_oid = src.source_oid
+   WHERE ts.transform_id = t.id;
+  -- Some transform upstream (at any depth) is paused or not live yet: this one cannot be
+  -- keeping up with its sources' sources.
+  upstream_behind := EXISTS (
+    WITH RECURSIVE up(id) AS (
+      SELECT u.id FROM @schema@.transform_sources ts
+        JOIN @schema@.transforms u ON u.target_oid = ts.source_oid
+       WHERE ts.transform_id = t.id
+      UNION
+      SELECT u.id FROM up
+        JOIN @schema@.transform_sources ts ON ts.transform_id = up.id
+        JOIN @schema@.transforms u ON u.target_oid = ts.source_oid)
+    SELECT 1 FROM up JOIN @schema@.transforms u ON u.id = up.id
+      JOIN @schema@.pipeline pu ON pu.transform_id = u.id
+     WHERE u.paused_at IS NOT NULL OR pu.phase <> 'live');
+
+  lifecycle := CASE WHEN t.paused_at IS NOT NULL THEN 'paused' ELSE p.phase END;
+  -- Rows that came or went without DML are being re-derived: a build, of a part of it.
+  IF lifecycle IN ('live', 'catching_up') AND jsonb_array_length(correcting) > 0 THEN
+    lifecycle := 'backfilling';
+  END IF;
+  -- A live transform reading a paused upstream column, or reading a target that is still
+  -- being built, is not keeping up with its sources.
+  IF lifecycle = 'live' AND (jsonb_array_length(paused_upstream) > 0 OR upstream_behind) THEN
+    lifecycle := 'catching_up';
+  END IF;
+
+  IF p.cursor_tick IS NOT NULL THEN
+    SELECT count(*), extract(epoch FROM clock_timestamp() - min(k.at))::float8
+      INTO lag_segments, lag_seconds
+      FROM @schema@.ticks k WHERE k.seq > p.cursor_tick;
+  END IF;
+
+  -- A lock capture waits for first; else, for a transform not built yet, a widen of a
+  -- column it reads waiting for writers that may run the older trigger.
+  SELECT jsonb_build_object(
+           'operation', src.wait->>'operation', 'table', src.qualified,
+           'lockMode', src.wait->>'lock_mode', 'since', (src.wait->>'since')::timestamptz,
+           'attempts', coalesce((src.wait->>'attempts')::int, 1))
+         || @schema@._capture_wait_blockers(src.source_oid, conflicting, NULL)
+    INTO wait
+    FROM @schema@.transform_sources ts JOIN @schema@.sources src ON src.source_oid = ts.source_oid
+   WHERE ts.transform_id = t.id AND src.wait IS NOT NULL
+   ORDER BY ts.ordinal LIMIT 1;
+  IF wait IS NULL AND p.phase = 'waiting_to_backfill' THEN
+    SELECT jsonb_build_object(
+             'operation', 'widen', 'table', src.qualified, 'lockMode', 'ROW EXCLUSIVE',
+             'since', src.widened_at, 'attempts', NULL)
+           || @schema@._capture_wait_blockers(
+                src.source_oid, conflicting,
+                -- null until the staging worker has recorded them: every writer
+                CASE WHEN src.widen_holders IS NULL THEN NULL
+                     ELSE ARRAY(SELECT h->>'vxid' FROM jsonb_array_elements(src.widen_holders) h) END)
+      INTO wait
+      FROM @schema@.transform_sources ts JOIN @schema@.sources src ON src.source_oid = ts.source_oid
+     WHERE ts.transform_id = t.id
+       AND src.widened_at IS NOT NULL AND ts.read_columns && src.widen_columns
+     ORDER BY ts.ordinal LIMIT 1;
+  END IF;
+
+  SELECT jsonb_build_object(
+           'segSeq', p.open_hi, 'attempts', pg.attempts, 'error', pg.error,
+           'sqlstate', pg.sqlstate, 'since', pg.first_failed_at, 'lastSeen', pg.last_failed_at,
+           'tables', to_jsonb(ARRAY(SELECT ts.source_schema || '.' || ts.source_name
+                                      FROM @schema@.transform_sources ts
+                                     WHERE ts.transform_id = t.id ORDER BY ts.ordinal)))
+    INTO drain
+    FROM @schema@.pages pg WHERE pg.transform_id = t.id AND pg.attempts > 0
+   ORDER BY pg.attempts DESC, pg.page LIMIT 1;
+
+  RETURN jsonb_build_object(
+    'target', t.target_name,
+    'status', lifecycle,
+    'pauseReason', t.pause_reason,
+    'heldKeys', (SELECT count(*) FROM @schema@.held_keys h WHERE h.transform_id = t.id),
+    'pausedColumns', paused_columns,
+    'pausedUpstreamColumns', paused_upstream,
+    'sourceIndexGaps', (
+      SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'table', g->'table', 'columns', g->'columns', 'role', g->'role',
+               'optedOut', g->'opted_out', 'fix', g->'fix')), '[]')
+        FROM jsonb_array_elements(@schema@.source_index_gaps(t.id)) g),
+    'correcting', correcting,
+    'captureFailure', CASE WHEN t.capture_failure IS NOT NULL THEN jsonb_build_object(
+        'kind', t.capture_failure->'kind', 'error', t.capture_failure->'error',
+        'columns', t.capture_failure->'columns',
+        'detectedAt', (t.capture_failure->>'detected_at')::timestamptz) END,
+    'captureWait', wait,
+    'buildFailure', CASE WHEN p.build_attempts > 0 AND p.build_error IS NOT NULL
+                          AND p.build_next_at IS NOT NULL THEN jsonb_build_object(
+        'attempts', p.build_attempts, 'error', p.build_error,
+        'nextAttemptAt', p.build_next_at) END,
+    'drainFailure', drain,
+    'backfill', CASE WHEN p.backfill_started_at IS NOT NULL
+                      AND (p.phase = 'backfilling' OR p.backfill_done > 0) THEN jsonb_build_object(
+        'keysDone', p.backfill_done, 'keysTotal', p.backfill_total,
+        'startedAt', p.backfill_started_at) END,
+    'lag', jsonb_build_object('segments', coalesce(lag_segments, 0),
+                              'seconds', coalesce(lag_seconds, 0)));
+END
+$fn$;
+
+-- Every registered transform (the handle's Definition), one JSON object a row, by target.
+CREATE FUNCTION @schema@.definitions()
+RETURNS SETOF jsonb LANGUAGE sql STABLE AS $fn$
+  SELECT jsonb_build_object(
+           'target', t.target_name,
+           'targetSchema', t.target_schema,
+           'statement', t.statement,
+           'sources', coalesce((
+             SELECT jsonb_agg(jsonb_build_object(
+                      'table', s.source_schema || '.' || s.source_name, 'alias', s.alias,
+                      'join', s.join_type, 'keyColumns', to_jsonb(s.key_columns))
+                    ORDER BY s.ordinal)
+               FROM @schema@.transform_sources s WHERE s.transform_id = t.id), '[]'),
+           'columns', coalesce((
+             SELECT jsonb_agg(jsonb_build_object(
+                      'name', c.name, 'type', c.type, 'expression', c.expression,
+                      'key', c.is_key, 'implicit', c.implicit)
+                    ORDER BY c.ordinal)
+               FROM @schema@.transform_columns c WHERE c.transform_id = t.id), '[]'),
+           'options', jsonb_build_object('withoutSourceIndex', t.without_source_index),
+           'aggregates', t.aggregates,
+           'createdAt', t.created_at,
+           'updatedAt', t.updated_at)
+    FROM @schema@.transforms t
+   ORDER BY t.target_name
+$fn$;

@@ -1,0 +1,302 @@
+import type { Session } from '../db/session.js';
+import { isRowError } from '../drain/row-errors.js';
+import { enterTransformWork } from '../drain/work-settings.js';
+import { sleep } from '../workers/sleep.js';
+import {
+  both,
+  compareSql,
+  excludedScope,
+  heldChangedSql,
+  keyListScope,
+  pendingChangedSql,
+  pendingStatsSql,
+  routedSql,
+  type Scope,
+} from './compare-sql.js';
+import { type CheckContext, CheckStopped, checkTime, type Key } from './context.js';
+import { renderKey } from './render-key.js';
+import type { CheckShape } from './shape.js';
+import { comparable, readState, waitComparable, waitConverged } from './transform-state.js';
+import type { SelfCheckFinding } from './types.js';
+
+/**
+ * One batch of keys compared (a chunk, or a sample's keys), its differences sorted from
+ * lag in the same snapshot, and those pending compared again until they settle (ADR 0015).
+ */
+
+/**
+ * Keys found changed-but-not-applied are compared again, each time once the transform has
+ * applied what the last comparison saw pending, until none is pending, or SETTLE_ROUNDS
+ * comparisons in a row left as many pending, or SETTLE_MS. A key still pending then keeps
+ * being written: the drain re-derives it whole from a newer state each time, so no
+ * divergence can last there; it is reported as unsettled, not as a finding (ADR 0015).
+ */
+const SETTLE_ROUNDS = 5;
+const SETTLE_MS = 60_000;
+/** More pending changes than this, and every suspect of a chunk counts as pending. */
+const ROUTE_LIMIT = 200_000;
+/** Floats (an aggregate over floats depends on the order rows are summed in). */
+const FLOAT_TOLERANCE = 1e-9;
+
+/** A difference as the comparison returns it: the texts of its key and its values. */
+interface Diff {
+  side: 't' | 'd';
+  k: Key;
+  v: Array<string | null>;
+}
+
+/** A difference found for one key, before it is known whether lag explains it. */
+interface Suspect {
+  k: Key;
+  finding: SelfCheckFinding;
+}
+
+/** What the check has found so far. */
+export class Findings {
+  readonly listed: SelfCheckFinding[] = [];
+  readonly counts = { missing: 0, extra: 0, differs: 0 };
+  unsettled = 0;
+  repaired = 0;
+  rowsCompared = 0;
+  constructor(private readonly max: number) {}
+
+  add(finding: SelfCheckFinding): void {
+    this.counts[finding.kind] += 1;
+    if (this.listed.length < this.max) this.listed.push(finding);
+  }
+
+  get total(): number {
+    return this.counts.missing + this.counts.extra + this.counts.differs;
+  }
+}
+
+/**
+ * Compares one batch of keys and sorts what differs: findings (returned, and counted), and
+ * keys to settle, which are compared again until nothing is pending for them.
+ */
+export async function compareBatch(
+  ctx: CheckContext,
+  shape: CheckShape,
+  scope: Scope,
+  params: unknown[],
+  found: Findings,
+): Promise<Key[]> {
+  // A rebuild (requestBackfill, RESUME) empties the target: wait for it, as at the start.
+  await waitComparable(ctx, shape.plan.id);
+  const until = Math.min(ctx.deadline, Date.now() + SETTLE_MS);
+  let delay = 25;
+  const pause = async () => {
+    await sleep(delay, ctx.signal);
+    delay = Math.min(1_000, delay * 2);
+    checkTime(ctx);
+  };
+  let first: Sorted | undefined;
+  while (!first) {
+    try {
+      first = await compareInSnapshot(ctx, shape, scope, params, null);
+    } catch (error) {
+      // A row whose recomputation fails and that no held key explains yet: its change is
+      // on its way to the drain, which will hold it. Wait for that, not for ever.
+      if (!isRowError(error)) throw error;
+      if (Date.now() >= until) {
+        throw new CheckStopped(
+          'failed',
+          `recomputing ${shape.plan.target} fails for rows that no key held in quarantine explains: ${error instanceof Error ? error.message : String(error)}`,
+        );
+      }
+      await pause();
+    }
+  }
+  found.rowsCompared += first.rows;
+  const confirmed: Key[] = [];
+  const take = (sorted: Sorted) => {
+    for (const s of sorted.confirmed) {
+      found.add(s.finding);
+      confirmed.push(s.k);
+    }
+  };
+  take(first);
+  let pending = first.pending;
+  let seen = first.snapshot;
+  let stale = 0;
+  while (pending.length > 0 && stale < SETTLE_ROUNDS && Date.now() < until && !ctx.signal.aborted) {
+    // Compare them again once the transform has applied what that comparison saw pending.
+    await waitConverged(ctx, shape.plan.id, seen, until);
+    try {
+      const again = await compareInSnapshot(
+        ctx,
+        shape,
+        keyListScope(shape),
+        keyListParams(
+          shape,
+          pending.map((p) => p.k),
+        ),
+        new Set(pending.map((p) => JSON.stringify(p.k))),
+      );
+      take(again);
+      stale = again.pending.length < pending.length ? 0 : stale + 1;
+      pending = again.pending;
+      seen = again.snapshot;
+    } catch (error) {
+      if (!isRowError(error)) throw error;
+    }
+  }
+  checkTime(ctx);
+  found.unsettled += pending.length;
+  return confirmed;
+}
+
+interface Sorted {
+  /** The comparison's snapshot. */
+  snapshot: string;
+  rows: number;
+  confirmed: Suspect[];
+  pending: Suspect[];
+}
+
+/**
+ * One comparison in one snapshot (repeatable read), and for each difference, in the same
+ * snapshot, whether a change not yet applied explains it. Rows that keys held in
+ * quarantine route to are left out: their recomputation fails, or their changes are
+ * skipped, until the keys are released (the report gives the held keys). `only`: the keys
+ * to consider (a re-check), or null for all.
+ */
+async function compareInSnapshot(
+  ctx: CheckContext,
+  shape: CheckShape,
+  scope: Scope,
+  params: unknown[],
+  only: Set<string> | null,
+): Promise<Sorted> {
+  const { session, schema } = ctx;
+  return session.transaction(async () => {
+    const state = await readState(session, schema, shape.plan.id);
+    await enterTransformWork(session, schema, shape.plan);
+    let scoped = scope;
+    let all = params;
+    if (state.has_held) {
+      const held = await session.query<{ k: Key }>(
+        routedSql(shape, heldChangedSql(schema, shape), null),
+      );
+      if (held.length > 0) {
+        scoped = both(scope, excludedScope(shape, params.length + 1));
+        all = [...params, held.map((r) => r.k)];
+      }
+    }
+    const [row] = await session.query<{ t_rows: number; diffs: Diff[] }>(
+      compareSql(shape, scoped),
+      all,
+    );
+    const diffs = row?.diffs ?? [];
+    const suspects = suspectsOf(shape, diffs).filter(
+      (s) => only === null || only.has(JSON.stringify(s.k)),
+    );
+    const dOnly = suspects.filter((s) => s.finding.kind === 'missing').length;
+    const rows = (row?.t_rows ?? 0) + dOnly;
+    if (suspects.length === 0) return { snapshot: state.snap, rows, confirmed: [], pending: [] };
+
+    let pendingKeys: Set<string> | 'all' = 'all';
+    if (comparable(state)) {
+      const snaps = [state.cursor_snap, state.snap];
+      const [stats] = await session.query<{ keys: number; truncated: boolean }>(
+        pendingStatsSql(schema, shape),
+        snaps,
+      );
+      if (!stats?.truncated && (stats?.keys ?? 0) <= ROUTE_LIMIT) {
+        pendingKeys =
+          (stats?.keys ?? 0) === 0
+            ? new Set()
+            : await routed(session, shape, pendingChangedSql(schema, shape), snaps, suspects);
+      }
+    }
+    const isPending = (s: Suspect) =>
+      pendingKeys === 'all' || pendingKeys.has(routeKey(shape, s.k));
+    return {
+      snapshot: state.snap,
+      rows,
+      confirmed: suspects.filter((s) => !isPending(s)),
+      pending: suspects.filter(isPending),
+    };
+  }, 'BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY');
+}
+
+/** The differences by key: missing, extra, or differs (floats within the tolerance are equal). */
+function suspectsOf(shape: CheckShape, diffs: Diff[]): Suspect[] {
+  const byKey = new Map<string, { t?: Diff; d?: Diff }>();
+  for (const diff of diffs) {
+    const id = JSON.stringify(diff.k);
+    const entry = byKey.get(id) ?? {};
+    entry[diff.side] = diff;
+    byKey.set(id, entry);
+  }
+  const suspects: Suspect[] = [];
+  for (const { t, d } of byKey.values()) {
+    if (t && d) {
+      const columns = shape.compared.flatMap((c, i) => {
+        const target = t.v[i] ?? null;
+        const recomputed = d.v[i] ?? null;
+        if (target === recomputed) return [];
+        if (c.float && target !== null && recomputed !== null && floatsClose(target, recomputed)) {
+          return [];
+        }
+        return [{ column: c.name, target, recomputed }];
+      });
+      if (columns.length > 0) {
+        suspects.push({ k: t.k, finding: { kind: 'differs', key: renderKey(t.k), columns } });
+      }
+    } else if (t) {
+      suspects.push({ k: t.k, finding: { kind: 'extra', key: renderKey(t.k) } });
+    } else if (d) {
+      suspects.push({ k: d.k, finding: { kind: 'missing', key: renderKey(d.k) } });
+    }
+  }
+  return suspects;
+}
+
+function floatsClose(a: string, b: string): boolean {
+  const x = Number(a);
+  const y = Number(b);
+  if (!Number.isFinite(x) || !Number.isFinite(y)) return a === b;
+  return Math.abs(x - y) <= FLOAT_TOLERANCE * Math.max(Math.abs(x), Math.abs(y), 1e-300);
+}
+
+/** What routing yields for a target key: its driving key for a `driving` shape, else itself. */
+function routeKey(shape: CheckShape, k: Key): string {
+  return JSON.stringify(shape.kind === 'driving' ? shape.drivingPositions.map((p) => k[p]) : k);
+}
+
+/** The parameters of a key-list scope for `keys` (target keys). */
+export function keyListParams(shape: CheckShape, keys: Key[]): unknown[] {
+  if (shape.kind === 'driving') {
+    const driving = new Map<string, Key>();
+    for (const k of keys) {
+      const d = shape.drivingPositions.map((p) => k[p] ?? null);
+      driving.set(JSON.stringify(d), d);
+    }
+    return [[...driving.values()]];
+  }
+  if (shape.kind === 'total') return [];
+  return [keys.filter((k) => !k.includes(null)), keys.filter((k) => k.includes(null))];
+}
+
+/** Which suspects the changes `changedSql` (with `params`) route to, by routeKey. */
+async function routed(
+  session: Session,
+  shape: CheckShape,
+  changedSql: string,
+  params: unknown[],
+  suspects: Suspect[],
+): Promise<Set<string>> {
+  const suspectParams = keyListParams(
+    shape,
+    suspects.map((s) => s.k),
+  );
+  const rows = await session.query<{ k: Key }>(routedSql(shape, changedSql, params.length + 1), [
+    ...params,
+    ...suspectParams,
+  ]);
+  if (shape.kind === 'total') {
+    return new Set(rows.length > 0 ? suspects.map((s) => routeKey(shape, s.k)) : []);
+  }
+  return new Set(rows.map((r) => JSON.stringify(r.k)));
+}

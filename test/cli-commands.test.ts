@@ -1,0 +1,137 @@
+import { describe, expect, it } from 'vitest';
+import { trellisInProcess as trellisCli } from './support/cli.js';
+import { freshDatabase } from './support/database.js';
+import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
+import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
+
+// The operator's commands as a script uses them: --json parsed, exit statuses checked. In
+// this process (runCli): test/cli.test.ts runs the CLI as a process of its own.
+
+const prices: Definition = {
+  target: 'prices',
+  from: 'items',
+  select: '100 / d AS ratio',
+  implicit: 'id',
+};
+
+describe('trellis apply, definitions, status, quarantine, release', { timeout: 180_000 }, () => {
+  it('defines, reports, and releases a held key, for scripts and people', async () => {
+    const db = await freshDatabase();
+    await db.sql`CREATE TABLE items (id int PRIMARY KEY, d int NOT NULL)`;
+    await db.sql`INSERT INTO items SELECT g, CASE WHEN g = 42 THEN 0 ELSE g END FROM generate_series(1, 100) g`;
+    await using trellis = await migratedTrellis(db);
+    const url = ['--url', db.url];
+
+    const defined = await trellisCli(['apply', ...url, '--json', transformStatement(prices)]);
+    expect(defined.code).toBe(0);
+    expect(JSON.parse(defined.stdout)).toEqual({ kind: 'transform_defined', target: 'prices' });
+
+    const refused = await trellisCli(['apply', ...url, 'TRANSFORM prices FROM']);
+    expect(refused.code).toBe(2);
+    expect(refused.stderr).toMatch(/\(parse\)\n$/);
+
+    const listed = await trellisCli(['definitions', '--json'], { DATABASE_URL: db.url });
+    expect(listed.code).toBe(0);
+    const [definition] = JSON.parse(listed.stdout);
+    expect(definition).toMatchObject({ target: 'prices', sources: [{ table: 'public.items' }] });
+    expect(definition.statement).toMatch(/^TRANSFORM prices FROM public\.items SELECT/);
+
+    // Workers in this process: the key of item 42 fails (division by zero) and is held.
+    await using worker = await migratedTrellis(db, { staging: true, drainThreads: 1 });
+    await waitForStatus(worker, 'prices', 'live');
+    await waitFor(async () => (await worker.status('prices')).heldKeys === 1, 'a held key');
+
+    const status = await trellisCli(['status', ...url, '--json']);
+    expect(status.code).toBe(0);
+    expect(JSON.parse(status.stdout)).toEqual([
+      expect.objectContaining({ target: 'prices', status: 'live', heldKeys: 1 }),
+    ]);
+    // Piped: a plain table, no terminal codes.
+    const table = await trellisCli(['status', ...url, 'prices']);
+    expect(table.code).toBe(0);
+    expect(table.stdout).not.toContain('\x1b');
+    expect(table.stdout.split('\n')[0]).toMatch(/^TARGET\s+STATUS\s+LAG\s+HELD\s+PAUSES/);
+    expect(table.stdout.split('\n')[1]).toMatch(/^prices\s+live\s+-\s+1\s/);
+
+    const entries = await trellisCli(['quarantine', ...url, '--json']);
+    expect(JSON.parse(entries.stdout)).toEqual([
+      expect.objectContaining({ address: 'prices.ratio', count: 1, paused: false }),
+    ]);
+    const page = await trellisCli(['quarantine', ...url, 'prices.ratio', '--limit', '1', '--json']);
+    expect(JSON.parse(page.stdout)).toMatchObject({
+      address: 'prices.ratio',
+      count: 1,
+      samples: [{ srcTable: 'public.items', key: '42', error: 'division by zero' }],
+      nextCursor: null,
+    });
+
+    // Released before the cause is fixed: it fails again, and says so with status 8.
+    const again = await trellisCli(['release', ...url, 'prices.ratio', 'public.items', '42']);
+    expect(again.code).toBe(8);
+    expect(again.stderr).toContain('held again at prices.ratio: division by zero');
+
+    await db.sql`UPDATE items SET d = 5 WHERE id = 42`;
+    const released = await trellisCli([
+      'release',
+      ...url,
+      '--json',
+      'prices.ratio',
+      'public.items',
+      '42',
+    ]);
+    expect(released.code).toBe(0);
+    expect(JSON.parse(released.stdout)).toEqual({ released: true });
+    expect((await trellis.status('prices')).heldKeys).toBe(0);
+    await worker.awaitConverged('prices', await worker.watermarkToken());
+    await expectMatchesDefinition(db.sql, prices);
+
+    const missing = await trellisCli(['status', ...url, 'nope']);
+    expect(missing.code).toBe(3);
+    expect(missing.stderr).toBe('trellis: there is no transform named nope (not_found)\n');
+  });
+
+  it('has help for every command', async () => {
+    const usage = await trellisCli(['--help']);
+    const names = [...usage.stdout.matchAll(/^ {2}([a-z]+(?: [a-z]+)?) {2,}\S/gm)].map(
+      (m) => m[1]!,
+    );
+    expect(names).toEqual(
+      expect.arrayContaining([
+        'status',
+        'apply',
+        'definitions',
+        'quarantine',
+        'release',
+        'worker',
+        'dump',
+      ]),
+    );
+    for (const name of names) {
+      const help = await trellisCli([...name.split(' '), '--help']);
+      expect(help.code).toBe(0);
+      expect(help.stdout).toMatch(new RegExp(`^Usage: trellis ${name} `));
+    }
+  });
+
+  it('refuses a worker that would run nothing, and commands without a URL', async () => {
+    const idle = await trellisCli([
+      'worker',
+      '--url',
+      'postgres://x@127.0.0.1:1/x',
+      '--no-staging',
+      '--drain-threads',
+      '0',
+    ]);
+    expect(idle).toMatchObject({ code: 2, stdout: '' });
+    expect(idle.stderr).toContain('would run nothing');
+    const noUrl = await trellisCli(['definitions']);
+    expect(noUrl).toEqual({
+      code: 2,
+      stdout: '',
+      stderr: 'trellis: definitions needs --url <postgres url> or DATABASE_URL (validation)\n',
+    });
+    const badCount = await trellisCli(['quarantine', '--limit', 'many']);
+    expect(badCount.code).toBe(2);
+    expect(badCount.stderr).toContain('see trellis quarantine --help');
+  });
+});

@@ -1,0 +1,337 @@
+import { and, asc, eq, gt, inArray, isNotNull, ne, sql } from 'drizzle-orm';
+import {
+  alias,
+  bigint,
+  boolean,
+  integer,
+  numeric,
+  pgTable,
+  text,
+  timestamp,
+} from 'drizzle-orm/pg-core';
+import { drizzle } from 'drizzle-orm/postgres-js';
+import { describe, expect, expectTypeOf, it, onTestFinished } from 'vitest';
+import {
+  applyStatementSql,
+  isTrellisTarget,
+  statementOf,
+  transform,
+  transformDefinition,
+} from '../src/drizzle/index.js';
+import { sqlClient } from './support/database.js';
+import { livePipeline } from './support/live.js';
+import type { Definition } from './support/oracle.js';
+import { rejection } from './support/trellis.js';
+
+// The app's drizzle schema. Tables are created below with the DDL drizzle-kit writes for them.
+const customers = pgTable('customers', {
+  id: integer().primaryKey(),
+  name: text().notNull(),
+  region: text(),
+});
+const orders = pgTable('orders', {
+  id: integer().primaryKey(),
+  customerId: integer('customer_id').notNull(),
+  amount: numeric().notNull(),
+  status: text().notNull(),
+  placedAt: timestamp('placed_at', { withTimezone: true }).notNull(),
+  gift: boolean().notNull().default(false),
+  serial: bigint({ mode: 'bigint' }),
+});
+// Declared without column names, for an app that uses drizzle's casing: 'snake_case'.
+const employees = pgTable('employees', {
+  id: integer().primaryKey(),
+  fullName: text().notNull(),
+  managerId: integer(),
+});
+
+const SCHEMA = `
+  CREATE TABLE customers (id integer PRIMARY KEY, name text NOT NULL, region text);
+  CREATE TABLE orders (id integer PRIMARY KEY, customer_id integer NOT NULL REFERENCES customers,
+    amount numeric NOT NULL, status text NOT NULL, placed_at timestamptz NOT NULL,
+    gift boolean NOT NULL DEFAULT false, serial bigint);
+  CREATE INDEX ON orders (customer_id);
+  CREATE TABLE employees (id integer PRIMARY KEY, full_name text NOT NULL, manager_id integer);
+  CREATE INDEX ON employees (manager_id);
+`;
+
+// A status that needs quoting, and a comment marker: a value must stay a value.
+const PAID = "paid'); DROP TABLE orders; --";
+const SINCE = new Date('2024-03-01T00:00:00Z');
+
+const customerTotals = transform('customer_totals', (t) =>
+  t
+    .from(orders)
+    .innerJoin(customers, eq(orders.customerId, customers.id))
+    .select({
+      customerId: orders.customerId,
+      name: customers.name,
+      region: sql<string | null>`max(${customers.region})`,
+      total: sql<string>`sum(${orders.amount})`,
+      orderCount: sql<number>`count(*)`.mapWith(Number),
+      lastPlaced: sql<Date>`max(${orders.placedAt})`.mapWith(orders.placedAt),
+    })
+    .where(and(eq(orders.status, PAID), gt(orders.placedAt, SINCE), eq(orders.gift, false)))
+    .groupBy(orders.customerId, customers.name)
+    .having(sql`count(*) >= ${2}`),
+);
+
+// What the test wrote by hand for the oracle: the same transform in plain SQL.
+const customerTotalsDefinition: Definition = {
+  target: 'customer_totals',
+  from: 'orders JOIN customers ON orders.customer_id = customers.id',
+  select: `orders.customer_id AS "customerId", customers.name AS name, max(customers.region) AS region,
+           sum(orders.amount) AS total, count(*) AS "orderCount", max(orders.placed_at) AS "lastPlaced"`,
+  where: `orders.status = 'paid''); DROP TABLE orders; --' AND orders.placed_at > '2024-03-01T00:00:00Z'
+          AND NOT orders.gift`,
+  groupBy: 'orders.customer_id, customers.name',
+  having: 'count(*) >= 2',
+};
+
+const manager = alias(employees, 'manager');
+const reportingLines = transform(
+  'reporting_lines',
+  (t) =>
+    t
+      .from(employees)
+      .leftJoin(manager, eq(manager.id, employees.managerId))
+      .select({
+        employeeId: employees.id,
+        fullName: employees.fullName,
+        managerName: manager.fullName,
+      })
+      .where(ne(employees.fullName, '')),
+  { casing: 'snake_case' },
+);
+const reportingLinesDefinition: Definition = {
+  target: 'reporting_lines',
+  from: 'employees LEFT JOIN employees manager ON manager.id = employees.manager_id',
+  select:
+    'employees.id AS employee_id, employees.full_name AS full_name, manager.full_name AS manager_name',
+  where: "employees.full_name <> ''",
+  implicit: 'manager.id AS id',
+};
+
+// A chain: a transform over another transform's target.
+const bigCustomers = transform('big_customers', (t) =>
+  t
+    .from(customerTotals)
+    .select({ customerId: customerTotals.customerId, total: customerTotals.total })
+    .where(gt(customerTotals.orderCount, 2)),
+);
+const bigCustomersDefinition: Definition = {
+  target: 'big_customers',
+  from: 'customer_totals',
+  select: '"customerId", total',
+  implicit: 'name',
+  where: '"orderCount" > 2',
+};
+
+describe('transform(): statements from drizzle tables', () => {
+  it('writes names as quoted identifiers and values as literals, in grammar order', () => {
+    expect(statementOf(customerTotals)).toBe(
+      [
+        'TRANSFORM "customer_totals"',
+        'FROM "orders"',
+        'INNER JOIN "customers" ON "orders"."customer_id" = "customers"."id"',
+        'SELECT "orders"."customer_id" AS "customerId", "customers"."name" AS "name", max("customers"."region") AS "region", sum("orders"."amount") AS "total", count(*) AS "orderCount", max("orders"."placed_at") AS "lastPlaced"',
+        `WHERE ("orders"."status" = 'paid''); DROP TABLE orders; --' and "orders"."placed_at" > '2024-03-01T00:00:00.000Z' and "orders"."gift" = FALSE)`,
+        'GROUP BY "orders"."customer_id", "customers"."name"',
+        'HAVING count(*) >= 2',
+      ].join('\n'),
+    );
+    expect(statementOf(reportingLines)).toContain(
+      'LEFT JOIN "employees" AS "manager" ON "manager"."id" = "employees"."manager_id"',
+    );
+    expect(transformDefinition(bigCustomers)).toEqual({
+      target: 'big_customers',
+      statement: expect.stringContaining('FROM "customer_totals"'),
+      reads: ['customer_totals'],
+    });
+    expect(applyStatementSql(statementOf(bigCustomers))).toMatch(
+      /^SELECT "trellis"\.apply\('TRANSFORM "big_customers"\n/,
+    );
+    expect(applyStatementSql(bigCustomers, { schema: 'tr' })).toBe(
+      `SELECT "tr".apply('${statementOf(bigCustomers)}');`,
+    );
+    expect(() => applyStatementSql(orders)).toThrow(
+      expect.objectContaining({ code: 'validation' }),
+    );
+    expect(isTrellisTarget(customerTotals)).toBe(true);
+    expect(isTrellisTarget(orders)).toBe(false);
+  });
+
+  it('writes each kind of value as a literal of its own', () => {
+    const stmt = statementOf(
+      transform('values', (t) =>
+        t
+          .from(orders)
+          .select({ id: orders.id })
+          .where(
+            and(
+              eq(orders.serial, 9007199254740993n),
+              inArray(orders.id, [1, 2, 3]),
+              sql`${orders.amount} > ${1.5} AND ${orders.gift} = ${true} AND ${orders.status} IS DISTINCT FROM ${null}`,
+              sql`${orders.placedAt} < ${new Date('2030-01-01T00:00:00Z')}`,
+              sql`${orders.status} <> ${'back\\slash'}`,
+            ),
+          ),
+      ),
+    );
+    expect(stmt).toContain('"orders"."serial" = 9007199254740993');
+    expect(stmt).toContain('"orders"."id" in (1, 2, 3)');
+    expect(stmt).toContain(
+      '"orders"."amount" > 1.5 AND "orders"."gift" = TRUE AND "orders"."status" IS DISTINCT FROM NULL',
+    );
+    expect(stmt).toContain(`"orders"."placed_at" < '2030-01-01T00:00:00.000Z'`);
+    expect(stmt).toContain(`"orders"."status" <> 'back\\slash'`);
+  });
+
+  it('refuses what cannot be written into a statement, with validation', () => {
+    const products = pgTable('products', { id: integer().primaryKey(), price: numeric() });
+    const refusals = [
+      // A column inside sql`…` is only checked at run time.
+      () =>
+        transform('x', (t) => t.from(orders).select({ id: orders.id }).where(eq(products.id, 1))),
+      () =>
+        transform('x', (t) => t.from(orders).select({ p: sql<string>`max(${products.price})` })),
+      () =>
+        transform('x', (t) =>
+          t.from(orders).innerJoin(orders, eq(orders.id, orders.id)).select({ id: orders.id }),
+        ),
+      () =>
+        transform('x', (t) =>
+          t
+            .from(orders)
+            .select({ id: orders.id })
+            .where(sql`${orders.id} = ${sql.placeholder('id')}`),
+        ),
+      () =>
+        transform('x', (t) =>
+          t.from(orders).select({ id: sql`${orders.id}`.as('other') as never }),
+        ),
+      () => transform('x', (t) => t.from(orders).innerJoin(customers, undefined).select({})),
+      () => transform('', (t) => t.from(orders).select({ id: orders.id })),
+      () =>
+        transform('x', (t) => t.from(orders).select({ id: orders.id, ID: orders.id }), {
+          casing: 'snake_case',
+        }),
+    ];
+    for (const refuse of refusals) {
+      expect(refuse).toThrow(expect.objectContaining({ code: 'validation' }));
+    }
+    expect(() =>
+      transform('x', (t) => t.from(orders).select({ id: orders.id }).where(eq(products.id, 1))),
+    ).toThrow(
+      'in WHERE: products (column id) is not a table of this statement (its tables: orders)',
+    );
+  });
+
+  it('types the target by what the SELECT produces', () => {
+    type Row = Awaited<ReturnType<typeof readTotals>>[number];
+    expectTypeOf<Row>().toEqualTypeOf<{
+      customerId: number;
+      name: string;
+      region: string | null;
+      total: string;
+      orderCount: number;
+      lastPlaced: Date;
+    }>();
+    type Line = (typeof reportingLines)['$inferSelect'];
+    // The LEFT JOINed side is nullable even where its column is NOT NULL.
+    expectTypeOf<Line>().toEqualTypeOf<{
+      employeeId: number;
+      fullName: string;
+      managerName: string | null;
+    }>();
+  });
+});
+
+type Db = ReturnType<typeof drizzle>;
+function readTotals(db: Db) {
+  return db.select().from(customerTotals).orderBy(asc(customerTotals.customerId));
+}
+
+describe('a drizzle-built transform, live', () => {
+  const live = livePipeline({ setup: (db) => db.sql.unsafe(SCHEMA).then(() => undefined) });
+
+  it('converges to its definition and reads back typed through drizzle', async () => {
+    const { db, trellis } = live;
+    await db.sql.unsafe(`
+      INSERT INTO customers VALUES (1, 'Ada', 'north'), (2, 'Bo', NULL), (3, 'Cy', 'south');
+      INSERT INTO orders (id, customer_id, amount, status, placed_at, gift) VALUES
+        (1, 1, 10.50, $$${PAID}$$, '2024-04-01T10:00:00Z', false),
+        (2, 1, 4.25, $$${PAID}$$, '2024-05-01T10:00:00Z', false),
+        (3, 1, 99, 'open', '2024-05-02T10:00:00Z', false),
+        (4, 2, 7, $$${PAID}$$, '2024-06-01T10:00:00Z', false),
+        (5, 2, 8, $$${PAID}$$, '2024-06-02T10:00:00Z', true),
+        (6, 3, 1, $$${PAID}$$, '2024-01-01T10:00:00Z', false),
+        (7, 3, 2, $$${PAID}$$, '2024-07-01T10:00:00Z', false),
+        (8, 3, 3, $$${PAID}$$, '2024-07-02T10:00:00Z', false);
+      INSERT INTO employees VALUES (1, 'Grace', NULL), (2, 'Linus', 1), (3, 'Ken', 1), (4, '', 2);
+    `);
+    for (const target of [customerTotals, reportingLines, bigCustomers]) {
+      expect(await trellis.apply(statementOf(target))).toEqual({
+        kind: 'transform_defined',
+        target: transformDefinition(target).target,
+      });
+    }
+    await live.converged([
+      customerTotalsDefinition,
+      reportingLinesDefinition,
+      bigCustomersDefinition,
+    ]);
+
+    await db.sql.unsafe(`
+      INSERT INTO orders (id, customer_id, amount, status, placed_at) VALUES
+        (9, 2, 1.75, $$${PAID}$$, '2024-08-01T10:00:00Z'),
+        (10, 3, 5, $$${PAID}$$, '2024-08-02T10:00:00Z');
+      UPDATE orders SET status = 'refunded' WHERE id = 2;
+      UPDATE customers SET region = 'west' WHERE id = 2;
+      UPDATE employees SET full_name = 'Grace H.' WHERE id = 1;
+    `);
+    await live.converged([
+      customerTotalsDefinition,
+      reportingLinesDefinition,
+      bigCustomersDefinition,
+    ]);
+
+    // drizzle changes the postgres.js client it wraps: a client of its own.
+    const client = sqlClient(db.url, { max: 2 });
+    onTestFinished(() => client.end());
+    const orm = drizzle({ client });
+    const rows = await readTotals(orm);
+    const expected = await db.sql.unsafe<Array<Record<string, unknown>>>(
+      `SELECT orders.customer_id AS "customerId", customers.name, max(customers.region) AS region,
+              sum(orders.amount)::text AS total, count(*)::int AS "orderCount",
+              max(orders.placed_at) AS "lastPlaced"
+         FROM orders JOIN customers ON orders.customer_id = customers.id
+        WHERE ${customerTotalsDefinition.where}
+        GROUP BY 1, 2 HAVING count(*) >= 2 ORDER BY 1`,
+    );
+    expect(rows).toEqual(expected);
+    expect(rows.map((r) => r.customerId)).toEqual([2, 3]);
+    expect(rows[0]?.lastPlaced).toBeInstanceOf(Date);
+
+    const lines = await orm
+      .select()
+      .from(reportingLines)
+      .where(isNotNull(reportingLines.managerName))
+      .orderBy(reportingLines.employeeId);
+    expect(lines).toEqual([
+      { employeeId: 2, fullName: 'Linus', managerName: 'Grace H.' },
+      { employeeId: 3, fullName: 'Ken', managerName: 'Grace H.' },
+    ]);
+    expect(await orm.select().from(bigCustomers)).toEqual([{ customerId: 3, total: '10' }]);
+  });
+
+  it('is read-only: a write to the target is refused by Trellis', async () => {
+    const client = sqlClient(live.db.url, { max: 1 });
+    onTestFinished(() => client.end());
+    const orm = drizzle({ client });
+    const refused = await rejection(orm.execute(sql`DELETE FROM ${customerTotals}`));
+    expect(String((refused.cause as { code?: string } | undefined)?.code ?? refused.code)).toBe(
+      'TRW01',
+    );
+  });
+});

@@ -1,0 +1,238 @@
+import { execFile } from 'node:child_process';
+import { cp, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runCli } from '../src/cli/run.js';
+import { latestVersion } from '../src/migration/index.js';
+import { freshDatabase, type TestDatabase } from './support/database.js';
+
+// `trellis generate …` in a drizzle-kit project, run as a user runs it (a child process in
+// the project's directory), next to drizzle-kit itself.
+const repo = resolve(import.meta.dirname, '..');
+const tsx = join(repo, 'node_modules', 'tsx', 'dist', 'cli.mjs');
+const drizzleKit = join(repo, 'node_modules', 'drizzle-kit', 'bin.cjs');
+
+interface Result {
+  code: number;
+  out: string;
+  err: string;
+}
+
+function exec(
+  cwd: string,
+  args: string[],
+  env: Record<string, string | undefined>,
+): Promise<Result> {
+  return new Promise((done) => {
+    execFile(
+      process.execPath,
+      args,
+      {
+        cwd,
+        env: { ...process.env, DATABASE_URL: undefined, NO_COLOR: '1', ...env },
+        timeout: 60_000,
+      },
+      (error, out, err) => {
+        const code = error ? (typeof error.code === 'number' ? error.code : -1) : 0;
+        done({ code, out, err });
+      },
+    );
+  });
+}
+
+const SCHEMA = `
+import { integer, numeric, pgTable, text } from 'drizzle-orm/pg-core';
+export const customers = pgTable('customers', { id: integer().primaryKey(), name: text().notNull() });
+export const orders = pgTable('orders', {
+  id: integer().primaryKey(),
+  customerId: integer('customer_id').notNull(),
+  amount: numeric().notNull(),
+});
+`;
+const CONFIG = `
+import { defineConfig } from 'drizzle-kit';
+export default defineConfig({
+  dialect: 'postgresql',
+  schema: './schema.ts',
+  out: './migrations',
+  dbCredentials: { url: process.env.DATABASE_URL! },
+});
+`;
+
+const dirs: string[] = [];
+let db: TestDatabase;
+
+async function project(): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), 'trellis-generate-'));
+  dirs.push(dir);
+  await symlink(join(repo, 'node_modules'), join(dir, 'node_modules'));
+  await writeFile(join(dir, 'schema.ts'), SCHEMA);
+  await writeFile(join(dir, 'drizzle.config.ts'), CONFIG);
+  return dir;
+}
+
+const trellis = (cwd: string, args: string[], env: Record<string, string> = {}) =>
+  exec(cwd, [tsx, join(repo, 'src/cli/main.ts'), ...args], env);
+async function inProcess(argv: string[], env: Record<string, string>): Promise<Result> {
+  let out = '';
+  let err = '';
+  const code = await runCli(argv, { out: (t) => (out += t), err: (t) => (err += t), env });
+  return { code, out, err };
+}
+const kit = (cwd: string, args: string[]) =>
+  exec(cwd, [drizzleKit, ...args], { DATABASE_URL: db.url });
+
+/** The folder as text, with what differs between any two runs (ids, times) numbered. */
+async function folder(dir: string): Promise<Record<string, unknown>> {
+  const ids = new Map<string, string>();
+  const id = (value: string) => {
+    if (value === '' || value === '00000000-0000-0000-0000-000000000000') return value;
+    if (!ids.has(value)) ids.set(value, `id${ids.size}`);
+    return ids.get(value);
+  };
+  const files: Record<string, unknown> = {};
+  for (const name of (await readdir(join(dir, 'meta'))).sort()) {
+    const json = JSON.parse(await readFile(join(dir, 'meta', name), 'utf8')) as Record<
+      string,
+      unknown
+    >;
+    if (name === '_journal.json') {
+      const entries = json.entries as Array<Record<string, unknown>>;
+      files[name] = { ...json, entries: entries.map((e) => ({ ...e, when: typeof e.when })) };
+    } else {
+      files[name] = { ...json, id: id(json.id as string), prevId: id(json.prevId as string) };
+    }
+    files[`${name} (text layout)`] = (await readFile(join(dir, 'meta', name), 'utf8'))
+      .replace(/"[0-9a-f-]{36}"/g, '"…"')
+      .replace(/"when": \d+/g, '"when": …');
+  }
+  files['sql files'] = (await readdir(dir)).filter((f) => f.endsWith('.sql')).sort();
+  return files;
+}
+
+beforeAll(async () => {
+  db = await freshDatabase();
+});
+
+afterAll(async () => {
+  for (const dir of dirs) await rm(dir, { recursive: true, force: true });
+});
+
+describe('trellis generate', () => {
+  it('writes the journal entry and snapshot drizzle-kit generate --custom writes', {
+    timeout: 150_000,
+  }, async () => {
+    const ours = await project();
+    expect((await kit(ours, ['generate', '--name', 'tables'])).code).toBe(0);
+    const theirs = `${ours}-kit`;
+    dirs.push(theirs);
+    await cp(ours, theirs, { recursive: true, verbatimSymlinks: true });
+
+    const installed = await trellis(ours, ['generate', 'install']);
+    expect(installed).toMatchObject({ code: 0, err: '' });
+    expect(installed.out).toBe(
+      'Wrote migrations/0001_trellis_install.sql: drizzle-kit migrate applies it\n',
+    );
+    expect((await kit(theirs, ['generate', '--custom', '--name', 'trellis_install'])).code).toBe(0);
+    expect(await folder(join(ours, 'migrations'))).toEqual(
+      await folder(join(theirs, 'migrations')),
+    );
+
+    // drizzle-kit carries on from our snapshot: no drift, and its next migration follows.
+    const again = await kit(ours, ['generate', '--name', 'nothing']);
+    expect(again.out).toContain('No schema changes');
+    await writeFile(
+      join(ours, 'schema.ts'),
+      `${SCHEMA}\nexport const extra = pgTable('extra', { id: integer().primaryKey() });\n`,
+    );
+    expect((await kit(ours, ['generate', '--name', 'extra'])).code).toBe(0);
+    const sql = await readFile(join(ours, 'migrations', '0002_extra.sql'), 'utf8');
+    expect(sql).toMatch(/^CREATE TABLE "extra"/);
+
+    const sqlText = await readFile(join(ours, 'migrations', '0001_trellis_install.sql'), 'utf8');
+    expect(sqlText).toContain(
+      `-- trellis-pg: install or upgrade the Trellis catalog schema "trellis" to version ${latestVersion()}.`,
+    );
+  });
+
+  // Child processes are slow on a loaded machine: a longer timeout than the suite's.
+  it('checks statements first, then writes migrations drizzle-kit migrate applies', {
+    timeout: 150_000,
+  }, async () => {
+    const dir = await project();
+    const env = { DATABASE_URL: db.url };
+    expect((await trellis(dir, ['generate', 'install'])).code).toBe(0);
+    expect((await kit(dir, ['generate', '--name', 'tables'])).code).toBe(0);
+    const journal = () => readFile(join(dir, 'migrations', 'meta', '_journal.json'), 'utf8');
+    const before = await journal();
+
+    // Refused statements write nothing: a parse error points at the position, a name
+    // Postgres does not know is refused as the migration would be (the pending migrations
+    // that create the tables ran first, in a transaction that was rolled back). These run
+    // in this process (the command's logic; the child processes above and below are how a
+    // user runs it).
+    const config = ['--config', join(dir, 'drizzle.config.ts'), '--out', join(dir, 'migrations')];
+    const parse = await inProcess(
+      ['generate', 'transform', 'TRANSFORM t FROM orders SELEC amount', ...config],
+      env,
+    );
+    // Exit 2: a refused statement (the CLI's exit codes, see README).
+    expect(parse.code).toBe(2);
+    expect(parse.err).toMatch(
+      /^trellis: expected JOIN or SELECT, found "amount" at character 31 \(parse\)\n$/,
+    );
+    const misspelt = await inProcess(
+      ['generate', 'transform', 'TRANSFORM t FROM orders SELECT amuont AS amount', ...config],
+      env,
+    );
+    expect(misspelt.code).toBe(2);
+    expect(misspelt.err).toMatch(/amuont.*\(validation\)\n$/);
+    const noUrl = await inProcess(
+      ['generate', 'transform', 'DROP TRANSFORM t', '--out', join(dir, 'migrations')],
+      {},
+    );
+    expect(noUrl.err).toMatch(/checks statements on a database.*\(validation\)/);
+    expect(await journal()).toBe(before);
+    const [untouched] =
+      await db.sql`SELECT to_regnamespace('trellis') AS ns, to_regclass('orders') AS t`;
+    expect(untouched).toEqual({ ns: null, t: null });
+
+    const statement = 'TRANSFORM big_orders FROM orders SELECT amount AS amount WHERE amount > 100';
+    const written = await trellis(dir, ['generate', 'transform', statement], env);
+    expect(written).toMatchObject({ code: 0, err: '' });
+    expect(written.out).toContain('migrations/0002_trellis_transform_big_orders.sql');
+    const file = await readFile(
+      join(dir, 'migrations', '0002_trellis_transform_big_orders.sql'),
+      'utf8',
+    );
+    expect(file.split('\n').filter((l) => !l.startsWith('--'))).toEqual([
+      `SELECT "trellis".apply('${statement}');`,
+    ]);
+
+    const migrated = await kit(dir, ['migrate']);
+    expect(migrated.code).toBe(0);
+    const transforms = await db.sql`SELECT target_name FROM trellis.transforms`;
+    expect(transforms).toEqual([{ target_name: 'big_orders' }]);
+
+    // Up to date: upgrade writes nothing; install again is refused.
+    const upgrade = await inProcess(['generate', 'upgrade', ...config], {});
+    expect(upgrade.out).toContain('nothing written');
+    const install = await inProcess(['generate', 'install', ...config], {});
+    expect(install).toMatchObject({ code: 6 });
+    expect(install.err).toMatch(/already installs.*\(conflict\)/);
+
+    // On a database where the pending migrations cannot run (its tables were made
+    // another way), only the grammar is checked, and the note says so.
+    const other = await freshDatabase();
+    await other.sql.unsafe('CREATE TABLE customers (id int PRIMARY KEY)');
+    const grammarOnly = await inProcess(
+      ['generate', 'transform', 'DROP TRANSFORM big_orders', ...config],
+      {
+        DATABASE_URL: other.url,
+      },
+    );
+    expect(grammarOnly.code).toBe(0);
+    expect(grammarOnly.err).toMatch(/^trellis: note: .*only the grammar was checked\n$/);
+  });
+});

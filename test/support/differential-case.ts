@@ -1,0 +1,306 @@
+import fc from 'fast-check';
+import type { Trellis } from '../../src/engine/index.js';
+import { sqlClient } from './database.js';
+import type { LivePipeline } from './live.js';
+import { compareWithDefinition, type Definition, transformStatement } from './oracle.js';
+import {
+  type Database,
+  databaseSql,
+  physical,
+  readRows,
+  readSchema,
+  rowChoicesArb,
+  tableChoicesArb,
+} from './random-schema.js';
+import {
+  definitionOf,
+  readTransform,
+  type Transform,
+  transformChoiceArb,
+  transformShape,
+} from './random-transforms.js';
+import { placeSteps, readSteps, stepText, writersArb } from './random-writes.js';
+import { runPlan, type Step, type WorkloadResult } from './workload.js';
+
+/**
+ * One case of the differential tests: a random database, random transforms over it, and
+ * random concurrent writes. `runCase` defines the transforms on a live pipeline, runs the
+ * writes while the targets backfill and drain, waits for convergence and compares every
+ * target with its definition run by Postgres (the oracle). A case prints as SQL: the
+ * schema, the statements, each writer's steps.
+ *
+ * A case is generated as choices read against its schema (random-schema.ts says why), in
+ * the order fast-check shrinks them: transforms first (a case with fewer runs faster),
+ * then the writers' steps, the first rows, the tables.
+ *
+ * The writers run twice: right after the transforms are defined, while their targets are
+ * built (a backfill must not miss what is written meanwhile), and again once every target
+ * is live, when each change reaches the targets through the ledger and the drain alone.
+ */
+export interface Case {
+  db: Database;
+  /** In definition order: a chain after the transform it reads. */
+  transforms: Transform[];
+  /** Each writer's steps while the targets are built, then once they are live. */
+  writers: { building: Step[][]; live: Step[][] };
+}
+
+export interface CaseSizes {
+  tables: number;
+  rows: number;
+  transforms: number;
+  writers: number;
+  steps: number;
+}
+
+/** The prefix of the tables and targets a case is printed with. */
+const PRINT_PREFIX = 'd';
+
+export function caseArb(sizes: CaseSizes): fc.Arbitrary<Case> {
+  return fc
+    .record({
+      transforms: fc.array(transformChoiceArb, { minLength: 1, maxLength: sizes.transforms }),
+      building: writersArb({ ...sizes, steps: Math.ceil(sizes.steps / 3) }),
+      live: writersArb(sizes),
+      rows: rowChoicesArb(sizes.rows),
+      tables: tableChoicesArb(sizes.tables),
+    })
+    .map((choice): Case => {
+      const schema = readSchema(choice.tables);
+      const c: Case = {
+        db: { schema, rows: readRows(schema, choice.rows) },
+        transforms: choice.transforms.flatMap((t, i) => readTransform(schema, t, i + 1)),
+        writers: {
+          building: choice.building.map((steps) => readSteps(schema, steps)),
+          live: choice.live.map((steps) => readSteps(schema, steps)),
+        },
+      };
+      return Object.assign(c, { [fc.toStringMethod]: () => `\n${caseText(c, PRINT_PREFIX)}` });
+    });
+}
+
+/** A case in one line: its tables, transforms and writes. */
+export function caseSummary(c: Case): string {
+  const tables = c.db.schema.tables.map(
+    (t, i) => `${t.name}(${t.key}, ${c.db.rows[i]?.length ?? 0} rows)`,
+  );
+  const steps = (writers: Step[][]) => writers.map((w) => w.length).join('+');
+  return (
+    `tables ${tables.join(' ')}; ${c.transforms.map(transformShape).join('; ')}; ` +
+    `writers' steps ${steps(c.writers.building)} while building, ${steps(c.writers.live)} live`
+  );
+}
+
+/** A case as SQL, with tables and targets named with `prefix`. */
+export function caseText(c: Case, prefix: string): string {
+  const name = (n: string) => physical(prefix, n);
+  const statements = c.transforms.map((t) => `${transformStatement(definitionOf(t, prefix))};`);
+  const writers = (all: Step[][]) =>
+    all.map(
+      (steps, i) =>
+        `-- writer ${i + 1}${steps.length ? '' : ' (nothing)'}\n${placeSteps(steps, name).map(stepText).join('\n')}`,
+    );
+  return [
+    '-- schema and first rows',
+    databaseSql(c.db, prefix),
+    '-- transforms',
+    ...statements,
+    '-- concurrent writers, at once, while the targets are built',
+    ...writers(c.writers.building),
+    '-- once every target is live: concurrent writers',
+    ...writers(c.writers.live),
+  ].join('\n');
+}
+
+export interface CaseOutcome {
+  writes: WorkloadResult;
+}
+
+/** Thrown when a case fails: what differs, and the case as SQL. */
+export class CaseFailure extends Error {
+  override name = 'CaseFailure';
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * Waits until `target` has every write committed before `token`; fails at once when the
+ * transform stops (paused, a capture failure) rather than at the deadline.
+ */
+async function converged(trellis: Trellis, target: string, token: string, timeoutMs: number) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      await trellis.awaitConverged(target, token, { timeoutMs: 2_000 });
+      return;
+    } catch (error) {
+      if ((error as { code?: string }).code !== 'timeout') throw error;
+    }
+    const status = await trellis.status(target);
+    if (status.status === 'paused' || Date.now() > deadline) {
+      throw new CaseFailure(`${target} did not converge: ${JSON.stringify(status)}`);
+    }
+    await sleep(10);
+  }
+}
+
+/**
+ * The writers' result, or, when they are not done within `ms` (stuck on a lock, say: a
+ * capture trigger must never block a write), an error showing the database's sessions;
+ * the writers' sessions are then ended, so the case can be dropped.
+ */
+async function writersWithin(
+  live: LivePipeline,
+  writers: Promise<WorkloadResult>,
+  ms: number,
+): Promise<WorkloadResult> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<'late'>((resolve) => {
+    timer = setTimeout(() => resolve('late'), ms);
+  });
+  try {
+    const result = await Promise.race([writers, late]);
+    if (result !== 'late') return result;
+  } finally {
+    clearTimeout(timer);
+  }
+  writers.catch(() => undefined);
+  // A client of its own: the writers may hold every connection of the shared one.
+  const look = sqlClient(live.db.url, { max: 1 });
+  try {
+    const sessions = await look`
+      SELECT pid, application_name, state, wait_event_type, wait_event,
+             left(regexp_replace(query, '\s+', ' ', 'g'), 200) AS query
+        FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`;
+    await look`
+      SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+       WHERE datname = current_database() AND pid <> pg_backend_pid()
+         AND application_name NOT LIKE 'trellis-pg%'`;
+    throw new Error(
+      `the writers were not done within ${ms} ms; the database's sessions: ${JSON.stringify(sessions)}`,
+    );
+  } finally {
+    await look.end({ timeout: 2 });
+  }
+}
+
+/** Waits until a transform is live; fails at once when it stops (paused). */
+async function isLive(trellis: Trellis, target: string, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const status = await trellis.status(target);
+    if (status.status === 'live') return;
+    if (status.status === 'paused' || Date.now() > deadline) {
+      throw new CaseFailure(`${target} did not become live: ${JSON.stringify(status)}`);
+    }
+    await sleep(20);
+  }
+}
+
+/** What two workloads did, together. */
+function sumResults(x: WorkloadResult, y: WorkloadResult): WorkloadResult {
+  const expected = { ...x.expected };
+  for (const k of Object.keys(expected) as Array<keyof typeof expected>)
+    expected[k] += y.expected[k];
+  return {
+    operations: x.operations + y.operations,
+    fingerprint: `${x.fingerprint}+${y.fingerprint}`,
+    committed: x.committed + y.committed,
+    rolledBack: x.rolledBack + y.rolledBack,
+    savepointsRolledBack: x.savepointsRolledBack + y.savepointsRolledBack,
+    longTransactions: x.longTransactions + y.longTransactions,
+    truncates: x.truncates + y.truncates,
+    elapsedMs: x.elapsedMs + y.elapsedMs,
+    expected,
+  };
+}
+
+/**
+ * Runs a case on a live pipeline, its tables and targets named with `prefix` (one a case:
+ * they are dropped afterwards). Throws a CaseFailure naming every target that differs
+ * from its definition, or holds keys, or did not converge, with the case as SQL.
+ */
+export async function runCase(
+  live: LivePipeline,
+  c: Case,
+  prefix: string,
+  convergeMs: number,
+): Promise<CaseOutcome> {
+  const sql = live.db.sql;
+  const name = (n: string) => physical(prefix, n);
+  const tables = c.db.schema.tables.map((t) => name(t.name));
+  const defs: Definition[] = c.transforms.map((t) => definitionOf(t, prefix));
+  const defined: Definition[] = [];
+  const fail = (what: string) =>
+    new CaseFailure(
+      `${what}\n\nthe case (tables and targets prefixed ${prefix}):\n${caseText(c, prefix)}`,
+    );
+  try {
+    await sql.unsafe(databaseSql(c.db, prefix));
+    for (const d of defs) {
+      try {
+        await live.trellis.apply(transformStatement(d));
+      } catch (error) {
+        throw fail(`${d.target} was refused: ${(error as Error).message}`);
+      }
+      defined.push(d);
+    }
+    const write = (writers: Step[][]) =>
+      writersWithin(
+        live,
+        runPlan(
+          sql,
+          writers.map((steps) => placeSteps(steps, name)),
+          tables,
+          {},
+        ),
+        convergeMs,
+      );
+    const building = await write(c.writers.building);
+    for (const d of defs) await isLive(live.trellis, d.target, convergeMs);
+    const writes = sumResults(building, await write(c.writers.live));
+    const token = await live.trellis.watermarkToken();
+    const problems: string[] = [];
+    for (const d of defs) {
+      try {
+        await converged(live.trellis, d.target, token, convergeMs);
+      } catch (error) {
+        problems.push((error as Error).message);
+        continue;
+      }
+      const result = await compareWithDefinition(sql, d, { floatTolerance: 0 });
+      const held = (await live.trellis.status(d.target)).heldKeys;
+      if (
+        result.missing.length ||
+        result.extra.length ||
+        result.strayColumns.length ||
+        result.missingColumns.length ||
+        !result.hasKey ||
+        held > 0
+      ) {
+        problems.push(
+          `${d.target} differs from its definition: ${JSON.stringify({
+            missing: result.missing.slice(0, 8),
+            extra: result.extra.slice(0, 8),
+            missingCount: result.missing.length,
+            extraCount: result.extra.length,
+            strayColumns: result.strayColumns,
+            missingColumns: result.missingColumns,
+            hasKey: result.hasKey,
+            heldKeys: held,
+          })}`,
+        );
+      }
+    }
+    if (problems.length) throw fail(problems.join('\n'));
+    return { writes };
+  } catch (error) {
+    if (error instanceof CaseFailure) throw error;
+    throw fail(`the case failed: ${(error as Error).message}`);
+  } finally {
+    for (const d of [...defined].reverse()) {
+      await live.trellis.apply(`DROP TRANSFORM ${d.target}`).catch(() => undefined);
+    }
+    await sql.unsafe(`DROP TABLE IF EXISTS ${tables.join(', ')}`);
+  }
+}

@@ -1,0 +1,616 @@
+import fc from 'fast-check';
+import type { Definition } from './oracle.js';
+import {
+  type Column,
+  columnsOf,
+  keyColumns,
+  physical,
+  refColumns,
+  type Schema,
+} from './random-schema.js';
+import { type ColumnType, comparand } from './random-values.js';
+
+/**
+ * Random TRANSFORMs over a random schema (random-schema.ts), written as the oracle's
+ * Definitions: projections with expressions and filters, GROUP BY with assorted aggregates
+ * and HAVING, grand totals, inner and left joins of two and three tables (equality on a
+ * key and the other table's reference to it, or on any two columns of one type, plus
+ * predicates on the joined side),
+ * anti-joins (`WHERE b.id IS NULL`), and chains (a projection or GROUP BY reading the
+ * target of a projection over inner joins, or of a GROUP BY of bare NOT NULL columns).
+ *
+ * A transform is generated as choices (which table, column, template: natural numbers
+ * taken modulo what is there), then read against the schema: a choice always means
+ * something, so fast-check can shrink any part of it (drop a join, a column, a filter)
+ * and still have a valid statement.
+ *
+ * Only definitions Postgres computes deterministically: nothing groups by, or takes the
+ * min, max or a percentile of, values equal under their type's `=` but written differently (1.0 and
+ * 1.00, 0 and -0, 'a' and 'A' under citext or ci: which one a group shows depends on row
+ * order), so those are grouped through their text (`n::text`, `s COLLATE "C"`); ordered
+ * aggregates (string_agg, array_agg) order by every key after the value; HAVING compares
+ * counts, integer sums and booleans, never floats.
+ */
+
+/** A column as an expression can read it. */
+interface ScopeColumn {
+  alias: string;
+  name: string;
+  type: ColumnType;
+  nullable: boolean;
+}
+
+/** A table (or upstream target) in a transform's FROM. */
+interface Source {
+  alias: string;
+  /** Logical name: a table's (a, b, c) or an upstream target's (x1). */
+  name: string;
+  keys: ScopeColumn[];
+  columns: ScopeColumn[];
+  join: { left: boolean; on: string } | null;
+}
+
+/** What an expression is: its SQL, its type, and the column when it is one, bare. */
+interface Expr {
+  sql: string;
+  type: ColumnType;
+  bare: ScopeColumn | null;
+}
+
+/** Which column of which source, and which of its templates: taken modulo what there is. */
+export interface Pick {
+  source: number;
+  column: number;
+  template: number;
+}
+
+export interface JoinChoice {
+  table: number;
+  left: boolean;
+  /** The joined table holds the reference (b.to_a = a.id), instead of being looked up (b.id = a.to_b). */
+  reverse: boolean;
+  /** Which table already in FROM it joins. */
+  to: number;
+  /**
+   * Joins on a pair of columns of one type (any two, keys or not: many rows can match
+   * many, and under citext, ci, numeric or float8 values of different images match),
+   * instead of on a key and the reference to it; null for the latter.
+   */
+  values: number | null;
+  /** A predicate on the joined table, in ON. */
+  extra: Pick | null;
+}
+
+interface QueryChoice {
+  kind: 'rows' | 'groups' | 'total';
+  items: Array<{ pick: Pick; name: number }>;
+  where: Pick | null;
+  groups: Array<{ pick: Pick; selected: boolean; name: number }>;
+  aggregates: Array<{ pick: Pick; filter: Pick | null; name: number }>;
+  having: Pick | null;
+}
+
+export interface TransformChoice extends QueryChoice {
+  driving: number;
+  joins: JoinChoice[];
+  /** A WHERE <last LEFT JOINed table's key> IS NULL. */
+  anti: boolean;
+  /** A transform reading this one's target (when it is a projection keyed by non-NULL keys). */
+  chain: QueryChoice | null;
+}
+
+const SYSTEM_COLUMNS = ['tableoid', 'xmin', 'cmin', 'xmax', 'cmax', 'ctid'];
+
+function at<T>(items: readonly T[], n: number): T {
+  return items[n % items.length]!;
+}
+
+const col = (c: ScopeColumn) => `${c.alias}.${c.name}`;
+
+type Template = (c: string) => { sql: string; type: ColumnType };
+const same =
+  (type: ColumnType): Template =>
+  (c) => ({ sql: c, type });
+const of =
+  (type: ColumnType, f: (c: string) => string): Template =>
+  (c) => ({ sql: f(c), type });
+
+/** Expressions of a column for SELECT items (the first is the bare column). */
+const VALUES: Record<ColumnType, Template[]> = {
+  int: [
+    same('int'),
+    of('int', (c) => `${c} + 1`),
+    of('int', (c) => `abs(${c})`),
+    of('int', (c) => `coalesce(${c}, 0)`),
+    of('int', (c) => `${c} % 3`),
+  ],
+  bigint: [same('bigint'), of('bigint', (c) => `${c} - 1`)],
+  numeric: [
+    same('numeric'),
+    of('numeric', (c) => `round(${c}, 1)`),
+    of('numeric', (c) => `${c} * 2`),
+    of('text', (c) => `${c}::text`),
+  ],
+  numeric_2: [same('numeric_2'), of('numeric', (c) => `${c} + 1`)],
+  float8: [
+    same('float8'),
+    of('float8', (c) => `${c} * 2`),
+    of('float8', (c) => `- ${c}`),
+    of('float8', (c) => `abs(${c})`),
+  ],
+  text: [
+    same('text'),
+    of('text', (c) => `upper(${c})`),
+    of('int', (c) => `length(${c})`),
+    of('text', (c) => `${c} || '!'`),
+    of('text', (c) => `left(${c}, 2)`),
+  ],
+  citext: [
+    same('citext'),
+    of('text', (c) => `${c}::text`),
+    of('int', (c) => `length(${c})`),
+    of('text', (c) => `lower(${c})`),
+  ],
+  text_ci: [
+    same('text_ci'),
+    of('text_ci', (c) => `upper(${c})`),
+    of('text', (c) => `${c} COLLATE "C"`),
+    of('int', (c) => `length(${c})`),
+  ],
+  boolean: [
+    same('boolean'),
+    of('boolean', (c) => `NOT ${c}`),
+    of('boolean', (c) => `coalesce(${c}, false)`),
+  ],
+  date: [
+    same('date'),
+    of('date', (c) => `${c} + 1`),
+    of('numeric', (c) => `extract(year FROM ${c})`),
+  ],
+  jsonb: [
+    same('jsonb'),
+    of('text', (c) => `${c} ->> 'k'`),
+    of('jsonb', (c) => `${c} -> 'k'`),
+    of('text', (c) => `jsonb_typeof(${c})`),
+  ],
+};
+
+/**
+ * GROUP BY expressions of a column: values equal under `=` have one image (the text of
+ * values that have several), so which row a group's key comes from does not show.
+ */
+const GROUPS: Record<ColumnType, Template[]> = {
+  int: [same('int'), of('int', (c) => `${c} % 3`)],
+  bigint: [same('bigint')],
+  numeric: [of('text', (c) => `${c}::text`), of('numeric', (c) => `round(${c})`)],
+  numeric_2: [of('text', (c) => `${c}::text`), of('numeric', (c) => `round(${c})`)],
+  float8: [of('text', (c) => `${c}::text`), of('boolean', (c) => `(${c} > 0)`)],
+  text: [same('text'), of('text', (c) => `upper(${c})`)],
+  citext: [of('text', (c) => `${c}::text`), of('text', (c) => `lower(${c})`)],
+  text_ci: [of('text', (c) => `${c} COLLATE "C"`), of('int', (c) => `length(${c})`)],
+  boolean: [same('boolean')],
+  date: [same('date')],
+  jsonb: [of('text', (c) => `${c} ->> 'k'`), of('text', (c) => `jsonb_typeof(${c})`)],
+};
+
+/**
+ * Aggregates of a column, given the ORDER BY that makes an ordered aggregate's order total,
+ * with the type of what they return ('same': the column's; null: one a chain does not read).
+ */
+interface Aggregate {
+  sql: (c: string, keys: string) => string;
+  type: ColumnType | 'same' | null;
+}
+const agg = (type: Aggregate['type'], sql: Aggregate['sql']): Aggregate => ({ sql, type });
+const ANY_AGGREGATES: Aggregate[] = [
+  agg('bigint', (c) => `count(${c})`),
+  agg('bigint', (c) => `count(DISTINCT ${c})`),
+  // Under "C": text under ci cast to text keeps its collation, which LIKE on a chain's
+  // reading of it refuses (nondeterministic collations are not supported for LIKE).
+  agg(
+    'text',
+    (c, keys) => `string_agg(${c}::text COLLATE "C", ',' ORDER BY ${c}::text COLLATE "C", ${keys})`,
+  ),
+  agg(null, (c, keys) => `array_agg(${c} ORDER BY ${keys})`),
+];
+const AGGREGATES: Record<ColumnType, Aggregate[]> = {
+  int: [
+    agg('bigint', (c) => `sum(${c})`),
+    agg('same', (c) => `min(${c})`),
+    agg('same', (c) => `max(${c})`),
+    agg('numeric', (c) => `avg(${c})`),
+    agg('float8', (c) => `percentile_cont(0.5) WITHIN GROUP (ORDER BY ${c})`),
+    agg('same', (c) => `percentile_disc(0.25) WITHIN GROUP (ORDER BY ${c})`),
+  ],
+  bigint: [agg('numeric', (c) => `sum(${c})`), agg('same', (c) => `max(${c})`)],
+  numeric: [agg('numeric', (c) => `sum(${c})`), agg('numeric', (c) => `avg(${c})`)],
+  numeric_2: [agg('numeric', (c) => `sum(${c})`), agg('numeric', (c) => `avg(${c})`)],
+  // No min, max or percentile: 0 and -0 are equal, so which one they return depends on
+  // row order.
+  float8: [agg('float8', (c) => `sum(${c})`), agg('float8', (c) => `avg(${c})`)],
+  text: [agg('same', (c) => `min(${c})`), agg('same', (c) => `max(${c})`)],
+  citext: [],
+  text_ci: [],
+  boolean: [agg('same', (c) => `bool_and(${c})`), agg('same', (c) => `bool_or(${c})`)],
+  date: [
+    agg('same', (c) => `min(${c})`),
+    agg('same', (c) => `max(${c})`),
+    agg('same', (c) => `percentile_disc(0.5) WITHIN GROUP (ORDER BY ${c})`),
+  ],
+  jsonb: [],
+};
+
+/** Predicates on a column (WHERE, ON, FILTER). */
+const PREDICATES: Record<ColumnType, Array<(c: string) => string>> = {
+  int: [(c) => `${c} > ${comparand('int')}`, (c) => `${c} % 2 = 0`],
+  bigint: [(c) => `${c} > ${comparand('bigint')}`],
+  numeric: [(c) => `${c} > ${comparand('numeric')}`, (c) => `${c} = 1`],
+  numeric_2: [(c) => `${c} > ${comparand('numeric_2')}`],
+  float8: [(c) => `${c} > 0`, (c) => `${c} = 0`],
+  text: [(c) => `${c} > 'b'`, (c) => `${c} = 'abc'`, (c) => `${c} LIKE 'a%'`],
+  citext: [(c) => `${c} = 'abc'`, (c) => `${c} > 'b'`],
+  text_ci: [(c) => `${c} = 'abc'`, (c) => `${c} > 'b'`],
+  boolean: [(c) => c, (c) => `NOT ${c}`],
+  date: [(c) => `${c} > ${comparand('date')}`],
+  jsonb: [(c) => `jsonb_typeof(${c}) = 'object'`, (c) => `${c} @> ${comparand('jsonb')}`],
+};
+const NULL_PREDICATES: Array<(c: string) => string> = [
+  (c) => `${c} IS NULL`,
+  (c) => `${c} IS NOT NULL`,
+];
+
+/** HAVING conditions: on counts, integer sums and booleans only (never floats). */
+const HAVINGS: Array<(c: ScopeColumn) => string | null> = [
+  () => 'count(*) > 1',
+  (c) => `count(DISTINCT ${col(c)}) > 1`,
+  (c) => (c.type === 'int' ? `sum(${col(c)}) > 0` : null),
+  (c) => (c.type === 'boolean' ? `bool_or(${col(c)})` : null),
+  (c) => (c.type === 'date' ? `max(${col(c)}) IS NOT NULL` : null),
+  () => 'count(*) > 0',
+];
+
+function column(sources: Source[], pick: Pick): ScopeColumn {
+  const source = at(sources, pick.source);
+  return at(source.columns, pick.column);
+}
+
+function valueExpr(sources: Source[], pick: Pick): Expr {
+  const c = column(sources, pick);
+  const templates = VALUES[c.type];
+  const n = pick.template % templates.length;
+  const e = templates[n]!(col(c));
+  return { ...e, bare: n === 0 ? c : null };
+}
+
+function groupExpr(sources: Source[], pick: Pick): Expr {
+  const c = column(sources, pick);
+  const e = at(GROUPS[c.type], pick.template)(col(c));
+  return { ...e, bare: e.sql === col(c) ? c : null };
+}
+
+function predicate(sources: Source[], pick: Pick): string {
+  const c = column(sources, pick);
+  const templates = [...PREDICATES[c.type], ...(c.nullable ? NULL_PREDICATES : [])];
+  return at(templates, pick.template)(col(c));
+}
+
+function aggregate(
+  sources: Source[],
+  pick: Pick,
+  keys: string,
+): { sql: string; type: ColumnType | null } {
+  if (pick.template % 5 === 0) return { sql: 'count(*)', type: 'bigint' };
+  const c = column(sources, pick);
+  const a = at([...AGGREGATES[c.type], ...ANY_AGGREGATES], pick.template);
+  return { sql: a.sql(col(c), keys), type: a.type === 'same' ? c.type : a.type };
+}
+
+function having(sources: Source[], pick: Pick): string {
+  const c = column(sources, pick);
+  for (let i = 0; i < HAVINGS.length; i += 1) {
+    const h = at(HAVINGS, pick.template + i)(c);
+    if (h) return h;
+  }
+  return 'count(*) > 1';
+}
+
+/** Names a SELECT item may get besides its own (o1, g1, n1...): the keys' names, taken. */
+const KEY_LIKE_NAMES = ['id', 'k1', 'k2'];
+
+function itemName(fallback: string, choice: number, used: Set<string>): string {
+  const name = choice % 4 === 3 ? at(KEY_LIKE_NAMES, choice >> 2) : fallback;
+  const chosen = used.has(name) ? fallback : name;
+  used.add(chosen);
+  return chosen;
+}
+
+/** A transform read against its schema: what the statement and the oracle are built from. */
+export interface Transform {
+  /** Logical target name (x1, x1c for the chain reading it); the physical one has the prefix. */
+  name: string;
+  /** A row per (joined) source row, a row per group, or one row (a grand total). */
+  kind: QueryChoice['kind'];
+  /** Its WHERE starts with `<last LEFT JOINed table's key> IS NULL`. */
+  anti: boolean;
+  sources: Source[];
+  /** Its items; `type` null for one a chain does not read (an array). */
+  select: Array<{ sql: string; name: string; type: ColumnType | null; bare: ScopeColumn | null }>;
+  where: string[];
+  groupBy: string[];
+  having: string | null;
+  implicit: string[];
+  /** The target's key columns (for a chain reading it), in key order. */
+  keys: ScopeColumn[];
+  /** Whether its target has a primary key (every key column NOT NULL): it can be a source. */
+  readable: boolean;
+}
+
+function tableSource(schema: Schema, index: number, join: Source['join']): Source {
+  const table = schema.tables[index]!;
+  const nullable = join?.left ?? false;
+  const scope = (c: Column): ScopeColumn => ({
+    alias: table.name,
+    name: c.name,
+    type: c.type,
+    nullable: nullable || !c.notNull,
+  });
+  return {
+    alias: table.name,
+    name: table.name,
+    keys: keyColumns(table).map(scope),
+    columns: columnsOf(schema, table).map(scope),
+    join,
+  };
+}
+
+function fromSources(schema: Schema, choice: TransformChoice): Source[] {
+  const tables = schema.tables.map((_, i) => i);
+  const driving = tables.splice(choice.driving % tables.length, 1)[0]!;
+  const sources = [tableSource(schema, driving, null)];
+  const indexes = [driving];
+  for (const j of choice.joins) {
+    if (tables.length === 0) break;
+    const joined = tables.splice(j.table % tables.length, 1)[0]!;
+    const toIndex = at(indexes, j.to);
+    const to = schema.tables[toIndex]!;
+    const table = schema.tables[joined]!;
+    // Columns of one type on either side, for a join on values rather than keys.
+    const pairs = columnsOf(schema, table).flatMap((x) =>
+      columnsOf(schema, to)
+        .filter((y) => y.type === x.type)
+        .map((y) => [`${table.name}.${x.name}`, `${to.name}.${y.name}`] as const),
+    );
+    const [left, right] =
+      j.values !== null && pairs.length > 0
+        ? [[at(pairs, j.values)[0]], [at(pairs, j.values)[1]]]
+        : j.reverse
+          ? [
+              refColumns(to).map((c) => `${table.name}.${c.name}`),
+              keyColumns(to).map((c) => `${to.name}.${c.name}`),
+            ]
+          : [
+              keyColumns(table).map((c) => `${table.name}.${c.name}`),
+              refColumns(table).map((c) => `${to.name}.${c.name}`),
+            ];
+    const conditions = left.map((l, i) => `${l} = ${right[i]}`);
+    const source = tableSource(schema, joined, { left: j.left, on: '' });
+    if (j.extra) conditions.push(predicate([source], j.extra));
+    source.join = { left: j.left, on: conditions.join(' AND ') };
+    sources.push(source);
+    indexes.push(joined);
+  }
+  return sources;
+}
+
+/** A query (SELECT list, WHERE, GROUP BY, HAVING, implicit keys) over `sources`. */
+function readQuery(
+  name: string,
+  sources: Source[],
+  choice: QueryChoice,
+  where: string[],
+  anti = false,
+): Transform {
+  const keys = sources.flatMap((s) => s.keys.map(col)).join(', ');
+  const used = new Set<string>();
+  const select: Transform['select'] = [];
+  const groupBy: string[] = [];
+  const implicit: string[] = [];
+  const targetKeys: ScopeColumn[] = [];
+  /** For GROUP BY: every grouping expression is a bare column (the key's are known). */
+  let keyed = false;
+  const filter = choice.where ? [predicate(sources, choice.where)] : [];
+  if (choice.kind === 'rows') {
+    choice.items.forEach((item, i) => {
+      const e = valueExpr(sources, item.pick);
+      select.push({ ...e, name: itemName(`o${i + 1}`, item.name, used) });
+    });
+    // The key: each source's key columns, a bare SELECT item of it when there is one, else
+    // an implicit column named after it, or alias_column when that name is taken
+    // (_analyze_transform in 0005_transform_analysis.sql).
+    const taken = new Set([...select.map((s) => s.name), ...SYSTEM_COLUMNS]);
+    const keyItems = new Set<number>();
+    for (const source of sources) {
+      for (const k of source.keys) {
+        const found = select.findIndex(
+          (s, i) => !keyItems.has(i) && s.bare?.alias === k.alias && s.bare.name === k.name,
+        );
+        if (found >= 0) {
+          keyItems.add(found);
+          targetKeys.push({ ...k, alias: '', name: select[found]!.name });
+          continue;
+        }
+        let keyName = k.name;
+        if (taken.has(keyName)) keyName = `${k.alias}_${k.name}`;
+        if (taken.has(keyName)) throw new Error(`the generator took the name ${keyName}`);
+        taken.add(keyName);
+        implicit.push(`${col(k)} AS ${keyName}`);
+        targetKeys.push({ ...k, alias: '', name: keyName });
+      }
+    }
+  } else {
+    const seen = new Set<string>();
+    const groups = choice.kind === 'groups' ? choice.groups : [];
+    groups.forEach((g, i) => {
+      const e = groupExpr(sources, g.pick);
+      if (seen.has(e.sql)) return;
+      seen.add(e.sql);
+      groupBy.push(e.sql);
+      if (g.selected || !e.bare) {
+        select.push({ ...e, name: itemName(`g${i + 1}`, g.name, used) });
+      }
+    });
+    choice.aggregates.forEach((a, i) => {
+      const filterBy = a.filter ? ` FILTER (WHERE ${predicate(sources, a.filter)})` : '';
+      const made = aggregate(sources, a.pick, keys);
+      select.push({
+        sql: `${made.sql}${filterBy}`,
+        type: made.type,
+        bare: null,
+        name: itemName(`n${i + 1}`, a.name, used),
+      });
+    });
+    // The key: the GROUP BY expressions, each the SELECT item that is it, or an implicit
+    // column named after the bare column it is (alias_column when that name is taken).
+    const taken = new Set([...select.map((s) => s.name), ...SYSTEM_COLUMNS]);
+    for (const g of groupBy) {
+      const bare = groups.map((x) => groupExpr(sources, x.pick)).find((e) => e.sql === g)!.bare;
+      const item = select.find((s) => s.sql === g);
+      if (item) {
+        if (bare) targetKeys.push({ ...bare, alias: '', name: item.name });
+        continue;
+      }
+      let keyName = bare!.name;
+      if (taken.has(keyName)) keyName = `${bare!.alias}_${bare!.name}`;
+      if (taken.has(keyName)) throw new Error(`the generator took the name ${keyName}`);
+      taken.add(keyName);
+      implicit.push(`${col(bare!)} AS ${keyName}`);
+      targetKeys.push({ ...bare!, alias: '', name: keyName });
+    }
+    keyed = groupBy.length > 0 && targetKeys.length === groupBy.length;
+  }
+  const aggregates = choice.kind !== 'rows';
+  return {
+    name,
+    kind: choice.kind,
+    anti,
+    sources,
+    select,
+    where: [...where, ...filter],
+    groupBy,
+    having: aggregates && choice.having ? having(sources, choice.having) : null,
+    implicit,
+    keys: targetKeys,
+    // A target a chain can read has a primary key: every key column NOT NULL (source
+    // keys outside LEFT JOINs; GROUP BY expressions that are bare NOT NULL columns).
+    readable: aggregates
+      ? keyed && targetKeys.every((k) => !k.nullable)
+      : sources.every((s) => !s.join?.left),
+  };
+}
+
+/** A transform (and the chain reading it, if any) read against `schema`. */
+export function readTransform(schema: Schema, choice: TransformChoice, index: number): Transform[] {
+  const sources = fromSources(schema, choice);
+  const last = sources[sources.length - 1]!;
+  const anti = Boolean(choice.anti && sources.length > 1 && last.join?.left);
+  const where = anti ? [`${col(last.keys[0]!)} IS NULL`] : [];
+  const transform = readQuery(`x${index}`, sources, choice, where, anti);
+  if (!choice.chain || !transform.readable) return [transform];
+  // The upstream target's columns as the chain reads them: its SELECT items (but arrays),
+  // then the key columns the target added on its own; key columns are never NULL.
+  const isKey = (name: string) => transform.keys.some((k) => k.name === name);
+  const upstream: Source = {
+    alias: 'q',
+    name: transform.name,
+    keys: transform.keys.map((k) => ({ ...k, alias: 'q', nullable: false })),
+    columns: [
+      ...transform.select.flatMap((s) =>
+        s.type === null
+          ? []
+          : [{ alias: 'q', name: s.name, type: s.type, nullable: !isKey(s.name) }],
+      ),
+      ...transform.keys
+        .filter((k) => !transform.select.some((s) => s.name === k.name))
+        .map((k) => ({ ...k, alias: 'q', nullable: false })),
+    ],
+    join: null,
+  };
+  return [transform, readQuery(`${transform.name}c`, [upstream], choice.chain, [])];
+}
+
+/** What a transform is, in a few words (for the tests' progress lines): `x1: groups, left join of 3, having`. */
+export function transformShape(t: Transform): string {
+  const tags: string[] = [t.kind];
+  if (t.sources[0]!.alias === 'q') tags.push('chain');
+  const joins = t.sources.filter((s) => s.join);
+  if (joins.length) {
+    const kinds = [...new Set(joins.map((s) => (s.join!.left ? 'left' : 'inner')))].join('+');
+    tags.push(`${kinds} join of ${t.sources.length}`);
+  }
+  if (t.anti) tags.push('anti-join');
+  if (t.where.length > (t.anti ? 1 : 0)) tags.push('where');
+  if (t.having) tags.push('having');
+  return `${t.name}: ${tags.join(', ')}`;
+}
+
+/** The Definition of a transform read against its schema, tables and targets named with `prefix`. */
+export function definitionOf(t: Transform, prefix: string): Definition {
+  const from = t.sources
+    .map((s) => {
+      const table = `${physical(prefix, s.name)} ${s.alias}`;
+      if (!s.join) return table;
+      return `${s.join.left ? 'LEFT JOIN' : 'JOIN'} ${table} ON ${s.join.on}`;
+    })
+    .join(' ');
+  return {
+    target: physical(prefix, t.name),
+    from,
+    select: t.select.map((s) => `${s.sql} AS ${s.name}`).join(', '),
+    ...(t.where.length ? { where: t.where.map((w) => `(${w})`).join(' AND ') } : {}),
+    ...(t.groupBy.length ? { groupBy: t.groupBy.join(', ') } : {}),
+    ...(t.having ? { having: t.having } : {}),
+    ...(t.implicit.length ? { implicit: t.implicit.join(', ') } : {}),
+  };
+}
+
+const pickArb: fc.Arbitrary<Pick> = fc.record({
+  source: fc.nat(5),
+  column: fc.nat(20),
+  template: fc.nat(20),
+});
+
+const queryArb = (kinds: Array<QueryChoice['kind']>): fc.Arbitrary<QueryChoice> =>
+  fc.record({
+    kind: fc.constantFrom(...kinds),
+    items: fc.array(fc.record({ pick: pickArb, name: fc.nat(15) }), { minLength: 1, maxLength: 4 }),
+    where: fc.option(pickArb, { freq: 2 }),
+    groups: fc.array(fc.record({ pick: pickArb, selected: fc.boolean(), name: fc.nat(15) }), {
+      minLength: 1,
+      maxLength: 2,
+    }),
+    aggregates: fc.array(
+      fc.record({ pick: pickArb, filter: fc.option(pickArb, { freq: 4 }), name: fc.nat(15) }),
+      { minLength: 1, maxLength: 4 },
+    ),
+    having: fc.option(pickArb, { freq: 3 }),
+  });
+
+export const transformChoiceArb: fc.Arbitrary<TransformChoice> = fc
+  .record({
+    query: queryArb(['rows', 'rows', 'groups', 'groups', 'total']),
+    driving: fc.nat(5),
+    joins: fc.array(
+      fc.record({
+        table: fc.nat(5),
+        left: fc.boolean(),
+        reverse: fc.boolean(),
+        to: fc.nat(5),
+        values: fc.option(fc.nat(40), { freq: 3 }),
+        extra: fc.option(pickArb, { freq: 2 }),
+      }),
+      { maxLength: 2 },
+    ),
+    anti: fc.boolean(),
+    chain: fc.option(queryArb(['rows', 'groups']), { freq: 4 }),
+  })
+  .map(({ query, ...rest }) => ({ ...query, ...rest }));

@@ -1,0 +1,325 @@
+import fc from 'fast-check';
+import {
+  type Column,
+  cellArb,
+  columnsOf,
+  keyAt,
+  keyColumns,
+  othersOf,
+  type RowChoice,
+  refAt,
+  refColumns,
+  rowChoiceArb,
+  rowLiterals,
+  type Schema,
+  sameKey,
+  type Table,
+} from './random-schema.js';
+import { type ColumnType, valueAt } from './random-values.js';
+import type { SavepointStep, Step } from './workload.js';
+
+/**
+ * Random concurrent writes to a random schema (random-schema.ts), for the differential
+ * tests: each writer a list of steps (a statement, a transaction that commits or rolls
+ * back, often with a savepoint rolled back inside, a key deleted and inserted again, a
+ * TRUNCATE). Steps are generated as choices (numbers read modulo the schema's tables,
+ * keys, columns and values: see `readSteps`), so a failing case shrinks to the writes
+ * that matter and every write still means something when its schema shrinks. Statements
+ * name tables as `«a»`, replaced by the case's physical names when it runs.
+ *
+ * What they do: single and multi-row inserts, upserts, updates of values, of references
+ * (rows move between joins), of keys (to free keys or onto taken ones: a unique violation,
+ * expected), updates that change only a value's image (case, numeric scale, the sign of
+ * zero), deletes, updates and deletes of many rows. Writers share a few keys, so they
+ * collide (unique violations and deadlocks, both expected: see workload.ts).
+ */
+
+/** A statement as generated: which table, which kind of statement, and what it picks. */
+export interface StatementChoice {
+  table: number;
+  kind: number;
+  /** Picks (keys, columns, values...), each read modulo what there is. */
+  a: number;
+  b: number;
+  c: number;
+  flag: boolean;
+  rows: RowChoice[];
+}
+
+export type StepChoice =
+  | { kind: 'statement'; statement: StatementChoice }
+  | {
+      kind: 'transaction';
+      body: StatementChoice[];
+      savepoint: { statements: StatementChoice[]; rollback: boolean } | null;
+      rollback: boolean;
+    }
+  | {
+      /**
+       * A transaction held open between its statements while the other writers commit, so
+       * ticks are taken while it is in progress (a drain must read its changes in the range
+       * it commits in, not the one it began in). Each statement in a savepoint of its own:
+       * an error the writers cause each other rolls back that statement alone.
+       */
+      kind: 'held';
+      statements: StatementChoice[];
+    }
+  | { kind: 'reinsert'; table: number; row: RowChoice }
+  | { kind: 'truncate'; table: number };
+
+/** How long a held transaction waits between its statements: a few of the 50 ms ticks. */
+const HOLD_MS = 200;
+
+const tableRef = (t: Table) => `«${t.name}»`;
+
+/** Replaces `«a»` with each table's physical name. */
+export function placeTables(sql: string, physical: (name: string) => string): string {
+  return sql.replace(/«(\w+)»/g, (_, name: string) => physical(name));
+}
+
+function keyWhere(table: Table, key: string[]): string {
+  return keyColumns(table)
+    .map((k, i) => `${k.name} = ${key[i]}`)
+    .join(' AND ');
+}
+
+/** An update that changes only a value's image (or, for types without variants, its value). */
+function imageChange(c: Column): string {
+  const images: Record<ColumnType, string> = {
+    int: `${c.name} + 1`,
+    bigint: `${c.name} + 1`,
+    numeric: `${c.name} * 1.0`,
+    numeric_2: `${c.name} + 1`,
+    float8: `- ${c.name}`,
+    text: `upper(${c.name})`,
+    citext: `upper(${c.name})`,
+    text_ci: `lower(${c.name})`,
+    boolean: `NOT ${c.name}`,
+    date: `${c.name} + 1`,
+    jsonb: `CASE WHEN jsonb_typeof(${c.name}) = 'object' THEN ${c.name} || '{"k": 1.00}' ELSE ${c.name} END`,
+  };
+  return images[c.type];
+}
+
+function at<T>(items: readonly T[], n: number): T {
+  return items[n % items.length]!;
+}
+
+const ROW_FILTERS = [
+  (c: string) => `${c} IS NULL`,
+  (c: string) => `${c} IS NOT NULL`,
+  () => 'true',
+];
+
+/** One statement on one of the schema's tables. */
+export function readStatement(schema: Schema, s: StatementChoice): string {
+  const table = at(schema.tables, s.table);
+  const t = tableRef(table);
+  const keys = keyColumns(table);
+  const settable = columnsOf(schema, table).slice(keys.length);
+  const others = othersOf(schema, table);
+  const key = (n: number) => keyAt(table.key, n);
+  const row = (r: RowChoice) => `(${rowLiterals(schema, table, key(r.key), r.cells).join(', ')})`;
+  const first: RowChoice = s.rows[0] ?? { key: 0, cells: [] };
+  const filter = (n: number) => at(ROW_FILTERS, n)(at(settable, n >> 2).name);
+  const set = (column: number, value: number) => {
+    const c = at(table.data, column);
+    return `${c.name} = ${valueAt(c.type, !c.notNull, value)}`;
+  };
+  const statements: Array<() => string> = [
+    () => `INSERT INTO ${t} VALUES ${row(first)}`,
+    () => {
+      // Several rows at once (distinct keys: one statement cannot insert a key twice).
+      const seen: string[][] = [];
+      const rows = s.rows.filter((r) => {
+        if (seen.some((k) => sameKey(table.key, k, key(r.key)))) return false;
+        seen.push(key(r.key));
+        return true;
+      });
+      return `INSERT INTO ${t} VALUES ${(rows.length ? rows : [first]).map(row).join(', ')}`;
+    },
+    () => {
+      const columns = settable.filter((_, i) => ((s.a >> i) & 1) === 1);
+      const update = columns.length ? columns : [at(settable, s.a)];
+      return `INSERT INTO ${t} VALUES ${row(first)} ON CONFLICT (${keys.map((k) => k.name).join(', ')}) ${
+        s.flag
+          ? 'DO NOTHING'
+          : `DO UPDATE SET ${update.map((c) => `${c.name} = EXCLUDED.${c.name}`).join(', ')}`
+      }`;
+    },
+    () => `UPDATE ${t} SET ${set(s.a, s.b)} WHERE ${keyWhere(table, key(s.c))}`,
+    () => `UPDATE ${t} SET ${set(s.a, s.b)} WHERE ${filter(s.c)}`,
+    () => {
+      const c = at(settable, s.a);
+      return `UPDATE ${t} SET ${c.name} = ${imageChange(c)}${s.flag ? '' : ` WHERE ${keyWhere(table, key(s.b))}`}`;
+    },
+    // Key changes: to a key that may be free or taken, and (under ci) only in case.
+    () => {
+      const n = s.c % keys.length;
+      return `UPDATE ${t} SET ${keys[n]!.name} = ${key(s.b)[n]} WHERE ${keyWhere(table, key(s.a))}`;
+    },
+    () => {
+      const c = keys.find((x) => x.type !== 'int') ?? keys[0]!;
+      const change = c.type === 'int' ? `${c.name} + 100` : `upper(${c.name})`;
+      return `UPDATE ${t} SET ${c.name} = ${change}${s.flag ? '' : ` WHERE ${keyWhere(table, key(s.a))}`}`;
+    },
+    () => `DELETE FROM ${t} WHERE ${keyWhere(table, key(s.a))}`,
+    () => `DELETE FROM ${t} WHERE ${filter(s.a)}`,
+    // References: rows move between join partners, or lose them.
+    ...(others.length
+      ? [
+          () => {
+            const other = at(others, s.a);
+            const ref = refAt(other, s.b);
+            const sets = refColumns(other)
+              .map((c, i) => `${c.name} = ${ref[i]}`)
+              .join(', ');
+            return `UPDATE ${t} SET ${sets}${s.flag ? '' : ` WHERE ${keyWhere(table, key(s.c))}`}`;
+          },
+        ]
+      : []),
+  ];
+  return at(statements, s.kind)();
+}
+
+/** A writer's steps, read against the schema. */
+export function readSteps(schema: Schema, steps: StepChoice[]): Step[] {
+  const statement = (s: StatementChoice) => readStatement(schema, s);
+  return steps.map((step): Step => {
+    switch (step.kind) {
+      case 'statement':
+        return { kind: 'statement', sql: statement(step.statement) };
+      case 'transaction': {
+        const body: Array<string | SavepointStep> = step.body.map(statement);
+        if (step.savepoint) {
+          body.push({
+            savepoint: step.savepoint.statements.map(statement),
+            rollback: step.savepoint.rollback,
+          });
+        }
+        return {
+          kind: 'transaction',
+          body,
+          rollback: step.rollback,
+          holdMs: 0,
+        };
+      }
+      case 'held':
+        return {
+          kind: 'transaction',
+          body: step.statements.map((x) => ({ savepoint: [statement(x)], rollback: false })),
+          rollback: false,
+          holdMs: HOLD_MS,
+        };
+      case 'reinsert': {
+        // A key deleted and inserted again (maybe with other values), in one transaction.
+        const table = at(schema.tables, step.table);
+        const key = keyAt(table.key, step.row.key);
+        return {
+          kind: 'transaction',
+          body: [
+            `DELETE FROM ${tableRef(table)} WHERE ${keyWhere(table, key)}`,
+            `INSERT INTO ${tableRef(table)} VALUES (${rowLiterals(schema, table, key, step.row.cells).join(', ')})`,
+          ],
+          rollback: false,
+          holdMs: 0,
+        };
+      }
+      default:
+        return { kind: 'truncate', sql: `TRUNCATE ${tableRef(at(schema.tables, step.table))}` };
+    }
+  });
+}
+
+const statementChoiceArb: fc.Arbitrary<StatementChoice> = fc.record({
+  table: fc.nat(2),
+  kind: fc.noBias(fc.nat(10)),
+  a: cellArb,
+  b: cellArb,
+  c: cellArb,
+  flag: fc.boolean(),
+  rows: fc.array(rowChoiceArb, { minLength: 1, maxLength: 3 }),
+});
+
+const stepChoiceArb: fc.Arbitrary<StepChoice> = fc.oneof(
+  // A failing transaction shrinks to a plain statement where it can.
+  { withCrossShrink: true },
+  {
+    weight: 60,
+    arbitrary: fc.record({
+      kind: fc.constant('statement' as const),
+      statement: statementChoiceArb,
+    }),
+  },
+  {
+    weight: 25,
+    arbitrary: fc.record({
+      kind: fc.constant('transaction' as const),
+      body: fc.array(statementChoiceArb, { minLength: 1, maxLength: 3 }),
+      savepoint: fc.option(
+        fc.record({
+          statements: fc.array(statementChoiceArb, { minLength: 1, maxLength: 2 }),
+          rollback: fc.boolean(),
+        }),
+        { freq: 2 },
+      ),
+      rollback: fc.boolean(),
+    }),
+  },
+  {
+    weight: 8,
+    arbitrary: fc.record({
+      kind: fc.constant('held' as const),
+      statements: fc.array(statementChoiceArb, { minLength: 2, maxLength: 4 }),
+    }),
+  },
+  {
+    weight: 10,
+    arbitrary: fc.record({
+      kind: fc.constant('reinsert' as const),
+      table: fc.nat(2),
+      row: rowChoiceArb,
+    }),
+  },
+  // Rare (one step in a hundred): a TRUNCATE rebuilds the targets reading the table, which
+  // would hide what the drain did to them before it.
+  { weight: 1, arbitrary: fc.record({ kind: fc.constant('truncate' as const), table: fc.nat(2) }) },
+);
+
+/** Concurrent writers' steps, as choices. */
+export function writersArb(sizes: {
+  writers: number;
+  steps: number;
+}): fc.Arbitrary<StepChoice[][]> {
+  return fc.array(fc.array(stepChoiceArb, { maxLength: sizes.steps }), {
+    minLength: 1,
+    maxLength: sizes.writers,
+  });
+}
+
+/** A step's statements as one text (for printing a case). */
+export function stepText(step: Step): string {
+  if (step.kind !== 'transaction') return `${step.sql};`;
+  const body = step.body.map((part) =>
+    typeof part === 'string'
+      ? `${part};`
+      : `SAVEPOINT s; ${part.savepoint.map((s) => `${s};`).join(' ')} ${part.rollback ? 'ROLLBACK TO SAVEPOINT s' : 'RELEASE SAVEPOINT s'};`,
+  );
+  const hold = step.holdMs > 0 ? ` -- held open ${step.holdMs} ms between statements` : '';
+  return `BEGIN; ${body.join(' ')} ${step.rollback ? 'ROLLBACK' : 'COMMIT'};${hold}`;
+}
+
+/** A writer's steps with the tables named. */
+export function placeSteps(steps: Step[], physical: (name: string) => string): Step[] {
+  return steps.map((step): Step => {
+    if (step.kind !== 'transaction') return { ...step, sql: placeTables(step.sql, physical) };
+    return {
+      ...step,
+      body: step.body.map((part) =>
+        typeof part === 'string'
+          ? placeTables(part, physical)
+          : { ...part, savepoint: part.savepoint.map((s) => placeTables(s, physical)) },
+      ),
+    };
+  });
+}
