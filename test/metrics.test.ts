@@ -310,9 +310,10 @@ describe('renderPrometheus()', () => {
     expect(s.value('trellis_staging_leader', me)).toBe(1);
     expect(s.value('trellis_drain_loops_alive', me)).toBe(2);
     expect(s.value('trellis_pool_connections_max', { ...me, pool: 'calls' })).toBe(10);
-    // The staging worker and two drain loops, each on its own connection.
-    expect(s.value('trellis_pool_connections_max', { ...me, pool: 'workers' })).toBe(3);
-    expect(s.value('trellis_pool_connections_in_use', { ...me, pool: 'workers' })).toBe(3);
+    // The staging worker, the WAL decoder (elected beside it, idle under trigger capture)
+    // and two drain loops, each on its own connection.
+    expect(s.value('trellis_pool_connections_max', { ...me, pool: 'workers' })).toBe(4);
+    expect(s.value('trellis_pool_connections_in_use', { ...me, pool: 'workers' })).toBe(4);
     expect(s.value('trellis_pool_waiting', { ...me, pool: 'calls' })).toBe(0);
   });
 
