@@ -225,7 +225,7 @@ SELECT
      -- WAL capture published a source: the transactions that began before still run.
      SELECT src.qualified, 'publish',
             extract(epoch FROM clock_timestamp() - src.wal_since)::float8,
-            (SELECT count(*) FROM pg_snapshot_xip(pg_current_snapshot()) x WHERE x < src.wal_xmax)
+            (SELECT count(*) FROM ${s}._publish_waits_on(src.wal_xmax))
        FROM ${s}.sources src WHERE src.wal_state = 'publishing' AND src.installed_at IS NULL) w) AS waits,
   (SELECT jsonb_build_object(
             'trigger', count(*) FILTER (WHERE src.wal_state IS NULL),

@@ -130,8 +130,8 @@ export async function recordDrainLsn(session: Session, schema: string): Promise<
 }
 
 /**
- * Marks `ready` every publishing source whose wait is over (the current snapshot's xmin is
- * past its wal_xmax: every transaction that could write it unpublished has ended), in the
+ * Marks `ready` every publishing source whose wait is over (no transaction of this database
+ * below its wal_xmax still runs: every one that could write it unpublished has ended), in the
  * transaction that touches the publication: changing its row makes every walsender drop
  * what it cached about which tables are published, which an older transaction decoded
  * under the old catalog may have left wrong (Postgres before 15.13, 16.9, 17.5). Returns
@@ -148,7 +148,7 @@ export async function settlePublished(
     const due = await session.query<{ id: number; qualified: string }>(
       `SELECT id, qualified FROM ${s}.sources
         WHERE wal_state = 'publishing' AND wal_xmax IS NOT NULL
-          AND pg_snapshot_xmin(pg_current_snapshot()) >= wal_xmax
+          AND NOT EXISTS (SELECT 1 FROM ${s}._publish_waits_on(wal_xmax))
         FOR UPDATE`,
     );
     if (due.length === 0) return [];

@@ -1,23 +1,39 @@
 -- status() under WAL capture (issue #14, ADR 0023): what a transform's capture is, and
 -- what a backfill waits on when WAL capture has just published a source.
 
--- The sessions and prepared transactions a published source waits out: those whose
--- transaction began before the publication changed (an xid below `p_xmax` that the
--- current snapshot still counts as running), anywhere in the cluster. Same shape as
--- _capture_wait_blockers (0017).
+-- The transactions a published source waits out (as 32-bit xid texts): those of this
+-- database that began before the publication changed (an xid below `p_xmax` that the
+-- current snapshot still counts as running), prepared ones included. Only this database's:
+-- another database's transactions cannot write the source, and a long one there (another
+-- app, a test suite's other files) must not hold capture here. Found through pg_locks (each
+-- transaction holds the lock on its own xid), which every role may read.
+CREATE FUNCTION @schema@._publish_waits_on(p_xmax xid8)
+RETURNS SETOF text LANGUAGE sql STABLE AS $fn$
+  SELECT (x::text::bigint % 4294967296)::text
+    FROM pg_snapshot_xip(pg_current_snapshot()) x
+   WHERE p_xmax IS NOT NULL AND x < p_xmax
+     AND (x::text::bigint % 4294967296)::text IN (
+       SELECT l.transactionid::text FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
+          AND a.datname = current_database()
+       UNION ALL
+       SELECT p.transaction::text FROM pg_prepared_xacts p WHERE p.database = current_database())
+$fn$;
+
+-- The sessions and prepared transactions a published source waits out (_publish_waits_on).
+-- Same shape as _capture_wait_blockers (0017).
 CREATE FUNCTION @schema@._publish_wait_blockers(p_xmax xid8)
 RETURNS jsonb LANGUAGE sql STABLE AS $fn$
-  WITH running AS (
-    SELECT (x::text::bigint % 4294967296)::text AS xid
-      FROM pg_snapshot_xip(pg_current_snapshot()) x
-     WHERE p_xmax IS NOT NULL AND x < p_xmax)
+  WITH running AS (SELECT w AS xid FROM @schema@._publish_waits_on(p_xmax) w)
   SELECT jsonb_build_object(
     'blockers', coalesce((SELECT jsonb_agg(jsonb_build_object(
                    'pid', a.pid, 'applicationName', a.application_name, 'database', a.datname,
                    'state', a.state, 'xactStart', a.xact_start, 'queryStart', a.query_start,
                    'query', a.query) ORDER BY a.pid)
                    FROM pg_stat_activity a
-                  WHERE a.backend_xid::text IN (SELECT xid FROM running)
+                  WHERE a.pid IN (SELECT l.pid FROM pg_locks l
+                                   WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock'
+                                     AND l.transactionid::text IN (SELECT xid FROM running))
                     AND a.pid <> pg_backend_pid()), '[]'),
     'prepared', coalesce((SELECT jsonb_agg(jsonb_build_object(
                    'gid', p.gid, 'owner', p.owner, 'database', p.database,
