@@ -9,7 +9,9 @@ import { quietLogger, rejection, waitForStatus } from './support/trellis.js';
 // Issue #12: what renderPrometheus() shows while a workload runs, read back with a
 // Prometheus text parser. Each series family is shown to move the way it should.
 
-const live = livePipeline({ quarantineThreshold: 1_000 });
+// With triggers whatever the suite's capture is: the capture wait below is trigger
+// capture's lock wait (WAL capture's series are checked in wal-capture.test.ts).
+const live = livePipeline({ quarantineThreshold: 1_000, capture: 'trigger' });
 
 const instance = () => live.trellis.instance;
 
