@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 // project, and uses it there the way an app would, through its `exports` and its bin.
 const run = promisify(execFile);
 const repo = resolve(import.meta.dirname, '..');
-const SLOW = 180_000;
+const SLOW = 300_000;
 
 /** The environment of a child npm: without the package context of the `npm test` running us. */
 function childEnv(): NodeJS.ProcessEnv {

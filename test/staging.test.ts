@@ -198,7 +198,7 @@ describe('capture on a busy table', () => {
 
       // A transform over another table is not held up by this one's wait.
       await api.apply(transformStatement(D.bin_sizes));
-      await waitForStatus(api, 'bin_sizes', 'live', 10_000);
+      await waitForStatus(api, 'bin_sizes', 'live', 30_000);
       await converge(db, api, D.bin_sizes);
       expect((await api.status('part_names')).status).toBe('waiting_to_backfill');
 
