@@ -28,7 +28,15 @@ beforeAll(async () => {
     await using migrator = await Trellis.connect({ url: db.url, logger: quiet });
     await migrator.migrate();
   }
-  trellis = await Trellis.connect({ url: db.url, staging: true, drainThreads: 1, logger: quiet });
+  // Fixtures loaded with triggers disabled disrupt trigger capture, which this file is about
+  // (under WAL capture, triggers play no part: nothing is disrupted).
+  trellis = await Trellis.connect({
+    url: db.url,
+    staging: true,
+    drainThreads: 1,
+    logger: quiet,
+    capture: 'trigger',
+  });
   sql = db.sql;
   await sql.unsafe(`
     CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL);

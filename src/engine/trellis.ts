@@ -1,5 +1,6 @@
 import { type InspectOptionsStylized, inspect } from 'node:util';
 import { CallRunner } from './calls.js';
+import { detectWalDisruptions } from './capture/wal/slot-safety.js';
 import { type Definition, readDefinitions } from './catalog/definitions.js';
 import { dumpDefinitionsSql } from './catalog/dump-definitions.js';
 import {
@@ -232,9 +233,7 @@ export class Trellis implements AsyncDisposable {
         const state = await readSchemaState(session, resolved.schema);
         assertCompatible(state, resolved.schema);
         assertTargetSchema(state, resolved.schema, resolved.targetSchema);
-        if (state.version > 0 && resolved.quarantineThreshold !== undefined) {
-          await recordQuarantineThreshold(session, resolved.schema, resolved.quarantineThreshold);
-        }
+        if (state.version > 0) await recordInstanceSettings(session, resolved);
         if (resolved.staging && state.version === 0) {
           throw new TrellisError(
             'not_migrated',
@@ -270,13 +269,7 @@ export class Trellis implements AsyncDisposable {
         schema: this.options.schema,
         targetSchema: this.options.targetSchema,
       });
-      if (this.options.quarantineThreshold !== undefined) {
-        await recordQuarantineThreshold(
-          session,
-          this.options.schema,
-          this.options.quarantineThreshold,
-        );
-      }
+      await recordInstanceSettings(session, this.options);
       return result;
     });
   }
@@ -507,7 +500,11 @@ export class Trellis implements AsyncDisposable {
    */
   detectCaptureDisruptions(): Promise<string[]> {
     return this.catalogCall('detectCaptureDisruptions', (session) =>
-      session.transaction(() => detectDisruptions(session, this.options.schema, this.log)),
+      session.transaction(async () => {
+        const triggers = await detectDisruptions(session, this.options.schema, this.log);
+        const wal = await detectWalDisruptions(session, this.options.schema, this.log);
+        return [...new Set([...triggers, ...wal])].sort();
+      }),
     );
   }
 
@@ -735,15 +732,24 @@ export class Trellis implements AsyncDisposable {
   }
 }
 
-/** Records the instance's quarantine threshold (see ConnectOptions.quarantineThreshold). */
-async function recordQuarantineThreshold(
-  session: Session,
-  schema: string,
-  threshold: number,
-): Promise<void> {
-  await session.query(
-    `UPDATE ${quoteIdent(schema)}.config SET quarantine_threshold = $1
-      WHERE quarantine_threshold IS DISTINCT FROM $1`,
-    [threshold],
-  );
+/**
+ * Records the instance-wide settings a handle was given (ConnectOptions.quarantineThreshold,
+ * capture, walRetentionLimit); those left out stay as recorded. `capture: 'logical'` is
+ * refused with `validation` when the server or role cannot run it (`set_capture`).
+ */
+async function recordInstanceSettings(session: Session, options: ResolvedOptions): Promise<void> {
+  const s = quoteIdent(options.schema);
+  if (options.quarantineThreshold !== undefined) {
+    await session.query(
+      `UPDATE ${s}.config SET quarantine_threshold = $1
+        WHERE quarantine_threshold IS DISTINCT FROM $1`,
+      [options.quarantineThreshold],
+    );
+  }
+  if (options.capture !== undefined || options.walRetentionLimit !== undefined) {
+    await session.query(
+      `SELECT ${s}.set_capture(coalesce($1::text, (SELECT capture FROM ${s}.config)), $2::bigint)`,
+      [options.capture ?? null, options.walRetentionLimit ?? null],
+    );
+  }
 }
