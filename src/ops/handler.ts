@@ -26,7 +26,7 @@ export interface OpsHandlerOptions {
    * Allows actions (pause, resume, release a key, start a self-check) per request. Without
    * it the page is read-only and every action is refused with 403.
    */
-  authorize?: OpsAuthorize;
+  authorize?: OpsAuthorize | undefined;
   /** @defaultValue `'Trellis operations'` */
   title?: string;
   /** How often the page reads the snapshot again. @defaultValue `2000` */

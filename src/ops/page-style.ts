@@ -54,7 +54,7 @@ main { max-width: 1180px; margin: 0 auto; padding: 20px 24px 48px; }
 .card-head h2 { margin: 0; font-size: 16px; font-weight: 650; word-break: break-all; }
 .card-head .facts { color: var(--muted); display: flex; gap: 14px; flex-wrap: wrap; }
 .card-head .buttons { margin-left: auto; display: flex; gap: 6px; }
-.statement { margin: 0 16px 10px; padding: 8px 10px; background: var(--code); border-radius: 6px;
+.statement { display: block; margin: 0 16px 12px; padding: 8px 10px; background: var(--code); border-radius: 6px;
   white-space: pre-wrap; word-break: break-word; color: var(--muted); }
 .progress { margin: 0 16px 12px; }
 .bar { height: 8px; border-radius: 4px; background: var(--code); overflow: hidden; }

@@ -49,6 +49,7 @@ export function renderPage(title: string, pollMs: number): string {
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="color-scheme" content="light dark">
+<link rel="icon" href="data:,">
 <title>${t}</title>
 <style>${PAGE_STYLE}</style>
 </head>
