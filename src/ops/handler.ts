@@ -29,7 +29,7 @@ export interface OpsHandlerOptions {
   authorize?: OpsAuthorize | undefined;
   /** @defaultValue `'Trellis operations'` */
   title?: string;
-  /** How often the page reads the snapshot again. @defaultValue `2000` */
+  /** How often the page reads the snapshot again. @defaultValue `1000` */
   pollMs?: number;
 }
 
@@ -137,7 +137,7 @@ async function allowedActions(
 /** Creates the handler. */
 export function opsHandler(options: OpsHandlerOptions): OpsRequestHandler {
   const { trellis, authorize } = options;
-  const page = renderPage(options.title ?? 'Trellis operations', options.pollMs ?? 2000);
+  const page = renderPage(options.title ?? 'Trellis operations', options.pollMs ?? 1000);
 
   async function handle(request: IncomingMessage, response: ServerResponse): Promise<void> {
     const path = new URL(request.url ?? '/', 'http://localhost').pathname;

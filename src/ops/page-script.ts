@@ -9,7 +9,7 @@ export const PAGE_SCRIPT = String.raw`
   'use strict';
   var path = location.pathname;
   var base = path.charAt(path.length - 1) === '/' ? path : path + '/';
-  var pollMs = Number(document.body.getAttribute('data-poll-ms')) || 2000;
+  var pollMs = Number(document.body.getAttribute('data-poll-ms')) || 1000;
   var main = document.getElementById('transforms');
   var summary = document.getElementById('summary');
   var banner = document.getElementById('banner');

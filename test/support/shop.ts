@@ -1,5 +1,5 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, readdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { afterAll } from 'vitest';
 
@@ -20,9 +20,24 @@ afterAll(() => {
 
 /** Fails with the fix when trellis-pg has not been built (the example imports the build). */
 export function assertBuilt(): void {
-  if (!existsSync(join(repo, 'dist/ops/index.js'))) {
+  const built = join(repo, 'dist/ops/index.js');
+  if (!existsSync(built)) {
     throw new Error('the shop example imports the built trellis-pg: run `npm run build` first');
   }
+  const newest = newestMtime(join(repo, 'src'));
+  if (newest > statSync(built).mtimeMs) {
+    throw new Error('dist/ is older than src/: run `npm run build` (the shop example imports it)');
+  }
+}
+
+function newestMtime(dir: string): number {
+  let newest = 0;
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    const path = join(dir, entry.name);
+    const mtime = entry.isDirectory() ? newestMtime(path) : statSync(path).mtimeMs;
+    newest = Math.max(newest, mtime);
+  }
+  return newest;
 }
 
 /** `drizzle-kit migrate` in the example, as its README says; rejects with its output. */
