@@ -91,7 +91,16 @@ function sendError(response: ServerResponse, error: unknown): void {
   }
 }
 
-async function readJsonBody(request: IncomingMessage): Promise<unknown> {
+/**
+ * The action's JSON body. A framework that parsed it already (Express's `express.json()`,
+ * or Fastify's body passed along as `request.body`) consumed the stream: take theirs.
+ */
+async function readJsonBody(request: IncomingMessage & { body?: unknown }): Promise<unknown> {
+  if (request.body !== undefined && !request.readable) {
+    const body = request.body;
+    if (typeof body === 'string' || Buffer.isBuffer(body)) return parseJson(body.toString());
+    return body;
+  }
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const chunk of request) {
@@ -99,8 +108,12 @@ async function readJsonBody(request: IncomingMessage): Promise<unknown> {
     if (size > MAX_BODY_BYTES) throw new HttpError(413, 'validation', 'the body is too large');
     chunks.push(chunk as Buffer);
   }
+  return parseJson(Buffer.concat(chunks).toString('utf8'));
+}
+
+function parseJson(text: string): unknown {
   try {
-    return JSON.parse(Buffer.concat(chunks).toString('utf8') || '{}');
+    return JSON.parse(text || '{}');
   } catch {
     throw new HttpError(400, 'validation', 'the body is not JSON');
   }
