@@ -3,7 +3,7 @@ import { mkdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { type Browser, chromium, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { freshDatabase, type TestDatabase } from './support/database.js';
+import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import {
   assertBuilt,
   migrateShop,
@@ -141,11 +141,36 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
     );
     expect(await viewer.locator('[data-role=mode]').textContent()).toBe('read-only');
 
-    worker = await startShopWorker(db.url);
-    // A backfill in progress, with its progress bar, then every transform live.
-    const building = viewer.locator('article[data-lifecycle="backfilling"]').first();
-    await building.waitFor({ timeout: 30_000 });
-    await eventually(() => building.locator('[role=progressbar]').count()).toBe(1);
+    // Watched from before the worker starts: a backfill in progress, with its progress bar.
+    const sawBackfill = viewer
+      .locator('article[data-lifecycle="backfilling"] [role=progressbar]')
+      .first()
+      .waitFor({ timeout: 60_000 })
+      .then(
+        () => undefined,
+        (error: unknown) => error,
+      );
+    // A transaction in the middle of a write to customers (a session of its own): installing
+    // capture there waits for it, and the page names it.
+    const blocker = sqlClient(db.url, { max: 1 });
+    try {
+      const [row] = await blocker<{ pid: number }[]>`SELECT pg_backend_pid() AS pid`;
+      await blocker`BEGIN`;
+      await blocker`UPDATE customers SET name = name WHERE id = 1`;
+      worker = await startShopWorker(db.url);
+      const wait = card(viewer, 'customers_by_country').locator('[data-section=capture-wait]');
+      await wait.waitFor({ timeout: 30_000 });
+      const waitText = await wait.textContent();
+      expect(waitText).toContain('install on public.customers needs SHARE ROW EXCLUSIVE');
+      expect(waitText).toContain(String(row!.pid));
+      expect(waitText).toContain('idle in transaction');
+      expect(waitText).toContain('UPDATE customers SET name = name WHERE id = 1');
+      await blocker`COMMIT`;
+    } finally {
+      await blocker.end({ timeout: 2 });
+    }
+    const missed = await sawBackfill;
+    if (missed) throw missed;
     for (const target of [
       'customer_revenue',
       'product_sales',
