@@ -181,6 +181,9 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
         'live',
       );
     }
+    await eventually(() =>
+      card(viewer, 'product_sales').locator('[data-role=lag]').textContent(),
+    ).toBe('caught up');
     expect(await viewer.locator('button[data-action]').count()).toBe(0);
   });
 
