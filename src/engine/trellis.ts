@@ -44,7 +44,7 @@ import {
   readSchemaState,
 } from './schema/migrator.js';
 import { selfCheckHandler } from './selfcheck/handler.js';
-import { assertJobId, readJob } from './selfcheck/read.js';
+import { assertJobId, readJob, readJobs } from './selfcheck/read.js';
 import {
   assertSelfChecksInstalled,
   checkArguments,
@@ -428,6 +428,19 @@ export class Trellis implements AsyncDisposable {
       await this.requireInstalled(session);
       await assertSelfChecksInstalled(session, this.options.schema);
       return readJob(session, this.options.schema, id);
+    });
+  }
+
+  /**
+   * The latest self-check of each transform (the one `selfCheckJob` would return for its
+   * id), ordered by target name: for an operator's overview (the operations page).
+   */
+  selfCheckJobs(): Promise<SelfCheckJob[]> {
+    return this.calls.run('selfCheckJobs', async (session) => {
+      await this.requireInstalled(session);
+      await assertSelfChecksInstalled(session, this.options.schema);
+      const jobs = await readJobs(session, this.options.schema, 'true', []);
+      return jobs.sort((a, b) => (a.target < b.target ? -1 : a.target > b.target ? 1 : 0));
     });
   }
 
