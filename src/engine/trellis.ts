@@ -36,6 +36,7 @@ import { CatalogWatch, SNAPSHOT_MAX_AGE_MS } from './observe/catalog-watch.js';
 import { type TrellisEventName, TrellisEvents, type TrellisListener } from './observe/events.js';
 import type { LogBridge } from './observe/log-bridge.js';
 import { type ConnectOptions, type ResolvedOptions, resolveOptions } from './options.js';
+import { latestVersion } from './schema/install-sql.js';
 import {
   assertCompatible,
   assertTargetSchema,
@@ -233,13 +234,19 @@ export class Trellis implements AsyncDisposable {
         const state = await readSchemaState(session, resolved.schema);
         assertCompatible(state, resolved.schema);
         assertTargetSchema(state, resolved.schema, resolved.targetSchema);
-        if (state.version > 0) await recordInstanceSettings(session, resolved);
         if (resolved.staging && state.version === 0) {
           throw new TrellisError(
             'not_migrated',
             `the Trellis schema ${resolved.schema} is not installed: run migrate() (or \`trellis sql install\` in a migration) before connecting with staging: true`,
           );
         }
+        // Workers of this version run this version's catalog functions: a schema an
+        // upgrade has not reached yet is refused here, not met as a missing column later.
+        if ((resolved.staging || resolved.drainThreads > 0) && behind(state)) {
+          throw outdatedSchema(resolved.schema, state.version, 'before connecting with workers');
+        }
+        // Settings live in columns a newer migration may add: recorded once it has run.
+        if (state.version > 0 && !behind(state)) await recordInstanceSettings(session, resolved);
         return row?.db ?? config.database;
       });
       const handle = new Trellis(resolved, pool, calls, database, config, sink);
@@ -590,6 +597,7 @@ export class Trellis implements AsyncDisposable {
         `the Trellis schema ${this.options.schema} is not installed: run migrate() first`,
       );
     }
+    if (behind(state)) throw outdatedSchema(this.options.schema, state.version, 'first');
     this.installed = true;
   }
 
@@ -765,4 +773,16 @@ async function recordInstanceSettings(session: Session, options: ResolvedOptions
       [options.capture ?? null, options.walRetentionLimit ?? null],
     );
   }
+}
+
+/** The schema is installed at a version older than this trellis-pg's. */
+function behind(state: { version: number }): boolean {
+  return state.version > 0 && state.version < latestVersion();
+}
+
+function outdatedSchema(schema: string, version: number, when: string): TrellisError {
+  return new TrellisError(
+    'not_migrated',
+    `the Trellis schema ${schema} is at version ${version}, and this trellis-pg needs version ${latestVersion()}: run migrate() (or add the migration \`trellis generate upgrade\` writes) ${when}`,
+  );
 }
