@@ -150,16 +150,26 @@ async function primaryKeys(table: string): Promise<number> {
  * Waits for the first backfill chunk of `target`, then pauses it between chunks (holding
  * its pipeline row while pausing, so no chunk runs in between).
  */
-async function holdBuild(target: string): Promise<void> {
-  await waitFor(async () => {
-    const s = await trellis.status(target);
-    return s.status === 'backfilling' && (s.backfill?.keysDone ?? 0) > 0;
-  }, `the first backfill chunk of ${target}`);
-  await db.sql.begin(async (tx) => {
-    await tx`SELECT 1 FROM trellis.pipeline p JOIN trellis.transforms t ON t.id = p.transform_id
-              WHERE t.target_name = ${target} FOR UPDATE OF p`;
-    await tx`SELECT trellis.apply(${`PAUSE TRANSFORM ${target}`})`;
-  });
+async function holdBuild(target: string, rows: number): Promise<void> {
+  // Paused between chunks: with the pipeline row locked (a chunk claims it, so none runs
+  // meanwhile), once a chunk is done and before the last of the source's `rows` is (a
+  // fast machine could finish the build between a status() read and the pause).
+  await waitFor(
+    () =>
+      db.sql.begin(async (tx) => {
+        const [row] = await tx<{ phase: string; done: string }[]>`
+          SELECT p.phase, p.backfill_done::text AS done
+            FROM trellis.pipeline p JOIN trellis.transforms t ON t.id = p.transform_id
+           WHERE t.target_name = ${target} FOR UPDATE OF p`;
+        const done = Number(row?.done ?? 0);
+        if (row?.phase !== 'backfilling' || done === 0 || done >= rows) {
+          return false;
+        }
+        await tx`SELECT trellis.apply(${`PAUSE TRANSFORM ${target}`})`;
+        return true;
+      }),
+    `${target}'s build between two chunks`,
+  );
 }
 
 describe('the live pipeline', () => {
@@ -261,7 +271,7 @@ describe('the live pipeline', () => {
       await tx`SELECT trellis.apply(${transformStatement(D.big_lines_top)})`;
     });
     // Caught between chunks, the upstream's build still has its key.
-    await holdBuild('big_lines');
+    await holdBuild('big_lines', 250_000);
     expect((await trellis.status('big_lines')).backfill?.keysDone).toBeLessThan(250_000);
     expect(await primaryKeys('big_lines')).toBe(1);
     await trellis.apply('RESUME TRANSFORM big_lines');
@@ -272,7 +282,7 @@ describe('the live pipeline', () => {
 
   it('gives a target its key back mid-build when a transform is defined over it', async () => {
     await trellis.apply(transformStatement(D.mid_build));
-    await holdBuild('mid_build');
+    await holdBuild('mid_build', 250_000);
     expect((await trellis.status('mid_build')).backfill?.keysDone).toBeLessThan(250_000);
     expect(await primaryKeys('mid_build')).toBe(0); // deferred to the end of the build
     await trellis.apply(transformStatement(D.mid_build_top));
