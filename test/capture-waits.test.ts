@@ -79,7 +79,9 @@ describe('what a backfill waits on', () => {
     `);
     twoPhase = await twoPhaseCommit(db.sql);
     api = await migratedTrellis(db);
-    worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+    // The locks and waits of trigger capture (ADR 0009): with triggers whatever the suite's
+    // capture is.
+    worker = await migratedTrellis(db, { staging: true, drainThreads: 2, capture: 'trigger' });
   });
 
   // A prepared transaction a failed test leaves behind would block DROP DATABASE.

@@ -150,7 +150,8 @@ describe('TLS and authentication, on a cluster with TLS', () => {
   beforeAll(async () => {
     const kind = await localKind();
     if (!kind) return;
-    tls = await startPostgres({ kind, tls: true });
+    // wal_level = logical as the suite's own cluster (handles may ask for WAL capture).
+    tls = await startPostgres({ kind, tls: true, settings: { wal_level: 'logical' } });
     port = Number(new URL(tls.adminUrl).port);
     // pg_hba of the cluster: members of trellis_tls_only must use TLS, members of
     // trellis_password_auth log in with scram-sha-256; everyone else is trusted.

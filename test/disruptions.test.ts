@@ -8,7 +8,9 @@ import { rejection, waitFor, waitForStatus } from './support/trellis.js';
 // ledger, so every transform reading the table stops with kind 'disruption' rather than
 // show wrong data, until a RESUME rebuilds it.
 
-const live = livePipeline();
+// Disruptions of trigger capture (ADR 0010): run with triggers whatever the suite's
+// capture is (WAL capture's are in test/wal-disruptions.test.ts).
+const live = livePipeline({ capture: 'trigger' });
 
 async function source(table: string): Promise<Definition> {
   await live.db.sql.unsafe(`

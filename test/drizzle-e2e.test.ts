@@ -186,6 +186,8 @@ beforeAll(async () => {
   // Everything else from this repository's node_modules, as a hoisted install has it.
   for (const entry of await readdir(join(repo, 'node_modules'))) {
     if (entry === '.bin' || entry.startsWith('.')) continue;
+    // The workspace's own links (trellis-pg itself, the shop example): installed above, or not ours.
+    if (entry === 'trellis-pg' || entry === 'trellis-shop-example') continue;
     await symlink(join(repo, 'node_modules', entry), join(app, 'node_modules', entry));
   }
   await writeFile(join(app, 'package.json'), JSON.stringify(PACKAGE, null, 2));

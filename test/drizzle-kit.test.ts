@@ -83,7 +83,7 @@ afterAll(async () => {
   if (project) await rm(project, { recursive: true, force: true });
 });
 
-describe('drizzle-kit over a schema that exports targets', () => {
+describe('drizzle-kit over a schema that exports targets', { timeout: 180_000 }, () => {
   it('generate writes DDL for the tables and none for the targets', async () => {
     await kit(['generate', '--name', 'init']);
     const files = await readdir(join(project, 'drizzle'));

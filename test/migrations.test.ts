@@ -1,7 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import { Trellis, TrellisError } from '../src/engine/index.js';
 import { installSql, latestVersion } from '../src/engine/schema/install-sql.js';
+import { migrations } from '../src/engine/schema/migrations.generated.js';
 import { freshDatabase } from './support/database.js';
+import { waitFor } from './support/trellis.js';
 
 const quiet = { logger: { debug() {}, info() {}, warn() {}, error() {} } };
 
@@ -111,6 +113,30 @@ describe('migrate()', () => {
     );
     await using second = await Trellis.connect({ url: db.url, schema: 'compatible', ...quiet });
     expect((await second.migrate()).to).toBe(latestVersion() + 1);
+  });
+
+  it('refuses workers and reads on a schema older than this trellis-pg, until it is upgraded', async () => {
+    const db = await freshDatabase();
+    // Installed by an older trellis-pg: every migration but the last.
+    const older = migrations.slice(0, -1);
+    await db.sql.unsafe(
+      installSql({ schema: 'trellis', targetSchema: 'public', migrations: older }),
+    );
+    const refused = await Trellis.connect({ url: db.url, staging: true, ...quiet }).catch(
+      (e: unknown) => e,
+    );
+    expect(refused).toBeInstanceOf(TrellisError);
+    expect((refused as TrellisError).code).toBe('not_migrated');
+    expect((refused as TrellisError).message).toBe(
+      `the Trellis schema trellis is at version ${latestVersion(older)}, and this trellis-pg needs version ${latestVersion()}: run migrate() (or add the migration \`trellis generate upgrade\` writes) before connecting with workers`,
+    );
+    await using plain = await Trellis.connect({ url: db.url, ...quiet });
+    const read = await plain.definitions().catch((e: unknown) => e);
+    expect((read as TrellisError).code).toBe('not_migrated');
+    expect(await plain.migrate()).toEqual({ from: latestVersion(older), to: latestVersion() });
+    expect(await plain.definitions()).toEqual([]);
+    await using worker = await Trellis.connect({ url: db.url, staging: true, ...quiet });
+    await waitFor(() => worker.hasLiveStagingWorker(), 'the staging worker to be elected');
   });
 
   it('refuses a handle whose targetSchema differs from the instance’s', async () => {

@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 // project, and uses it there the way an app would, through its `exports` and its bin.
 const run = promisify(execFile);
 const repo = resolve(import.meta.dirname, '..');
-const SLOW = 180_000;
+const SLOW = 300_000;
 
 /** The environment of a child npm: without the package context of the `npm test` running us. */
 function childEnv(): NodeJS.ProcessEnv {
@@ -103,6 +103,7 @@ import { Trellis, TrellisError, TRELLIS_ERROR_CODES, DEFAULTS } from 'trellis-pg
 import { applyStatementSql, statementOf, transform } from 'trellis-pg/drizzle';
 import { installSql, latestVersion } from 'trellis-pg/migration';
 import { startPostgres } from 'trellis-pg/testing';
+import { OPS_ACTIONS, opsHandler } from 'trellis-pg/ops';
 import { integer, pgTable } from 'drizzle-orm/pg-core';
 const things = pgTable('things', { id: integer().primaryKey(), n: integer() });
 const target = transform('thing_ns', (t) => t.from(things).select({ n: things.n }));
@@ -116,6 +117,8 @@ console.log(JSON.stringify({
   install: installSql().includes('CREATE SCHEMA IF NOT EXISTS "trellis"'),
   latest: latestVersion(),
   startPostgres: typeof startPostgres,
+  opsHandler: typeof opsHandler,
+  opsActions: OPS_ACTIONS,
   statement: statementOf(target),
 }));
 `,
@@ -130,6 +133,8 @@ console.log(JSON.stringify({
       apply: `SELECT "trellis".apply('TRANSFORM t FROM s SELECT ''a'' AS a');`,
       install: true,
       startPostgres: 'function',
+      opsHandler: 'function',
+      opsActions: ['pause', 'resume', 'release', 'selfCheck'],
       statement: 'TRANSFORM "thing_ns"\nFROM "things"\nSELECT "things"."n" AS "n"',
     });
     expect(seen.latest).toBeGreaterThan(0);
@@ -149,6 +154,12 @@ console.log(JSON.stringify({
 import { Trellis, TrellisError, type ConnectOptions, type TrellisErrorCode } from 'trellis-pg';
 import { installSql, type InstallSqlOptions, latestVersion } from 'trellis-pg/migration';
 import { startPostgres, type TestPostgres } from 'trellis-pg/testing';
+import { type OpsAuthorize, type OpsRequestHandler, opsHandler } from 'trellis-pg/ops';
+
+const authorize: OpsAuthorize = (request, action) => action !== 'release' && request.method === 'POST';
+const mountOps = (trellis: Trellis): OpsRequestHandler => opsHandler({ trellis, authorize });
+// @ts-expect-error actions are a closed union
+const badAction: OpsAuthorize = (_request, action) => action === 'drop';
 
 const options: ConnectOptions = { url: 'postgres://localhost/app', staging: false };
 const connect: (o: ConnectOptions) => Promise<Trellis> = Trellis.connect;
@@ -166,7 +177,7 @@ async function configOf(url: string) {
 const bad: TrellisErrorCode = 'no_such_code';
 // @ts-expect-error url is required
 const missing: ConnectOptions = {};
-export { bad, code, configOf, connect, install, missing, options, sql, start, version };
+export { bad, badAction, code, configOf, connect, install, missing, mountOps, options, sql, start, version };
 `,
     );
     const types = join(repo, 'node_modules', '@types');

@@ -111,6 +111,9 @@ async function openTransaction(db: TestDatabase, name: string, statement: string
   };
 }
 
+// The trigger capture mechanism (locks, ENABLE ALWAYS, widen and narrow) and the ledger's
+// layout and rotation under it: run with triggers whatever the suite's capture is (WAL
+// capture's own are in test/wal-*.test.ts and test/capture-*.test.ts).
 describe('capture on a busy table', () => {
   let db: TestDatabase;
   /** A handle for calls only, as an app's web process would have. */
@@ -128,7 +131,7 @@ describe('capture on a busy table', () => {
       INSERT INTO bins SELECT g, g * 10 FROM generate_series(1, 50) g;
     `);
     api = await migratedTrellis(db);
-    worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+    worker = await migratedTrellis(db, { staging: true, drainThreads: 2, capture: 'trigger' });
   });
 
   afterAll(async () => {
@@ -195,7 +198,7 @@ describe('capture on a busy table', () => {
 
       // A transform over another table is not held up by this one's wait.
       await api.apply(transformStatement(D.bin_sizes));
-      await waitForStatus(api, 'bin_sizes', 'live', 10_000);
+      await waitForStatus(api, 'bin_sizes', 'live', 30_000);
       await converge(db, api, D.bin_sizes);
       expect((await api.status('part_names')).status).toBe('waiting_to_backfill');
 
@@ -329,7 +332,11 @@ describe.each(testSeeds([4], 10))('capture installed under concurrent writes (se
     await db.sql.unsafe(ACCOUNTS_DDL);
     await db.sql.unsafe(seedAccounts(5_000));
     await using api = await migratedTrellis(db);
-    await using _worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+    await using _worker = await migratedTrellis(db, {
+      staging: true,
+      drainThreads: 2,
+      capture: 'trigger',
+    });
     // Capture is installed once a quarter of the writers' steps are done, and widened
     // before any writer takes its last quarter: both happen between writes, and the
     // counts below show it rather than assume it.
@@ -578,7 +585,7 @@ describe('ledger rotation', () => {
       INSERT INTO events SELECT g, 0 FROM generate_series(1, 100) g;
     `);
     api = await migratedTrellis(db);
-    worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+    worker = await migratedTrellis(db, { staging: true, drainThreads: 2, capture: 'trigger' });
     await api.apply(transformStatement(D.event_values));
     await waitForStatus(api, 'event_values', 'live');
   });
@@ -643,6 +650,7 @@ describe('ledger rotation', () => {
     worker = await migratedTrellis(db, {
       staging: true,
       drainThreads: 2,
+      capture: 'trigger',
       logger: {
         ...quietLogger,
         debug: (obj, msg) => {

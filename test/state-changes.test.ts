@@ -37,6 +37,9 @@ describe('log lines and events of state changes', () => {
       drainThreads: 2,
       quarantineThreshold: 3,
       logger: recordingLogger(lines),
+      // Its disruption is trigger capture's (triggers disabled outside Trellis): with
+      // triggers whatever the suite's capture is (WAL capture's are in wal-disruptions).
+      capture: 'trigger',
     });
     // Another process's handle, running nothing: it hears the changes the worker makes.
     watcher = await Trellis.connect({ url: db.url, logger: recordingLogger(watcherLines) });

@@ -33,7 +33,7 @@ export type {
   TrellisEventName,
   TrellisListener,
 } from './observe/events.js';
-export { type ConnectOptions, DEFAULTS } from './options.js';
+export { type CaptureMode, type ConnectOptions, DEFAULTS } from './options.js';
 export type { MigrateResult } from './schema/migrator.js';
 export type {
   SelfCheckColumnDifference,

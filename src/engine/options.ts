@@ -68,7 +68,26 @@ export interface ConnectOptions {
    * instance; left out, the recorded value stands (100 at install).
    */
   quarantineThreshold?: number;
+  /**
+   * How the instance captures changes to sources: `'trigger'` (capture triggers, which work
+   * on any Postgres) or `'logical'` (a replication slot: writers pay no trigger; needs
+   * `wal_level = logical` and the REPLICATION attribute, or the connect fails with
+   * `validation` naming the setting). Instance-wide: a handle given it records it in the
+   * catalog when it connects (and on `migrate()`), and the staging worker moves each source
+   * over; left out, the recorded value stands (`'trigger'` at install).
+   */
+  capture?: CaptureMode;
+  /**
+   * WAL capture: how many bytes of WAL the replication slot may hold back. Past it, the
+   * staging worker drops the slot and stops the transforms it fed (RESUME rebuilds them)
+   * rather than let it fill the disk. Instance-wide, recorded like `capture`.
+   * @defaultValue catalog's (4 GiB at install)
+   */
+  walRetentionLimit?: number;
 }
+
+/** How an instance captures changes (see `ConnectOptions.capture`). */
+export type CaptureMode = 'trigger' | 'logical';
 
 export interface ResolvedOptions {
   url: string;
@@ -82,6 +101,8 @@ export interface ResolvedOptions {
   callTimeoutMs: number;
   applicationName: string;
   quarantineThreshold: number | undefined;
+  capture: CaptureMode | undefined;
+  walRetentionLimit: number | undefined;
 }
 
 export const DEFAULTS = {
@@ -93,7 +114,10 @@ export const DEFAULTS = {
   logBufferLines: LOG_BUFFER_LINES,
   callTimeoutMs: 30_000,
   applicationName: 'trellis-pg',
-} as const satisfies Omit<ResolvedOptions, 'url' | 'logger' | 'quarantineThreshold'>;
+} as const satisfies Omit<
+  ResolvedOptions,
+  'url' | 'logger' | 'quarantineThreshold' | 'capture' | 'walRetentionLimit'
+>;
 
 function positiveInt(name: string, value: number, min: number): number {
   if (!Number.isInteger(value) || value < min) {
@@ -140,5 +164,18 @@ export function resolveOptions(options: ConnectOptions): ResolvedOptions {
       options.quarantineThreshold === undefined
         ? undefined
         : positiveInt('quarantineThreshold', options.quarantineThreshold, 1),
+    capture: captureMode(options.capture),
+    walRetentionLimit:
+      options.walRetentionLimit === undefined
+        ? undefined
+        : positiveInt('walRetentionLimit', options.walRetentionLimit, 1),
   };
+}
+
+function captureMode(value: unknown): CaptureMode | undefined {
+  if (value === undefined || value === 'trigger' || value === 'logical') return value;
+  throw new TrellisError(
+    'validation',
+    `capture must be 'trigger' or 'logical', got ${JSON.stringify(value)}`,
+  );
 }

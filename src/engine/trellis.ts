@@ -1,5 +1,6 @@
 import { type InspectOptionsStylized, inspect } from 'node:util';
 import { CallRunner } from './calls.js';
+import { detectWalDisruptions } from './capture/wal/slot-safety.js';
 import { type Definition, readDefinitions } from './catalog/definitions.js';
 import { dumpDefinitionsSql } from './catalog/dump-definitions.js';
 import {
@@ -35,6 +36,7 @@ import { CatalogWatch, SNAPSHOT_MAX_AGE_MS } from './observe/catalog-watch.js';
 import { type TrellisEventName, TrellisEvents, type TrellisListener } from './observe/events.js';
 import type { LogBridge } from './observe/log-bridge.js';
 import { type ConnectOptions, type ResolvedOptions, resolveOptions } from './options.js';
+import { latestVersion } from './schema/install-sql.js';
 import {
   assertCompatible,
   assertTargetSchema,
@@ -43,7 +45,7 @@ import {
   readSchemaState,
 } from './schema/migrator.js';
 import { selfCheckHandler } from './selfcheck/handler.js';
-import { assertJobId, readJob } from './selfcheck/read.js';
+import { assertJobId, readJob, readJobs } from './selfcheck/read.js';
 import {
   assertSelfChecksInstalled,
   checkArguments,
@@ -232,15 +234,19 @@ export class Trellis implements AsyncDisposable {
         const state = await readSchemaState(session, resolved.schema);
         assertCompatible(state, resolved.schema);
         assertTargetSchema(state, resolved.schema, resolved.targetSchema);
-        if (state.version > 0 && resolved.quarantineThreshold !== undefined) {
-          await recordQuarantineThreshold(session, resolved.schema, resolved.quarantineThreshold);
-        }
         if (resolved.staging && state.version === 0) {
           throw new TrellisError(
             'not_migrated',
             `the Trellis schema ${resolved.schema} is not installed: run migrate() (or \`trellis sql install\` in a migration) before connecting with staging: true`,
           );
         }
+        // Workers of this version run this version's catalog functions: a schema an
+        // upgrade has not reached yet is refused here, not met as a missing column later.
+        if ((resolved.staging || resolved.drainThreads > 0) && behind(state)) {
+          throw outdatedSchema(resolved.schema, state.version, 'before connecting with workers');
+        }
+        // Settings live in columns a newer migration may add: recorded once it has run.
+        if (state.version > 0 && !behind(state)) await recordInstanceSettings(session, resolved);
         return row?.db ?? config.database;
       });
       const handle = new Trellis(resolved, pool, calls, database, config, sink);
@@ -270,13 +276,7 @@ export class Trellis implements AsyncDisposable {
         schema: this.options.schema,
         targetSchema: this.options.targetSchema,
       });
-      if (this.options.quarantineThreshold !== undefined) {
-        await recordQuarantineThreshold(
-          session,
-          this.options.schema,
-          this.options.quarantineThreshold,
-        );
-      }
+      await recordInstanceSettings(session, this.options);
       return result;
     });
   }
@@ -438,6 +438,19 @@ export class Trellis implements AsyncDisposable {
     });
   }
 
+  /**
+   * The latest self-check of each transform (the one `selfCheckJob` would return for its
+   * id), ordered by target name: for an operator's overview (the operations page).
+   */
+  selfCheckJobs(): Promise<SelfCheckJob[]> {
+    return this.calls.run('selfCheckJobs', async (session) => {
+      await this.requireInstalled(session);
+      await assertSelfChecksInstalled(session, this.options.schema);
+      const jobs = await readJobs(session, this.options.schema, 'true', []);
+      return jobs.sort((a, b) => (a.target < b.target ? -1 : a.target > b.target ? 1 : 0));
+    });
+  }
+
   /** Whether some process runs a drain loop for this instance now. */
   hasLiveDrainWorkers(): Promise<boolean> {
     return this.lockHeld(LOCK_CLASS.drain, 'hasLiveDrainWorkers');
@@ -507,7 +520,11 @@ export class Trellis implements AsyncDisposable {
    */
   detectCaptureDisruptions(): Promise<string[]> {
     return this.catalogCall('detectCaptureDisruptions', (session) =>
-      session.transaction(() => detectDisruptions(session, this.options.schema, this.log)),
+      session.transaction(async () => {
+        const triggers = await detectDisruptions(session, this.options.schema, this.log);
+        const wal = await detectWalDisruptions(session, this.options.schema, this.log);
+        return [...new Set([...triggers, ...wal])].sort();
+      }),
     );
   }
 
@@ -580,6 +597,7 @@ export class Trellis implements AsyncDisposable {
         `the Trellis schema ${this.options.schema} is not installed: run migrate() first`,
       );
     }
+    if (behind(state)) throw outdatedSchema(this.options.schema, state.version, 'first');
     this.installed = true;
   }
 
@@ -735,15 +753,36 @@ export class Trellis implements AsyncDisposable {
   }
 }
 
-/** Records the instance's quarantine threshold (see ConnectOptions.quarantineThreshold). */
-async function recordQuarantineThreshold(
-  session: Session,
-  schema: string,
-  threshold: number,
-): Promise<void> {
-  await session.query(
-    `UPDATE ${quoteIdent(schema)}.config SET quarantine_threshold = $1
-      WHERE quarantine_threshold IS DISTINCT FROM $1`,
-    [threshold],
+/**
+ * Records the instance-wide settings a handle was given (ConnectOptions.quarantineThreshold,
+ * capture, walRetentionLimit); those left out stay as recorded. `capture: 'logical'` is
+ * refused with `validation` when the server or role cannot run it (`set_capture`).
+ */
+async function recordInstanceSettings(session: Session, options: ResolvedOptions): Promise<void> {
+  const s = quoteIdent(options.schema);
+  if (options.quarantineThreshold !== undefined) {
+    await session.query(
+      `UPDATE ${s}.config SET quarantine_threshold = $1
+        WHERE quarantine_threshold IS DISTINCT FROM $1`,
+      [options.quarantineThreshold],
+    );
+  }
+  if (options.capture !== undefined || options.walRetentionLimit !== undefined) {
+    await session.query(
+      `SELECT ${s}.set_capture(coalesce($1::text, (SELECT capture FROM ${s}.config)), $2::bigint)`,
+      [options.capture ?? null, options.walRetentionLimit ?? null],
+    );
+  }
+}
+
+/** The schema is installed at a version older than this trellis-pg's. */
+function behind(state: { version: number }): boolean {
+  return state.version > 0 && state.version < latestVersion();
+}
+
+function outdatedSchema(schema: string, version: number, when: string): TrellisError {
+  return new TrellisError(
+    'not_migrated',
+    `the Trellis schema ${schema} is at version ${version}, and this trellis-pg needs version ${latestVersion()}: run migrate() (or add the migration \`trellis generate upgrade\` writes) ${when}`,
   );
 }

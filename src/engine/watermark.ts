@@ -3,8 +3,14 @@ import type { Session } from './db/session.js';
 import { TrellisError } from './errors.js';
 import { quoteIdent } from './identifiers.js';
 
-const PREFIX = 'wm1:';
+/** Tokens of earlier versions: a snapshot alone. */
+const PREFIX_V1 = 'wm1:';
+/** A snapshot and the WAL insert position when it was taken (`wm2:<snapshot>@<lsn>`). */
+const PREFIX = 'wm2:';
 const SNAPSHOT = /^\d+:\d+:(\d+(,\d+)*)?$/;
+const LSN = /^[0-9A-F]+\/[0-9A-F]+$/i;
+/** An idle WAL is moved on (to be decoded past a token's position) at most this often. */
+const NUDGE_MS = 100;
 
 /** The longest wait `awaitConverged` accepts: what a Node timer can hold (about 24.8 days). */
 export const MAX_WAIT_MS = 2 ** 31 - 1;
@@ -14,24 +20,44 @@ const FIRST_CHECK_MS = 5;
 const MAX_CHECK_MS = 50;
 
 /**
- * A token standing for "every write committed so far": the server's current snapshot.
- * Opaque to callers; only awaitConverged reads it.
+ * A token standing for "every write committed so far": the server's current snapshot, and
+ * the WAL insert position read after it was taken (every transaction the snapshot sees
+ * committed wrote its commit record before that position: under WAL capture, a write is in
+ * the ledger once the slot has acknowledged past it; ADR 0023). Opaque to callers; only
+ * awaitConverged reads it.
  */
 export async function watermarkToken(session: Session): Promise<string> {
-  const [row] = await session.query<{ snap: string }>('SELECT pg_current_snapshot()::text AS snap');
-  return `${PREFIX}${row!.snap}`;
+  const [row] = await session.query<{ snap: string; lsn: string }>(
+    'SELECT pg_current_snapshot()::text AS snap, pg_current_wal_insert_lsn()::text AS lsn',
+  );
+  return `${PREFIX}${row!.snap}@${row!.lsn}`;
 }
 
-function snapshotOf(token: string): string {
-  const snap =
-    typeof token === 'string' && token.startsWith(PREFIX) ? token.slice(PREFIX.length) : '';
+/** What a token stands for: a snapshot, and (tokens of this version) a WAL position. */
+interface Token {
+  snap: string;
+  lsn: string | null;
+}
+
+function tokenOf(token: string): Token {
+  let snap = '';
+  let lsn: string | null = null;
+  if (typeof token === 'string' && token.startsWith(PREFIX)) {
+    const [s, l, ...rest] = token.slice(PREFIX.length).split('@');
+    if (rest.length === 0 && l !== undefined && LSN.test(l)) {
+      snap = s ?? '';
+      lsn = l;
+    }
+  } else if (typeof token === 'string' && token.startsWith(PREFIX_V1)) {
+    snap = token.slice(PREFIX_V1.length);
+  }
   if (!SNAPSHOT.test(snap)) {
     throw new TrellisError(
       'validation',
       'not a watermark token: pass what watermarkToken() returned',
     );
   }
-  return snap;
+  return { snap, lsn };
 }
 
 /** `timeoutMs` as given, or `validation`: never shortened, never stretched. */
@@ -71,6 +97,10 @@ interface Progress {
   members: boolean;
   /** Transforms whose targets it reads (a chain). */
   upstream: number[];
+  /** The instance has a replication slot (WAL capture, ADR 0023). */
+  wal: boolean;
+  /** The slot has acknowledged the check's WAL position (true without a slot or position). */
+  decoded: boolean;
 }
 
 /** One check a wait asks for: a transform's progress on a snapshot, or a fresh snapshot. */
@@ -78,7 +108,8 @@ interface Check {
   wait: Wait;
   transform: string | number | null;
   snap: string | null;
-  resolve: (result: { progress: Progress | null; snapshot: string }) => void;
+  lsn: string | null;
+  resolve: (result: { progress: Progress | null; snapshot: Token }) => void;
 }
 
 interface Wait {
@@ -103,6 +134,7 @@ export class ConvergenceWaits {
   private lastCheck = 0;
   private gap = FIRST_CHECK_MS;
   private shutDown = false;
+  private lastNudge = 0;
 
   constructor(
     private readonly calls: CallRunner,
@@ -123,9 +155,9 @@ export class ConvergenceWaits {
         new TrellisError('shutdown', 'awaitConverged: the handle is shut down'),
       );
     }
-    let snap: string;
+    let given: Token;
     try {
-      snap = snapshotOf(token);
+      given = tokenOf(token);
     } catch (error) {
       return Promise.reject(error);
     }
@@ -153,19 +185,41 @@ export class ConvergenceWaits {
       this.waits.add(wait);
       this.gap = FIRST_CHECK_MS;
 
-      const converge = async (t: string | number, on: string): Promise<void> => {
-        const first = await this.check(wait, t, on);
-        if (!first.progress.found) {
+      /**
+       * The snapshot to converge `t` on for `on`, and `t`'s progress on it. With a slot,
+       * writes `on` covers may still be in the WAL: once the slot has acknowledged past
+       * its position they are in the ledger, in transactions the snapshot of a later
+       * round sees (this round's was taken before it read the slot's position).
+       */
+      const settle = async (
+        t: string | number,
+        on: Token,
+      ): Promise<{ snap: string; state: { progress: Progress; snapshot: Token } }> => {
+        let state = await this.check(wait, t, on.snap, on.lsn);
+        if (!state.progress.found || !state.progress.wal || on.lsn === null) {
+          return { snap: on.snap, state };
+        }
+        while (!state.progress.decoded) state = await this.check(wait, t, on.snap, on.lsn);
+        const later = (await this.snapshot(wait)).snap;
+        return { snap: later, state: await this.check(wait, t, later, null) };
+      };
+
+      const converge = async (t: string | number, on: Token): Promise<void> => {
+        const first = await settle(t, on);
+        if (!first.state.progress.found) {
           if (typeof t === 'string') {
             throw new TrellisError('not_found', `there is no transform named ${t}`);
           }
           return; // an upstream transform dropped meanwhile
         }
-        for (const up of first.progress.upstream) await converge(up, on);
+        for (const up of first.state.progress.upstream) await converge(up, on);
         // Upstream writes happened after `on`: wait for them through a fresh snapshot.
-        const chained = first.progress.upstream.length > 0;
-        let current = chained ? await this.snapshot(wait) : on;
-        let state = chained ? await this.check(wait, t, current) : first;
+        const chained = first.state.progress.upstream.length > 0;
+        const { snap: start, state: startState } = chained
+          ? await settle(t, await this.snapshot(wait))
+          : first;
+        let current = start;
+        let state = startState;
         // Where rows can come or go without DML, a change the token saw (an ATTACH, say)
         // is corrected later, its keys written into the ledger after the token: converge
         // on a snapshot of a round that saw the sources settled, which sees those keys.
@@ -174,15 +228,15 @@ export class ConvergenceWaits {
           if (!state.progress.settled) {
             pinned = false;
           } else if (!pinned) {
-            current = state.snapshot;
+            current = state.snapshot.snap;
             pinned = true;
           } else if (state.progress.covered) {
             return;
           }
-          state = await this.check(wait, t, current);
+          state = await this.check(wait, t, current, null);
         }
       };
-      converge(target, snap).then(
+      converge(target, given).then(
         () => {
           if (wait.settled) return;
           wait.settled = true;
@@ -217,15 +271,17 @@ export class ConvergenceWaits {
     wait: Wait,
     transform: string | number,
     snap: string,
-  ): Promise<{ progress: Progress; snapshot: string }> {
-    return this.enqueue(wait, transform, snap).then((r) => ({
+    lsn: string | null,
+  ): Promise<{ progress: Progress; snapshot: Token }> {
+    return this.enqueue(wait, transform, snap, lsn).then((r) => ({
       progress: r.progress!,
       snapshot: r.snapshot,
     }));
   }
 
-  private snapshot(wait: Wait): Promise<string> {
-    return this.enqueue(wait, null, null).then((r) => r.snapshot);
+  /** A fresh token: the snapshot and WAL position of the next round. */
+  private snapshot(wait: Wait): Promise<Token> {
+    return this.enqueue(wait, null, null, null).then((r) => r.snapshot);
   }
 
   /** Queues a check for the next round; a wait that has settled never gets its answer. */
@@ -233,9 +289,10 @@ export class ConvergenceWaits {
     wait: Wait,
     transform: string | number | null,
     snap: string | null,
-  ): Promise<{ progress: Progress | null; snapshot: string }> {
+    lsn: string | null,
+  ): Promise<{ progress: Progress | null; snapshot: Token }> {
     return new Promise((resolve) => {
-      this.queue.push({ wait, transform, snap, resolve });
+      this.queue.push({ wait, transform, snap, lsn, resolve });
       this.schedule();
     });
   }
@@ -284,12 +341,12 @@ export class ConvergenceWaits {
   private async query(
     session: Session,
     checks: Check[],
-  ): Promise<{ progress: Array<Progress | null>; snapshot: string }> {
+  ): Promise<{ progress: Array<Progress | null>; snapshot: Token }> {
     const s = quoteIdent(this.schema);
     const unique = new Map<string, number>();
     const of = checks.map((c) => {
       if (c.snap === null || c.transform === null) return -1;
-      const key = `${typeof c.transform}:${c.transform}:${c.snap}`;
+      const key = `${typeof c.transform}:${c.transform}:${c.snap}:${c.lsn}`;
       let index = unique.get(key);
       if (index === undefined) {
         index = unique.size;
@@ -301,8 +358,10 @@ export class ConvergenceWaits {
     const names = rows.map((c) => (typeof c.transform === 'string' ? c.transform : null));
     const ids = rows.map((c) => (typeof c.transform === 'number' ? c.transform : null));
     const snaps = rows.map((c) => c.snap);
+    const lsns = rows.map((c) => c.lsn);
     const [row] = await session.query<{
       snapshot: string;
+      lsn: string;
       progress: Array<{
         ord: number;
         found: boolean;
@@ -310,9 +369,11 @@ export class ConvergenceWaits {
         settled: boolean;
         members: boolean;
         upstream: number[];
+        wal: boolean;
+        decoded: boolean;
       }>;
     }>(
-      `SELECT pg_current_snapshot()::text AS snapshot,
+      `SELECT pg_current_snapshot()::text AS snapshot, pg_current_wal_insert_lsn()::text AS lsn,
               coalesce((
                 SELECT json_agg(json_build_object(
                          'ord', r.ord, 'found', t.id IS NOT NULL,
@@ -329,16 +390,20 @@ export class ConvergenceWaits {
                                                WHERE m.source_id = src.id))),
                          'upstream', ARRAY(SELECT u.id FROM ${s}.transform_sources ts
                                              JOIN ${s}.transforms u ON u.target_oid = ts.source_oid
-                                            WHERE ts.transform_id = t.id))
+                                            WHERE ts.transform_id = t.id),
+                         'wal', (SELECT c.wal_slot IS NOT NULL FROM ${s}.config c),
+                         'decoded', ${s}._wal_decoded(r.lsn::pg_lsn))
                          ORDER BY r.ord)
-                  FROM unnest($1::text[], $2::int[], $3::text[]) WITH ORDINALITY AS r(name, id, snap, ord)
+                  FROM unnest($1::text[], $2::int[], $3::text[], $4::text[])
+                       WITH ORDINALITY AS r(name, id, snap, lsn, ord)
                   LEFT JOIN ${s}.transforms t
                     ON CASE WHEN r.id IS NOT NULL THEN t.id = r.id ELSE t.target_name = r.name END
                   LEFT JOIN LATERAL (SELECT ${s}._sources_settled(t.id) AS settled) st ON t.id IS NOT NULL),
                 '[]') AS progress`,
-      [names, ids, snaps],
+      [names, ids, snaps, lsns],
     );
     const found: Array<Progress | undefined> = [];
+    let behind = false;
     for (const p of row?.progress ?? []) {
       found[p.ord - 1] = {
         found: p.found,
@@ -346,8 +411,21 @@ export class ConvergenceWaits {
         settled: p.settled,
         members: p.members,
         upstream: p.upstream,
+        wal: p.wal,
+        decoded: p.decoded,
       };
+      behind ||= p.wal && !p.decoded;
     }
-    return { progress: of.map((i) => found[i] ?? null), snapshot: row!.snapshot };
+    // The slot acknowledges what the WAL sender has read; on an idle database the WAL may
+    // end right at a token's position (or in a page header just before it). A commit
+    // record moves it on, and the decoder's acknowledgement follows.
+    if (behind && Date.now() - this.lastNudge >= NUDGE_MS) {
+      this.lastNudge = Date.now();
+      await session.query('SELECT pg_current_xact_id()');
+    }
+    return {
+      progress: of.map((i) => found[i] ?? null),
+      snapshot: { snap: row!.snapshot, lsn: row!.lsn },
+    };
   }
 }

@@ -9,6 +9,7 @@ import {
   LocalCluster,
   type ServerBinaries,
 } from './cluster.js';
+import { dropReplicationSlots } from './replication-slots.js';
 
 /** How the server was obtained. */
 export type PostgresKind = 'url' | BinarySource | 'container';
@@ -122,6 +123,7 @@ class Server implements TestPostgres {
   }
 
   async dropDatabase(name: string): Promise<void> {
+    await dropReplicationSlots(this.admin, name);
     const force = this.serverVersion >= 130000 ? ' WITH (FORCE)' : '';
     await this.admin.unsafe(`DROP DATABASE IF EXISTS ${quoteIdent(name)}${force}`);
   }

@@ -1,6 +1,7 @@
 import type postgres from 'postgres';
 import { inject } from 'vitest';
 import { createClient } from '../../src/engine/db/client.js';
+import { dropReplicationSlots } from '../../src/testing/replication-slots.js';
 
 const openClients = new Set<postgres.Sql>();
 const cleanups: Array<() => Promise<void>> = [];
@@ -63,6 +64,7 @@ export async function freshDatabase(): Promise<TestDatabase> {
   const sql = sqlClient(url);
   cleanups.push(async () => {
     await sql.end({ timeout: 2 });
+    await dropReplicationSlots(admin, name);
     await admin.unsafe(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`);
     await admin.end({ timeout: 2 });
   });

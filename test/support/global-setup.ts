@@ -15,7 +15,17 @@ export async function setup(project: TestProject): Promise<void> {
   // PREPARE TRANSACTION is off by default (max_prepared_transactions = 0); some tests hold
   // locks with prepared transactions. A server from TRELLIS_TEST_DATABASE_URL keeps its own
   // setting, and those tests skip when it is 0.
-  server = await startPostgres({ settings: { max_prepared_transactions: 10 } });
+  // wal_level = logical for WAL capture (ADR 0023): its tests run in every run, and
+  // TRELLIS_TEST_CAPTURE=logical runs the whole suite with it; a database in that mode
+  // holds a replication slot and a WAL sender while its file runs.
+  server = await startPostgres({
+    settings: {
+      max_prepared_transactions: 10,
+      wal_level: 'logical',
+      max_replication_slots: 40,
+      max_wal_senders: 40,
+    },
+  });
   await server.dropDatabase(TEMPLATE);
   await server.createDatabase({ name: TEMPLATE, template: 'template0' });
   // Roles some tests log in as; cluster-wide, so created once here.

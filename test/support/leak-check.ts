@@ -1,6 +1,9 @@
 import { afterAll } from 'vitest';
 import { openHandleInstances } from '../../src/engine/internal/open-handles.js';
+import { applyTestCapture } from './capture-mode.js';
 import { dropTestDatabases, openClientCount } from './database.js';
+
+applyTestCapture();
 
 // Registered before any test file's hooks, so (hooks run as a stack) it runs after them:
 // a file that leaves a handle or a helper client open fails here.

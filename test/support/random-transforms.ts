@@ -205,7 +205,12 @@ const agg = (type: Aggregate['type'], sql: Aggregate['sql']): Aggregate => ({ sq
 const ANY_AGGREGATES: Aggregate[] = [
   agg('bigint', (c) => `count(${c})`),
   agg('bigint', (c) => `count(DISTINCT ${c})`),
-  agg('text', (c, keys) => `string_agg(${c}::text, ',' ORDER BY ${c}::text COLLATE "C", ${keys})`),
+  // Under "C": text under ci cast to text keeps its collation, which LIKE on a chain's
+  // reading of it refuses (nondeterministic collations are not supported for LIKE).
+  agg(
+    'text',
+    (c, keys) => `string_agg(${c}::text COLLATE "C", ',' ORDER BY ${c}::text COLLATE "C", ${keys})`,
+  ),
   agg(null, (c, keys) => `array_agg(${c} ORDER BY ${keys})`),
 ];
 const AGGREGATES: Record<ColumnType, Aggregate[]> = {

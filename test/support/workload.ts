@@ -168,7 +168,9 @@ export interface WorkloadOptions {
    * Every writer waits before its step `step` until `until` settles: a test that must act
    * while the writers still have work left (restart the server under them) does it then.
    */
-  holdAt?: { step: number; until: Promise<unknown> };
+  holdAt?:
+    | { step: number; until: Promise<unknown> }
+    | Array<{ step: number; until: Promise<unknown> }>;
   /**
    * Called after each step any writer took (committed, rolled back or failed as
    * expected): a test that must act while the writers are under way counts them.
@@ -499,7 +501,9 @@ export async function runPlan(
     };
     try {
       for (const [at, step] of steps.entries()) {
-        if (at === options.holdAt?.step) await options.holdAt.until.catch(() => undefined);
+        for (const hold of [options.holdAt ?? []].flat()) {
+          if (at === hold.step) await hold.until.catch(() => undefined);
+        }
         if (failure !== undefined) break;
         const context = `step ${at} (${step.kind === 'transaction' ? 'transaction' : step.sql})`;
         try {

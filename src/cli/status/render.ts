@@ -2,6 +2,7 @@ import cliProgress from 'cli-progress';
 import Table from 'cli-table3';
 import { createColors } from 'picocolors';
 import type { Status } from '../../engine/catalog/status-types.js';
+import { progressOf } from './progress.js';
 
 /**
  * What `trellis status` shows of each transform: a table (one row per transform, its
@@ -12,16 +13,6 @@ import type { Status } from '../../engine/catalog/status-types.js';
 
 const BAR_SIZE = 20;
 const { shades_classic: barChars } = cliProgress.Presets;
-
-/** How far a backfill is: keys done and in all (an estimate), and the fraction (null: unknown). */
-export function progressOf(
-  status: Status,
-): { done: number; total: number | null; fraction: number | null } | null {
-  if (status.status !== 'backfilling' || !status.backfill) return null;
-  const { keysDone: done, keysTotal: total } = status.backfill;
-  const fraction = total && total > 0 ? Math.min(1, done / total) : null;
-  return { done, total, fraction };
-}
 
 /** The progress bar, as cli-progress draws its own. */
 function bar(fraction: number): string {

@@ -11,6 +11,15 @@ import {
   dropTriggersSql,
   triggerName,
 } from './trigger-sql.js';
+import {
+  addToPublication,
+  readWalCaptureState,
+  recordDrainLsn,
+  recordPublishXmax,
+  removeFromPublication,
+  settlePublished,
+  type WalCaptureState,
+} from './wal/publication.js';
 
 /**
  * The partitions and inheritance children of source `d.source_oid`, at every level
@@ -37,6 +46,8 @@ interface DesiredRow {
   columns: string[];
   partitions: string[];
   uncaptured: string[];
+  /** Why the table cannot be captured from the WAL (null when it can). */
+  ineligible: string | null;
 }
 
 interface InstalledRow {
@@ -49,6 +60,8 @@ interface InstalledRow {
   installed: boolean;
   present: boolean;
   table_sql: string | null;
+  /** Its place in the publication (WAL capture): null, 'publishing' or 'ready'. */
+  wal_state: 'publishing' | 'ready' | null;
 }
 
 /**
@@ -103,7 +116,8 @@ export class CaptureReconciler {
                       FROM ${DESCENDANTS} JOIN pg_class pc ON pc.oid = dt.relid
                       JOIN pg_namespace pn ON pn.oid = pc.relnamespace
                      WHERE NOT EXISTS (SELECT 1 FROM pg_trigger tg
-                                        WHERE tg.tgrelid = dt.relid AND tg.tgname = $1)) AS uncaptured
+                                        WHERE tg.tgrelid = dt.relid AND tg.tgname = $1)) AS uncaptured,
+              CASE WHEN c.oid IS NOT NULL THEN ${s}._wal_ineligible(d.source_oid) END AS ineligible
          FROM (SELECT DISTINCT source_oid FROM ${s}.transform_sources) d
          LEFT JOIN pg_class c ON c.oid = d.source_oid
          LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -119,13 +133,14 @@ export class CaptureReconciler {
     const installed = await session.query<InstalledRow>(
       `SELECT src.id, src.source_oid::text AS oid, src.qualified, src.key_columns, src.key_types,
               src.captured_columns, src.installed_at IS NOT NULL AS installed, c.oid IS NOT NULL AS present,
-              quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS table_sql
+              quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS table_sql, src.wal_state
          FROM ${s}.sources src
          LEFT JOIN pg_class c ON c.oid = src.source_oid
          LEFT JOIN pg_namespace n ON n.oid = c.relnamespace`,
     );
     const byOid = new Map(installed.map((row) => [row.oid, row]));
     const now = Date.now();
+    const wal = await readWalCaptureState(session, this.schema);
 
     for (const want of desired) {
       // A table without a primary key cannot be captured (its readers are stopped).
@@ -137,7 +152,7 @@ export class CaptureReconciler {
           `INSERT INTO ${s}.sources (source_oid, qualified, key_columns, key_types)
            VALUES ($1::oid, $2, $3::name[], $4) RETURNING id, source_oid::text AS oid, qualified,
                   key_columns, key_types, captured_columns, false AS installed, true AS present,
-                  $5::text AS table_sql`,
+                  $5::text AS table_sql, NULL::text AS wal_state`,
           [want.oid, want.display, want.key_columns, want.key_types, want.qualified],
         );
         row = created!;
@@ -152,6 +167,7 @@ export class CaptureReconciler {
       };
       const wanted = [...want.columns].sort();
       const have = [...row.captured_columns].sort();
+      if (await this.followMode(session, wal, want, row, spec)) continue;
       if (!row.installed) {
         await this.change(session, row, 'install', spec, async () => {
           for (const sql of captureFunctionsSql(spec)) await session.query(sql);
@@ -196,8 +212,10 @@ export class CaptureReconciler {
     const wantedOids = new Set(desired.map((d) => d.oid));
     for (const row of installed) {
       if (wantedOids.has(row.oid) || (this.retryAt.get(row.oid) ?? 0) > now) continue;
-      await this.uninstall(session, row);
+      await this.uninstall(session, row, wal);
     }
+    // Published sources whose older writers have all ended: their WAL capture is trusted.
+    await settlePublished(session, this.schema, wal.publication, this.log);
     // A retry that came due and was not made (its table is gone) is not due any more.
     for (const [oid, at] of this.retryAt) if (at <= now) this.retryAt.delete(oid);
   }
@@ -215,7 +233,7 @@ export class CaptureReconciler {
     operation: 'install' | 'widen' | 'narrow',
     spec: CaptureSpec,
     ddl: () => Promise<void>,
-  ): Promise<void> {
+  ): Promise<boolean> {
     const s = quoteIdent(this.schema);
     const captured = spec.captured;
     try {
@@ -245,14 +263,141 @@ export class CaptureReconciler {
     } catch (error) {
       if (sqlstateOf(error) !== SQLSTATE.lockNotAvailable) throw error;
       await this.recordWait(session, row, operation === 'narrow' ? 'widen' : operation);
-      return;
+      return false;
     }
     this.retryAt.delete(row.oid);
     this.waits.delete(row.oid);
     this.log.info({ table: row.qualified, operation, columns: captured }, `capture ${operation}`);
+    return true;
   }
 
-  private async uninstall(session: Session, row: InstalledRow): Promise<void> {
+  /**
+   * Moves a source toward the capture the instance asks for (ADR 0023). Returns true when
+   * the source needs nothing more in this pass; false when its triggers are still its
+   * capture (or one of two) and the trigger branches should keep them right.
+   *
+   * - Trigger → WAL: into the publication; once every transaction running then has ended,
+   *   `ready` (settlePublished); then the triggers go, under the source's lock. Until then
+   *   both capture.
+   * - WAL → trigger: triggers installed under the lock, and out of the publication in the
+   *   same transaction (every writer without triggers committed before the lock, and is
+   *   decoded under the catalog of its time).
+   * - A new source under WAL capture is published and never gets triggers; its backfills
+   *   wait for `ready`.
+   */
+  private async followMode(
+    session: Session,
+    wal: WalCaptureState,
+    want: DesiredRow,
+    row: InstalledRow,
+    spec: CaptureSpec,
+  ): Promise<boolean> {
+    const table = want.qualified!;
+    // A source not published yet waits for the slot (and publication) on triggers; one
+    // published stays so while a lost slot is made again (its readers were stopped).
+    const logical =
+      wal.capture === 'logical' &&
+      want.ineligible === null &&
+      (wal.ready || row.wal_state !== null);
+    if (logical) {
+      if (row.wal_state === null) {
+        const done = await this.locked(session, row, 'install', async () => {
+          await addToPublication(session, this.schema, wal.publication, row.id, table);
+        });
+        if (done) {
+          await recordPublishXmax(session, this.schema, row.id);
+          this.log.info({ table: row.qualified }, 'capture: table published (WAL capture)');
+        }
+        return true;
+      }
+      if (row.wal_state === 'ready' && row.installed) {
+        const done = await this.locked(session, row, 'uninstall', async () => {
+          await session.query(`LOCK TABLE ${table} IN ${CAPTURE_LOCK_MODE} MODE`);
+          for (const t of [table, ...want.partitions]) {
+            for (const sql of dropTriggersSql({ ...spec, table: t })) await session.query(sql);
+          }
+          for (const sql of dropFunctionsSql(spec)) await session.query(sql);
+          await session.query(
+            `UPDATE ${quoteIdent(this.schema)}.sources
+                SET installed_at = NULL, captured_columns = '{}', capture_digest = NULL,
+                    widened_at = NULL, widen_columns = NULL, widen_holders = NULL, wait = NULL
+              WHERE id = $1`,
+            [row.id],
+          );
+        });
+        if (done)
+          this.log.info({ table: row.qualified }, 'capture: triggers dropped (WAL capture)');
+        return true;
+      }
+      if (!row.installed) {
+        // WAL capture alone: the recorded key follows the table (the decoder's keys do).
+        if (want.key_columns!.join('\0') !== row.key_columns.join('\0')) {
+          await session.query(
+            `UPDATE ${quoteIdent(this.schema)}.sources SET key_columns = $2::name[], key_types = $3
+              WHERE id = $1`,
+            [row.id, spec.keyColumns, spec.keyTypes],
+          );
+        }
+        return true;
+      }
+      return false;
+    }
+    if (row.wal_state === null) return false;
+    let done: boolean;
+    if (!row.installed) {
+      done = await this.change(session, row, 'install', spec, async () => {
+        for (const sql of captureFunctionsSql(spec)) await session.query(sql);
+        for (const t of [table, ...want.partitions]) {
+          for (const sql of dropTriggersSql({ ...spec, table: t })) await session.query(sql);
+          for (const sql of captureTriggersSql({ ...spec, table: t })) await session.query(sql);
+        }
+        await removeFromPublication(session, this.schema, wal.publication, row.id, table);
+      });
+    } else {
+      done = await this.locked(session, row, 'uninstall', async () => {
+        await removeFromPublication(session, this.schema, wal.publication, row.id, table);
+      });
+    }
+    if (done) {
+      await recordDrainLsn(session, this.schema);
+      this.log.info(
+        { table: row.qualified, reason: want.ineligible ?? `capture is ${wal.capture}` },
+        'capture: table back on triggers',
+      );
+    }
+    return true;
+  }
+
+  /**
+   * Runs `fn` in its own transaction with the short lock timeout; a lock not had in time is
+   * recorded as the source's wait and retried later (returns false).
+   */
+  private async locked(
+    session: Session,
+    row: InstalledRow,
+    operation: 'install' | 'uninstall',
+    fn: () => Promise<void>,
+  ): Promise<boolean> {
+    try {
+      await session.transaction(async () => {
+        await session.query(`SET LOCAL lock_timeout = '${LOCK_TIMEOUT_MS}ms'`);
+        await fn();
+      });
+    } catch (error) {
+      if (sqlstateOf(error) !== SQLSTATE.lockNotAvailable) throw error;
+      await this.recordWait(session, row, operation);
+      return false;
+    }
+    this.retryAt.delete(row.oid);
+    this.waits.delete(row.oid);
+    return true;
+  }
+
+  private async uninstall(
+    session: Session,
+    row: InstalledRow,
+    wal: WalCaptureState,
+  ): Promise<void> {
     const s = quoteIdent(this.schema);
     const spec = { schema: this.schema, sourceId: row.id, table: row.table_sql ?? '' };
     try {
@@ -274,6 +419,9 @@ export class CaptureReconciler {
           }
         }
         for (const sql of dropFunctionsSql(spec)) await session.query(sql);
+        if (row.wal_state !== null) {
+          await removeFromPublication(session, this.schema, wal.publication, row.id, row.table_sql);
+        }
         await session.query(`DELETE FROM ${s}.sources WHERE id = $1`, [row.id]);
       });
     } catch (error) {
@@ -281,6 +429,7 @@ export class CaptureReconciler {
       await this.recordWait(session, row, 'uninstall');
       return;
     }
+    if (row.wal_state !== null) await recordDrainLsn(session, this.schema);
     this.retryAt.delete(row.oid);
     this.waits.delete(row.oid);
     this.log.info({ table: row.qualified }, 'capture uninstalled');

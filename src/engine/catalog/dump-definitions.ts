@@ -26,7 +26,9 @@ export async function dumpDefinitionsSql(session: Session, schema: string): Prom
   }
   const [state] = await session.query<{ migrations: unknown[]; config: unknown | null }>(
     `SELECT (SELECT coalesce(jsonb_agg(to_jsonb(m) ORDER BY m.version), '[]') FROM ${s}.migrations m) AS migrations,
-            (SELECT to_jsonb(c) FROM ${s}.config c) AS config`,
+            -- The replication slot (WAL capture) belongs to this database: the loaded
+            -- one makes its own, rather than find "its" slot missing (a disruption).
+            (SELECT to_jsonb(c) - 'wal_slot' FROM ${s}.config c) AS config`,
   );
   const definitions = await session.query<{ statement: string; search_path: string }>(
     `SELECT statement, search_path FROM ${s}.transforms ORDER BY id`,

@@ -75,7 +75,12 @@ export interface PreparedBlocker {
  * cluster, are not waited on.
  */
 export interface CaptureWait {
-  operation: 'install' | 'widen' | 'uninstall';
+  /**
+   * `publish`: WAL capture (ADR 0023) put the source into the publication, and a backfill
+   * waits until every transaction that was running then has ended (one that wrote the
+   * table before could write it again unpublished); blockers are those transactions.
+   */
+  operation: 'install' | 'widen' | 'uninstall' | 'publish';
   /** Schema-qualified source table. */
   table: string;
   /**
@@ -154,6 +159,33 @@ export interface Lag {
 }
 
 /** Where a transform is, as `status()` reports it. */
+/** How a transform's sources are captured (ADR 0023). */
+export interface CaptureInfo {
+  /** The instance's setting (`ConnectOptions.capture`). */
+  setting: 'trigger' | 'logical';
+  /**
+   * Each source: `trigger`, `logical` (the replication slot alone), or `switching` (both,
+   * or in the publication and not trusted yet). `reason` says why a source stays on
+   * triggers under `logical` (null otherwise).
+   */
+  sources: Array<{
+    table: string;
+    mode: 'trigger' | 'logical' | 'switching';
+    reason: string | null;
+  }>;
+  /**
+   * The instance's replication slot, while it has one: the WAL it holds back (bytes, null
+   * while the slot is missing) against the ceiling (`walRetentionLimit`), and the position
+   * it acknowledged (every change before it is in the ledger).
+   */
+  slot: {
+    name: string;
+    retainedBytes: number | null;
+    limitBytes: number;
+    confirmedLsn: string | null;
+  } | null;
+}
+
 export interface Status {
   target: string;
   status: Lifecycle;
@@ -175,4 +207,5 @@ export interface Status {
   /** How the last range of changes was applied (null until one with changes was). */
   lastApply: LastApply | null;
   lag: Lag;
+  capture: CaptureInfo;
 }

@@ -7,6 +7,7 @@ import {
   own,
   q,
   requireSourceIds,
+  restrictedWhere,
   selectList,
   tuple,
   typedKeys,
@@ -101,20 +102,15 @@ function mapRows(plan: TransformPlan, drivingFilter: string | null): string {
     (g, i) =>
       `${all && plan.where ? `CASE WHEN ${passes} THEN (${g.expression}) END` : `(${g.expression})`} AS ${mapGroup(i + 1)}`,
   );
-  const filters = [
-    ...(all || !plan.where ? [] : [`(${plan.where})`]),
-    ...(drivingFilter ? [drivingFilter] : []),
-  ];
+  // A single table keeps passing rows only, its WHERE evaluated on the driving rows asked for.
+  const where = all ? null : plan.where;
+  const filter = drivingFilter ? restrictedWhere(drivingFilter, where) : where && `(${where})`;
   return `SELECT ${list([...keys, ...groups, `${all ? passes : 'true'} AS passes`])}
-    FROM ${plan.fromSql}${filters.length ? `\n   WHERE ${filters.join(' AND ')}` : ''}`;
+    FROM ${plan.fromSql}${filter ? `\n   WHERE ${filter}` : ''}`;
 }
 
 function having(plan: TransformPlan): string {
   return plan.having ? `\n   HAVING (${plan.having})` : '';
-}
-
-function whereAnd(plan: TransformPlan): string {
-  return plan.where ? `(${plan.where}) AND ` : '';
 }
 
 /**
@@ -182,18 +178,19 @@ function aggregatedGroups(
     FROM ${plan.fromSql}${plan.where ? `\n   WHERE (${plan.where})` : ''}
    GROUP BY ${groupBy}`;
   }
+  const inNullGroup = `EXISTS (
+       SELECT 1 FROM groups ${g}
+        WHERE (${cols.map((c) => `${g}.${c} IS NULL`).join(' OR ')})
+          AND ${cols.map((c, i) => `${g}.${c} IS NOT DISTINCT FROM ${exprs[i]}`).join(' AND ')})`;
   return `SELECT ${select}
     FROM ${plan.fromSql}
-   WHERE ${whereAnd(plan)}${tuple(exprs)} IN (SELECT ${list(cols)} FROM groups)
+   WHERE ${restrictedWhere(`${tuple(exprs)} IN (SELECT ${list(cols)} FROM groups)`, plan.where)}
    GROUP BY ${groupBy}
   UNION ALL
   SELECT ${select}
     FROM ${plan.fromSql}
    WHERE (SELECT coalesce(bool_or(${anyNull}), false) FROM groups)
-     AND ${whereAnd(plan)}EXISTS (
-       SELECT 1 FROM groups ${g}
-        WHERE (${cols.map((c) => `${g}.${c} IS NULL`).join(' OR ')})
-          AND ${cols.map((c, i) => `${g}.${c} IS NOT DISTINCT FROM ${exprs[i]}`).join(' AND ')})
+     AND ${restrictedWhere(inNullGroup, plan.where)}
    GROUP BY ${groupBy}`;
 }
 
@@ -234,14 +231,17 @@ function mapJoined(plan: TransformPlan, mapSql: string, whole = false): string {
   return `INSERT INTO ${mapSql} (${list([...keyCols, ...groupCols, 'passes'])})
   SELECT ${list([...sources.flatMap((s) => sourceKeys(s)), ...exprs, 'true'])}
     FROM ${plan.fromSql}
-   WHERE ${whereAnd(plan)}${tuple(sourceKeys(driving))} IN (
+   WHERE ${restrictedWhere(
+     `${tuple(sourceKeys(driving))} IN (
            ${
              whole
                ? `SELECT ${list(keyNames)} FROM newer_rows`
                : `SELECT ${list(keyNames.map((k) => `${n}.${k}`))}
              FROM aggregated ${a} CROSS JOIN LATERAL unnest(${list(newer.map((c) => `${a}.${c}`))}) AS ${n}(${list(keyNames)})`
            }
-           EXCEPT SELECT ${list(keyNames)} FROM affected)
+           EXCEPT SELECT ${list(keyNames)} FROM affected)`,
+     plan.where,
+   )}
 ${
   whole
     ? ''
@@ -356,7 +356,7 @@ aggregated AS MATERIALIZED (
 newer_rows AS MATERIALIZED (
   SELECT ${list(sourceKeys(driving).map((k, i) => `${k} AS k${i + 1}`))}
     FROM ${plan.fromSql}
-   WHERE ${whereAnd(plan)}(${mayBeNewer(plan, since)})
+   WHERE ${plan.where ? `(${plan.where}) AND ` : ''}(${mayBeNewer(plan, since)})
 ),`
       : ''
   }

@@ -1,6 +1,15 @@
 import { mapKeys } from './aggregate-sql.js';
 import type { TransformPlan } from './plan.js';
-import { col, list, q, selectList, tuple, typedParam, writtenColumns } from './sql-parts.js';
+import {
+  col,
+  list,
+  q,
+  restrictedWhere,
+  selectList,
+  tuple,
+  typedParam,
+  writtenColumns,
+} from './sql-parts.js';
 
 /** SQL of a backfill: keyset chunks over the FROM (driving) table's key. */
 
@@ -91,7 +100,7 @@ export function backfillChunkSql(plan: TransformPlan): string {
   INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
   SELECT ${selectList(plan)}
     FROM ${plan.fromSql}
-   WHERE ${plan.where ? `(${plan.where}) AND ` : ''}${inChunk}
+   WHERE ${restrictedWhere(inChunk, plan.where)}
   RETURNING 1
 )
 SELECT count(*)::int AS rows${mapped ? ', (SELECT count(*) FROM mapped)::int AS mapped' : ''} FROM filled`;

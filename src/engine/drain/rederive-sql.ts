@@ -8,6 +8,7 @@ import {
   list,
   q,
   requireSourceIds,
+  restrictedWhere,
   selectList,
   tuple,
   typedKeys,
@@ -141,7 +142,7 @@ affected AS MATERIALIZED (
 derived AS MATERIALIZED (
   SELECT ${selectList(plan)}
     FROM ${plan.fromSql}
-   WHERE ${plan.where ? `(${plan.where}) AND ` : ''}${drivingKeys} IN (SELECT ${list(affectedCols)} FROM affected)
+   WHERE ${restrictedWhere(`${drivingKeys} IN (SELECT ${list(affectedCols)} FROM affected)`, plan.where)}
 ),
 upserted AS (
   ${upsert(plan, 'derived')}

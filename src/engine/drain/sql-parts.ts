@@ -129,3 +129,17 @@ export function selectList(plan: TransformPlan): string {
     ),
   );
 }
+
+/**
+ * `restriction AND where`, with the transform's WHERE evaluated only on rows the
+ * restriction keeps. Postgres may evaluate a WHERE on every row a scan reads before a
+ * join or semi-join narrows them to the keys being re-derived (a sequential scan under a
+ * hash join does), and one row anywhere that fails it (a division by zero) would fail
+ * every re-derivation, so every changed key would be held with it. A CASE is evaluated
+ * lazily, row by row: its WHEN decides first. The restriction stays outside the CASE too,
+ * for the planner to use (an index, a semi-join).
+ */
+export function restrictedWhere(restriction: string, where: string | null): string {
+  if (!where) return restriction;
+  return `(${restriction}) AND CASE WHEN (${restriction}) THEN (${where}) END`;
+}

@@ -9,6 +9,8 @@ export const LOCK_CLASS = {
   apply: 0x74726170, // "trap"
   /** Held, session-level, by the instance's elected staging worker. */
   staging: 0x74727374, // "trst"
+  /** Held, session-level, by the instance's elected WAL decoder (ADR 0023). */
+  wal: 0x7472776c, // "trwl"
   /** Held shared, session-level, by every live drain loop (hasLiveDrainWorkers). */
   drain: 0x74726472, // "trdr"
 } as const;

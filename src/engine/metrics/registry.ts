@@ -266,6 +266,33 @@ fromSnapshot(
   },
 );
 
+fromSnapshot(
+  'trellis_capture_sources',
+  "Captured source tables by how they are captured now: 'trigger', 'logical' (the replication slot alone, ADR 0023), or 'switching' between the two.",
+  ['mode'],
+  (set, s) => {
+    for (const [mode, n] of Object.entries(s.wal.sources)) set({ mode }, n);
+  },
+);
+
+fromSnapshot(
+  'trellis_wal_retained_bytes',
+  "WAL the instance's replication slot holds back, in bytes (WAL capture; absent without a slot). Past trellis_wal_retention_limit_bytes the slot is dropped and its readers stop.",
+  [],
+  (set, s) => {
+    if (s.wal.slot?.retainedBytes != null) set({}, s.wal.slot.retainedBytes);
+  },
+);
+
+fromSnapshot(
+  'trellis_wal_retention_limit_bytes',
+  'The ceiling on WAL the replication slot may hold back (walRetentionLimit), in bytes (absent without a slot).',
+  [],
+  (set, s) => {
+    if (s.wal.slot) set({}, s.wal.slot.limitBytes);
+  },
+);
+
 scrapedGauge(
   'trellis_catalog_readable',
   "1 when this scrape read the instance's catalog figures, 0 when it could not (database unreachable, schema not installed, or slower than the scrape deadline): the catalog series are then absent.",

@@ -20,6 +20,8 @@ export interface InstanceSnapshot {
   held: HeldSnapshot[];
   ledger: LedgerSnapshot;
   captureWaits: CaptureWaitSnapshot[];
+  /** WAL capture (ADR 0023): sources per capture mode, and the slot while there is one. */
+  wal: WalSnapshot;
 }
 
 export interface TransformSnapshot {
@@ -52,9 +54,16 @@ export interface LedgerSnapshot {
   bytes: number;
 }
 
+export interface WalSnapshot {
+  /** Captured sources by how they are captured now (as status().capture.sources says). */
+  sources: { trigger: number; logical: number; switching: number };
+  /** The instance's replication slot: WAL held back (null while the slot is missing) and the ceiling. */
+  slot: { retainedBytes: number | null; limitBytes: number } | null;
+}
+
 export interface CaptureWaitSnapshot {
   table: string;
-  operation: 'install' | 'widen' | 'uninstall';
+  operation: 'install' | 'widen' | 'uninstall' | 'publish';
   seconds: number;
   blockers: number;
 }
@@ -100,6 +109,8 @@ interface Row {
   pending_bytes: number;
   ledger_bytes: number;
   waits: CaptureWaitSnapshot[];
+  wal_sources: { trigger: number; logical: number; switching: number };
+  wal_slot: { retained: number | null; limit: number } | null;
 }
 
 /** The statement, for one catalog schema. */
@@ -215,7 +226,25 @@ SELECT
             coalesce(jsonb_array_length(src.widen_holders),
                      (SELECT count(DISTINCT coalesce(l.pid::text, l.virtualtransaction)) FROM pg_locks l
                        WHERE ${locksOn('src.source_oid', WRITER_LOCK_MODES)}))
-       FROM ${s}.sources src WHERE src.widened_at IS NOT NULL) w) AS waits`;
+       FROM ${s}.sources src WHERE src.widened_at IS NOT NULL
+     UNION ALL
+     -- WAL capture published a source: the transactions that began before still run.
+     SELECT src.qualified, 'publish',
+            extract(epoch FROM clock_timestamp() - src.wal_since)::float8,
+            (SELECT count(*) FROM ${s}._publish_waits_on(src.wal_xmax))
+       FROM ${s}.sources src WHERE src.wal_state = 'publishing' AND src.installed_at IS NULL) w) AS waits,
+  (SELECT jsonb_build_object(
+            'trigger', count(*) FILTER (WHERE src.wal_state IS NULL),
+            'logical', count(*) FILTER (WHERE src.wal_state = 'ready' AND src.installed_at IS NULL),
+            'switching', count(*) FILTER (WHERE src.wal_state IS NOT NULL
+                                           AND NOT (src.wal_state = 'ready' AND src.installed_at IS NULL)))
+     FROM ${s}.sources src) AS wal_sources,
+  (SELECT CASE WHEN c.wal_slot IS NOT NULL THEN jsonb_build_object(
+            'limit', c.wal_retention_limit,
+            'retained', (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn)::float8
+                           FROM pg_replication_slots rs
+                          WHERE rs.slot_name = c.wal_slot AND rs.database = current_database())) END
+     FROM ${s}.config c) AS wal_slot`;
 }
 
 /** However it is read (a call, the staging worker's session), the snapshot gives up after this. */
@@ -281,5 +310,18 @@ export async function readSnapshot(session: Session, schema: string): Promise<In
       seconds: Math.max(0, Number(w.seconds)),
       blockers: Number(w.blockers),
     })),
+    wal: {
+      sources: {
+        trigger: Number(row?.wal_sources.trigger ?? 0),
+        logical: Number(row?.wal_sources.logical ?? 0),
+        switching: Number(row?.wal_sources.switching ?? 0),
+      },
+      slot: row?.wal_slot
+        ? {
+            retainedBytes: row.wal_slot.retained === null ? null : Number(row.wal_slot.retained),
+            limitBytes: Number(row.wal_slot.limit),
+          }
+        : null,
+    },
   };
 }

@@ -1,6 +1,7 @@
 import type { Session } from '../db/session.js';
 import { isRowError } from '../drain/row-errors.js';
 import { enterTransformWork } from '../drain/work-settings.js';
+import { quoteIdent } from '../identifiers.js';
 import { sleep } from '../workers/sleep.js';
 import {
   both,
@@ -169,8 +170,10 @@ async function compareInSnapshot(
   only: Set<string> | null,
 ): Promise<Sorted> {
   const { session, schema } = ctx;
-  return session.transaction(async () => {
+  let wal: { lsn: string } | null = null;
+  const sorted = await session.transaction(async (): Promise<Sorted> => {
     const state = await readState(session, schema, shape.plan.id);
+    wal = await walPosition(ctx);
     await enterTransformWork(session, schema, shape.plan);
     let scoped = scope;
     let all = params;
@@ -218,6 +221,70 @@ async function compareInSnapshot(
       pending: suspects.filter(isPending),
     };
   }, 'BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY');
+  const position = wal as { lsn: string } | null;
+  if (position === null || sorted.confirmed.length === 0) return sorted;
+  // WAL capture (ADR 0023): a change committed before the snapshot may not have been
+  // decoded into the ledger yet, so the snapshot could not see it pending. Once the slot
+  // has acknowledged past the snapshot's WAL position, every such change is in the ledger:
+  // a suspect that a change decoded since routes to is pending, not a finding.
+  const late = await decodedSince(ctx, shape, sorted.snapshot, position.lsn, sorted.confirmed);
+  const isLate = (s: Suspect) => late === 'all' || late.has(routeKey(shape, s.k));
+  return {
+    ...sorted,
+    confirmed: sorted.confirmed.filter((s) => !isLate(s)),
+    pending: [...sorted.pending, ...sorted.confirmed.filter(isLate)],
+  };
+}
+
+/**
+ * The WAL insert position now, when the instance captures from a replication slot (null
+ * under trigger capture: every change is in the ledger when its transaction commits).
+ */
+async function walPosition(ctx: CheckContext): Promise<{ lsn: string } | null> {
+  const [row] = await ctx.session.query<{ lsn: string | null }>(
+    `SELECT CASE WHEN c.wal_slot IS NOT NULL THEN pg_current_wal_insert_lsn()::text END AS lsn
+       FROM ${quoteIdent(ctx.schema)}.config c`,
+  );
+  return row?.lsn ? { lsn: row.lsn } : null;
+}
+
+/**
+ * Waits until the slot has acknowledged `lsn`, then returns which of `suspects` the
+ * changes that reached the ledger after `snapshot` route to ('all' for a TRUNCATE among
+ * them, or too many to route).
+ */
+async function decodedSince(
+  ctx: CheckContext,
+  shape: CheckShape,
+  snapshot: string,
+  lsn: string,
+  suspects: Suspect[],
+): Promise<Set<string> | 'all'> {
+  const s = quoteIdent(ctx.schema);
+  let delay = 10;
+  for (;;) {
+    checkTime(ctx);
+    const [row] = await ctx.session.query<{ decoded: boolean }>(
+      `SELECT ${s}._wal_decoded($1::pg_lsn) AS decoded`,
+      [lsn],
+    );
+    if (row?.decoded) break;
+    // An idle WAL can end at the position: a commit moves it on (as awaitConverged does).
+    if (delay >= 200) await ctx.session.query('SELECT pg_current_xact_id()');
+    await sleep(delay, ctx.signal);
+    delay = Math.min(200, delay * 2);
+  }
+  const [now] = await ctx.session.query<{ snap: string }>(
+    'SELECT pg_current_snapshot()::text AS snap',
+  );
+  const snaps = [snapshot, now!.snap];
+  const [stats] = await ctx.session.query<{ keys: number; truncated: boolean }>(
+    pendingStatsSql(ctx.schema, shape),
+    snaps,
+  );
+  if (stats?.truncated || (stats?.keys ?? 0) > ROUTE_LIMIT) return 'all';
+  if ((stats?.keys ?? 0) === 0) return new Set();
+  return routed(ctx.session, shape, pendingChangedSql(ctx.schema, shape), snaps, suspects);
 }
 
 /** The differences by key: missing, extra, or differs (floats within the tolerance are equal). */

@@ -2,7 +2,16 @@ import { affectedGroupsSql } from '../drain/aggregate-sql.js';
 import { chunkEndSql } from '../drain/backfill-sql.js';
 import { inRange } from '../drain/changed-sql.js';
 import { affectedDrivingKeys } from '../drain/rederive-sql.js';
-import { col, list, own, q, requireSourceIds, tuple, typedParam } from '../drain/sql-parts.js';
+import {
+  col,
+  list,
+  own,
+  q,
+  requireSourceIds,
+  restrictedWhere,
+  tuple,
+  typedParam,
+} from '../drain/sql-parts.js';
 import type { CheckShape } from './shape.js';
 
 /**
@@ -162,12 +171,12 @@ function definitionSql(shape: CheckShape, scope: string): string {
   const plan = shape.plan;
   const keyNames = new Set(plan.key);
   const columns = plan.columns.filter((c) => keyNames.has(c.name) || !c.paused);
-  const filters = [
-    ...(plan.where ? [`(${plan.where})`] : []),
-    ...(scope === 'true' ? [] : [`(${scope})`]),
-  ];
+  // The WHERE is evaluated on the scope's rows only (restrictedWhere): a row outside the
+  // chunk that fails it (held in quarantine) must not fail the chunk's comparison.
+  const filter =
+    scope === 'true' ? plan.where && `(${plan.where})` : restrictedWhere(scope, plan.where);
   return `SELECT ${list(columns.map((c) => `${c.expression} AS ${q(c.name)}`))}
-    FROM ${plan.fromSql}${filters.length ? `\n   WHERE ${filters.join(' AND ')}` : ''}${
+    FROM ${plan.fromSql}${filter ? `\n   WHERE ${filter}` : ''}${
       plan.aggregates && plan.groupBy.length ? `\n   GROUP BY ${list(plan.groupBy)}` : ''
     }${plan.having ? `\n   HAVING (${plan.having})` : ''}`;
 }

@@ -5,7 +5,7 @@ import { changedFromList } from '../drain/changed-sql.js';
 import { loadPlan, type TransformPlan } from '../drain/plan.js';
 import { rederiveSql } from '../drain/rederive-sql.js';
 import { isRowError } from '../drain/row-errors.js';
-import { col, list, tuple } from '../drain/sql-parts.js';
+import { col, list, restrictedWhere, tuple } from '../drain/sql-parts.js';
 import { enterTransformWork } from '../drain/work-settings.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
@@ -115,7 +115,7 @@ function groupRowsSql(plan: TransformPlan, shape: CheckShape): string {
                   WHERE ${items.map((item, i) => `${item} IS NOT DISTINCT FROM ${typed[i]}`).join(' AND ')}))`;
   const now = `SELECT ARRAY[${list(driving.keyColumns.map((k) => `${col(driving.alias, k)}::text`))}] AS k
     FROM ${plan.fromSql}
-   WHERE ${plan.where ? `(${plan.where}) AND ` : ''}${inGroups(plan.groups.map((g) => `(${g.expression})`))}`;
+   WHERE ${restrictedWhere(inGroups(plan.groups.map((g) => `(${g.expression})`)), plan.where)}`;
   if (!plan.mapSql) return now;
   return `${now}
   UNION

@@ -1,5 +1,5 @@
 import type { Session } from '../db/session.js';
-import { col, list, q, tuple } from '../drain/sql-parts.js';
+import { col, list, q, restrictedWhere, tuple } from '../drain/sql-parts.js';
 import { enterTransformWork } from '../drain/work-settings.js';
 import type { CheckShape } from './shape.js';
 
@@ -66,9 +66,10 @@ export async function sampleKeys(
                  FROM (${sampled(`${driving.table} s`, drivingKeys, '$1', '$2')}) s)
              SELECT DISTINCT ARRAY[${list(groups)}] AS k
                FROM ${plan.fromSql}
-              WHERE ${plan.where ? `(${plan.where}) AND ` : ''}${tuple(
-                driving.keyColumns.map((k) => col(driving.alias, k)),
-              )} IN (SELECT ${list(names)} FROM rows)
+              WHERE ${restrictedWhere(
+                `${tuple(driving.keyColumns.map((k) => col(driving.alias, k)))} IN (SELECT ${list(names)} FROM rows)`,
+                plan.where,
+              )}
              UNION
              SELECT ARRAY[${list(targetKeys.map((k) => `${k}::text`))}]
                FROM (${sampled(`${plan.targetSql} t`, targetKeys, '$3', '$4')}) t`;

@@ -7,6 +7,10 @@ import { quoteIdent } from '../identifiers.js';
  * T0 reaches them through the ledger; everything before is read by the backfill, which
  * starts after T0, so chunks need no shared snapshot.
  *
+ * Under WAL capture (ADR 0023), a source is covered once it is `ready`: every transaction
+ * that could write it unpublished has ended, so every change the chunks do not read is
+ * decoded into the ledger.
+ *
  * A change the triggers did not capture must be committed before the chunks read its
  * row: so a transform reading a column a widen added also waits until the transactions
  * that may still run the older UPDATE trigger have ended (`widened_at`, cleared by
@@ -26,10 +30,13 @@ export async function startBackfills(session: Session, schema: string): Promise<
             SELECT 1 FROM ${s}.transform_sources ts
               LEFT JOIN ${s}.sources src ON src.source_oid = ts.source_oid
              WHERE ts.transform_id = t.id
-               AND (src.installed_at IS NULL
-                    OR NOT (ARRAY(SELECT unnest(ts.read_columns) EXCEPT SELECT unnest(ts.key_columns))
-                            <@ src.captured_columns)
-                    OR (src.widened_at IS NOT NULL AND ts.read_columns && src.widen_columns)
+               AND (src.id IS NULL
+                    -- WAL capture that is ready covers every column; else the triggers must.
+                    OR (src.wal_state IS DISTINCT FROM 'ready'
+                        AND (src.installed_at IS NULL
+                             OR NOT (ARRAY(SELECT unnest(ts.read_columns) EXCEPT SELECT unnest(ts.key_columns))
+                                     <@ src.captured_columns)
+                             OR (src.widened_at IS NOT NULL AND ts.read_columns && src.widen_columns)))
                     OR src.ready_xmax > (SELECT pg_snapshot_xmin(snap) FROM t0)))
         FOR UPDATE OF p SKIP LOCKED)
      UPDATE ${s}.pipeline p

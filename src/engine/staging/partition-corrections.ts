@@ -23,6 +23,11 @@ export const CORRECTION_CHUNK = 10_000;
 export async function trackMembers(session: Session, schema: string, log: Logger): Promise<void> {
   const s = quoteIdent(schema);
   await session.transaction(async () => {
+    // Members that left a WAL-captured source, once everything before their leaving is
+    // decoded.
+    await session.query(
+      `DELETE FROM ${s}.source_members WHERE left_lsn IS NOT NULL AND ${s}._wal_decoded(left_lsn)`,
+    );
     // Sources installed before members were recorded: what they have now is the baseline.
     await session.query(
       `SELECT ${s}._record_members(id) FROM ${s}.sources
@@ -34,19 +39,27 @@ export async function trackMembers(session: Session, schema: string, log: Logger
       came: boolean;
       node: string | null;
       storage: boolean;
+      wal: boolean;
     }>(
       `WITH watched AS (
          SELECT src.id, src.source_oid FROM ${s}.sources src
           WHERE src.members_at IS NOT NULL AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = src.source_oid)),
        now_members AS (
          SELECT w.id, d AS relid FROM watched w, ${s}._descendants(w.source_oid) d),
+       -- Members that left a WAL-captured source stay recorded (left_lsn) until the slot
+       -- decoded past their leaving: they are gone already, and come back only if they
+       -- come back.
+       kept AS (
+         SELECT m.source_id, m.relid FROM ${s}.source_members m JOIN watched w ON w.id = m.source_id
+          WHERE m.left_lsn IS NULL),
        changes AS (
          (SELECT id, relid, true AS came FROM now_members
-          EXCEPT SELECT m.source_id, m.relid, true FROM ${s}.source_members m JOIN watched w ON w.id = m.source_id)
+          EXCEPT SELECT source_id, relid, true FROM kept)
          UNION ALL
-         (SELECT m.source_id, m.relid, false FROM ${s}.source_members m JOIN watched w ON w.id = m.source_id
+         (SELECT source_id, relid, false FROM kept
           EXCEPT SELECT id, relid, false FROM now_members))
        SELECT ch.id AS source_id, ch.relid::text AS relid, ch.came,
+              (SELECT src.wal_state IS NOT NULL FROM ${s}.sources src WHERE src.id = ch.id) AS wal,
               quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS node,
               coalesce(c.relkind IN ('r', 'm'), false) AS storage
          FROM changes ch
@@ -55,7 +68,16 @@ export async function trackMembers(session: Session, schema: string, log: Logger
     for (const change of changes) {
       if (change.came) {
         await session.query(
-          `INSERT INTO ${s}.source_members (source_id, relid) VALUES ($1, $2::oid) ON CONFLICT DO NOTHING`,
+          `INSERT INTO ${s}.source_members (source_id, relid) VALUES ($1, $2::oid)
+           ON CONFLICT (source_id, relid) DO UPDATE SET left_lsn = NULL`,
+          [change.source_id, change.relid],
+        );
+      } else if (change.wal && change.node !== null) {
+        // Its changes from before it left may not be decoded yet: they still map to the
+        // source until the slot has passed this position (ADR 0023).
+        await session.query(
+          `UPDATE ${s}.source_members SET left_lsn = pg_current_wal_insert_lsn()
+            WHERE source_id = $1 AND relid = $2::oid`,
           [change.source_id, change.relid],
         );
       } else {

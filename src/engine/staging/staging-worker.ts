@@ -1,4 +1,5 @@
 import { CaptureReconciler } from '../capture/reconcile.js';
+import { checkSlot, detectWalDisruptions } from '../capture/wal/slot-safety.js';
 import type { ConnectionPool } from '../db/pool.js';
 import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
@@ -192,6 +193,8 @@ export class StagingWorker {
       // DDL first: transforms it broke stop before capture is narrowed to the table as it is.
       await checkSourceChanges(session, this.schema, this.log);
       await detectDisruptions(session, this.schema, this.log);
+      await detectWalDisruptions(session, this.schema, this.log);
+      await checkSlot(session, this.schema, this.log);
       await trackMembers(session, this.schema, this.log);
       await this.capture.reconcile(session);
       await correctionStep(session, this.schema);
@@ -214,6 +217,8 @@ export class StagingWorker {
         now + (left?.pending ? this.timings.pendingReconcileMs : this.timings.reconcileMs);
     }
     if (maintain) {
+      // The slot's retained WAL grows while nothing else happens: checked here too.
+      await checkSlot(session, this.schema, this.log);
       const done = await maintainLedger(session, this.schema, this.log);
       this.log.debug({ floor: done.floor, skipped: done.skipped }, 'ledger maintenance pass');
       this.lastMaintenance = now;

@@ -1,3 +1,4 @@
+import { WalDecoder } from '../capture/wal/decoder.js';
 import type { ConnectionConfig } from '../db/connection-config.js';
 import { ConnectionPool } from '../db/pool.js';
 import { DrainLoop, SharedWait } from '../drain/drain-loop.js';
@@ -27,6 +28,7 @@ export class Background {
   private readonly controller = new AbortController();
   private readonly pool: ConnectionPool;
   private readonly staging: StagingWorker | undefined;
+  private readonly decoder: WalDecoder | undefined;
   private readonly drains: DrainLoop[] = [];
 
   constructor(
@@ -36,7 +38,8 @@ export class Background {
     hooks: BackgroundHooks,
   ) {
     this.pool = new ConnectionPool(config, {
-      max: (options.staging ? 1 : 0) + options.drainThreads,
+      // A staging process also runs a WAL decoder (idle under trigger capture).
+      max: (options.staging ? 2 : 0) + options.drainThreads,
       applicationName: `${options.applicationName}:worker`,
       // A safety net only: a page or chunk is far shorter. A claim held by a session that
       // stopped talking is given up by the server.
@@ -57,6 +60,11 @@ export class Background {
         STAGING_TIMINGS,
         hooks,
       );
+      this.decoder = new WalDecoder(this.pool, options.schema, log, signal, {
+        config,
+        applicationName: options.applicationName,
+        connectTimeoutMs: options.connectTimeoutMs,
+      });
     }
     // The loops wait for work together: one backend waits for all of them.
     const wait = new SharedWait();
@@ -94,7 +102,11 @@ export class Background {
   /** Stops every loop (cancelling the query each has in flight) and closes their connections. */
   async stop(): Promise<void> {
     this.controller.abort();
-    const loops = [...(this.staging ? [this.staging] : []), ...this.drains];
+    const loops = [
+      ...(this.staging ? [this.staging] : []),
+      ...(this.decoder ? [this.decoder] : []),
+      ...this.drains,
+    ];
     for (const loop of loops) loop.interrupt();
     await Promise.allSettled(loops.map((loop) => loop.done));
     await this.pool.end(5);

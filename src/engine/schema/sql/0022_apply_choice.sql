@@ -14,7 +14,7 @@ ALTER TABLE @schema@.pipeline
   ADD COLUMN apply_keys bigint,
   ADD COLUMN apply_at timestamptz;
 
--- Where a transform is (the handle's Status), as in 0017, and how its last range of changes
+-- Where a transform is (the handle's Status), as in 0020, and how its last range of changes
 -- was applied (lastApply): lifecycle, held keys, paused columns, source index gaps,
 -- corrections, failures, what capture waits on, backfill progress, lag.
 -- Refuses an unknown transform with TRN01.
@@ -125,6 +125,19 @@ BEGIN
        AND src.widened_at IS NOT NULL AND ts.read_columns && src.widen_columns
      ORDER BY ts.ordinal LIMIT 1;
   END IF;
+  -- WAL capture published a source and waits out the transactions that began before
+  -- (they could write it unpublished) before a backfill reads it (ADR 0023).
+  IF wait IS NULL AND p.phase = 'waiting_to_backfill' THEN
+    SELECT jsonb_build_object(
+             'operation', 'publish', 'table', src.qualified, 'lockMode', 'none',
+             'since', src.wal_since, 'attempts', NULL)
+           || @schema@._publish_wait_blockers(src.wal_xmax)
+      INTO wait
+      FROM @schema@.transform_sources ts JOIN @schema@.sources src ON src.source_oid = ts.source_oid
+     WHERE ts.transform_id = t.id
+       AND src.wal_state = 'publishing' AND src.installed_at IS NULL
+     ORDER BY ts.ordinal LIMIT 1;
+  END IF;
 
   SELECT jsonb_build_object(
            'segSeq', p.open_hi, 'attempts', pg.attempts, 'error', pg.error,
@@ -169,9 +182,10 @@ BEGIN
                          ELSE p.backfill_done END,
         'keysTotal', p.backfill_total,
         'startedAt', p.backfill_started_at) END,
-    'lastApply', CASE WHEN p.apply_mode IS NOT NULL THEN jsonb_build_object(
-        'mode', p.apply_mode, 'reason', p.apply_reason, 'keys', p.apply_keys, 'at', p.apply_at) END,
     'lag', jsonb_build_object('segments', coalesce(lag_segments, 0),
-                              'seconds', coalesce(lag_seconds, 0)));
+                              'seconds', coalesce(lag_seconds, 0)),
+    'capture', @schema@._capture_status(t.id),
+    'lastApply', CASE WHEN p.apply_mode IS NOT NULL THEN jsonb_build_object(
+        'mode', p.apply_mode, 'reason', p.apply_reason, 'keys', p.apply_keys, 'at', p.apply_at) END);
 END
 $fn$;

@@ -1,0 +1,24 @@
+// The shop's worker process: Trellis's staging worker and two drain loops. (`npx trellis
+// worker` does the same from the CLI.) On SIGTERM/SIGINT, shutdown() cancels what is in
+// flight (claims go back to the ledger: nothing is lost or applied twice) and closes up.
+import { consoleLogger, Trellis } from 'trellis-pg';
+
+const url = process.env.DATABASE_URL;
+if (!url) throw new Error('set DATABASE_URL (see README.md)');
+const trellis = await Trellis.connect({
+  url,
+  staging: true,
+  drainThreads: 2,
+  logger: consoleLogger('info'),
+});
+console.log('shop worker: staging worker and 2 drain loops running');
+
+for (const signal of ['SIGTERM', 'SIGINT'] as const) {
+  process.once(signal, () => {
+    console.log(`shop worker: ${signal}, shutting down`);
+    trellis.shutdown().then(
+      () => process.exit(0),
+      () => process.exit(1),
+    );
+  });
+}
