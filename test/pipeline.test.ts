@@ -151,24 +151,20 @@ async function primaryKeys(table: string): Promise<number> {
  * its pipeline row while pausing, so no chunk runs in between).
  */
 async function holdBuild(target: string, rows: number): Promise<void> {
-  // Paused between chunks: with the pipeline row locked (a chunk claims it, so none runs
-  // meanwhile), once a chunk is done and before the last of the source's `rows` is (a
-  // fast machine could finish the build between a status() read and the pause).
+  // Paused while at most half the source's `rows` are built, reading the progress and
+  // pausing in one transaction: chunks already being filled finish, the rest wait (a fast
+  // machine could finish the build between a status() read and a later pause).
   await waitFor(
     () =>
       db.sql.begin(async (tx) => {
-        const [row] = await tx<{ phase: string; done: string }[]>`
-          SELECT p.phase, p.backfill_done::text AS done
-            FROM trellis.pipeline p JOIN trellis.transforms t ON t.id = p.transform_id
-           WHERE t.target_name = ${target} FOR UPDATE OF p`;
-        const done = Number(row?.done ?? 0);
-        if (row?.phase !== 'backfilling' || done === 0 || done >= rows) {
-          return false;
-        }
+        const [row] = await tx<{ s: { status: string; backfill: { keysDone: number } | null } }[]>`
+          SELECT trellis.status(${target}) AS s`;
+        const done = Number(row?.s.backfill?.keysDone ?? 0);
+        if (row?.s.status !== 'backfilling' || done === 0 || done > rows / 2) return false;
         await tx`SELECT trellis.apply(${`PAUSE TRANSFORM ${target}`})`;
         return true;
       }),
-    `${target}'s build between two chunks`,
+    `${target}'s build with a chunk done and half its rows left`,
   );
 }
 
