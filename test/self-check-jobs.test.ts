@@ -2,6 +2,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { SelfCheckJob, Trellis } from '../src/engine/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
 import { transformStatement } from './support/oracle.js';
+import { killAllWorkerProcesses, killHard, startWorkerProcess } from './support/processes.js';
 import { finishedJob } from './support/self-check.js';
 import { migratedTrellis, rejection, waitFor, waitForStatus } from './support/trellis.js';
 
@@ -24,6 +25,7 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
+  await killAllWorkerProcesses();
   await staging?.shutdown();
   await sender?.shutdown();
 });
@@ -39,7 +41,7 @@ function stagingHandle(): Promise<Trellis> {
  * starts a staging worker again (stagingHandle) to let both go on. (Holding a lock on the
  * target instead would hold a transaction id, and with it every other test file's xmin.)
  */
-async function runningCheck(target: string, drainer: Trellis): Promise<SelfCheckJob> {
+async function runningCheck(target: string, drainer: Trellis = sender): Promise<SelfCheckJob> {
   await staging.apply(transformStatement({ target, from: 'jb_items', select: 'price' }));
   await waitForStatus(drainer, target, 'live');
   await staging.shutdown();
@@ -118,7 +120,11 @@ describe('self-check jobs', () => {
       expect(done.report?.outcome).toBe('consistent');
       expect(done.startedAt).toBeInstanceOf(Date);
       expect(done.finishedAt).toBeInstanceOf(Date);
-      expect(await backends('jb-worker:jobs')).toBeGreaterThan(0);
+      // (The check's own session is closed when it ends; pg-boss's stays.)
+      await waitFor(
+        async () => (await backends('jb-worker:jobs')) > 0,
+        "the worker's jobs session",
+      );
 
       // The next call replaces the finished job: the old one is gone.
       const next = await sender.selfCheck('jb_prices', 'sample', { sample: 10 });
@@ -154,6 +160,35 @@ describe('self-check jobs', () => {
       const done = await finishedJob(sender, job.id, 40_000);
       expect(done.state).toBe('done');
       expect(done.report?.outcome).toBe('consistent');
+    } finally {
+      await drainer.shutdown();
+    }
+  });
+
+  it('hands back at once a check whose worker process was killed -9 mid-check', async () => {
+    const doomed = await startWorkerProcess(db.url, {
+      drainThreads: 1,
+      staging: false,
+      applicationName: 'jb-doomed',
+    });
+    const job = await runningCheck('jb_killed');
+    await killHard(doomed);
+    // Its session's end frees the job's lock: the job reads queued at once, not running
+    // until pg-boss expires it an hour later.
+    await waitFor(
+      async () => (await sender.selfCheckJob(job.id))?.state === 'queued',
+      "the killed worker's job to read queued",
+      30_000,
+    );
+    staging = await stagingHandle();
+    const drainer = await worker('jb-worker-after-kill');
+    try {
+      const done = await finishedJob(sender, job.id, 60_000);
+      expect(done).toMatchObject({ state: 'done', rowsCompared: 1000 });
+      expect(done.report?.outcome).toBe('consistent');
+      const [row] = await db.sql<{ attempts: number }[]>`
+        SELECT attempts FROM trellis.self_checks WHERE id = ${job.id}`;
+      expect(row?.attempts).toBe(2);
     } finally {
       await drainer.shutdown();
     }

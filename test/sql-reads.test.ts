@@ -12,8 +12,9 @@ const live = livePipeline({ quarantineThreshold: 3 });
 /** What `JSON.stringify` makes of a handle's value, with times as instants to compare. */
 function asJson(value: unknown): unknown {
   return JSON.parse(JSON.stringify(value), (key, v: unknown) => {
-    // Under WAL capture the slot's position and retained WAL move between two reads.
-    if (key === 'confirmedLsn' || key === 'retainedBytes') return typeof v;
+    // What moves between two reads: the slot's position and retained WAL (WAL capture),
+    // and the lag (a tick can be sealed, or applied, between them).
+    if (key === 'confirmedLsn' || key === 'retainedBytes' || key === 'lag') return typeof v;
     return typeof v === 'string' && /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d/.test(v)
       ? new Date(v).getTime()
       : v;

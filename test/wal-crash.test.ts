@@ -28,7 +28,7 @@ const D: Definition[] = [
 
 describe('WAL capture crashes', () => {
   it('loses nothing when the process consuming the slot is killed -9 mid-batch', {
-    timeout: 240_000,
+    timeout: 480_000,
   }, async () => {
     const db = await freshDatabase();
     await db.sql.unsafe(`
@@ -79,7 +79,9 @@ describe('WAL capture crashes', () => {
           return false;
         },
         'the decoder to write part of the big transaction',
-        120_000,
+        // Decoding starts at the commit and spills the transaction to disk first: minutes
+        // when another test file loads the disk (seconds alone).
+        240_000,
       );
       await killHard(doomed);
       // Killed with batches of the transaction in the ledger and the transaction not

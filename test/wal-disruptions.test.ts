@@ -49,8 +49,22 @@ async function dropSlot(sql: postgres.Sql, slot: string): Promise<void> {
   }, `slot ${slot} dropped`);
 }
 
+/**
+ * Waits until items is captured from the slot alone. Making a slot waits for every
+ * transaction running in the cluster (Postgres builds its snapshot so): another test
+ * file's long or prepared transaction can hold it for a while, and meanwhile the sources
+ * stay on triggers, as designed.
+ */
+async function onTheSlot(): Promise<void> {
+  await waitFor(
+    async () => (await live.trellis.status('item_names')).capture.sources[0]?.mode === 'logical',
+    'items captured from the slot',
+    180_000,
+  );
+}
+
 async function stoppedBy(target: string, pattern: RegExp): Promise<void> {
-  const status = await waitForStatus(live.trellis, target, 'paused');
+  const status = await waitForStatus(live.trellis, target, 'paused', 60_000);
   expect(status.pauseReason).toBe('disruption');
   expect(status.captureFailure?.kind).toBe('disruption');
   expect(status.captureFailure?.error).toMatch(pattern);
@@ -61,9 +75,10 @@ async function resume(...targets: string[]): Promise<void> {
   for (const target of targets) await waitForStatus(live.trellis, target, 'live', 60_000);
 }
 
-describe('WAL capture disruptions and slot safety', () => {
+describe('WAL capture disruptions and slot safety', { timeout: 300_000 }, () => {
   it('reports how each source is captured, and keeps one that cannot be on triggers', async () => {
     await live.define(D.items, D.qty, D.notes);
+    await onTheSlot();
     const status = await live.trellis.status('item_names');
     expect(status.capture.setting).toBe('logical');
     expect(status.capture.sources).toEqual([
@@ -100,6 +115,7 @@ describe('WAL capture disruptions and slot safety', () => {
   });
 
   it('a slot dropped outside Trellis stops its readers; a new slot, and RESUME rebuilds', async () => {
+    await onTheSlot();
     const slot = await slotName(live.db.sql);
     await dropSlot(live.db.sql, slot);
     await live.db.sql`UPDATE items SET qty = qty + 100 WHERE id <= 50`;
@@ -112,6 +128,7 @@ describe('WAL capture disruptions and slot safety', () => {
   });
 
   it('a source taken out of the publication stops its readers until RESUME', async () => {
+    await onTheSlot();
     const [pub] = await live.db.sql<{ name: string }[]>`SELECT trellis._wal_publication() AS name`;
     await live.db.sql.unsafe(`ALTER PUBLICATION ${pub!.name} DROP TABLE items`);
     await live.db.sql`DELETE FROM items WHERE id BETWEEN 60 AND 70`;
@@ -122,6 +139,7 @@ describe('WAL capture disruptions and slot safety', () => {
   });
 
   it('a slot past its ceiling is dropped and its readers stopped, never left to fill the disk', async () => {
+    await onTheSlot();
     await live.db.sql`SELECT trellis.set_capture('logical', 16384)`;
     // WAL beyond the ceiling before the slot can move on (its restart point follows
     // running-transaction records, seconds apart).

@@ -44,6 +44,7 @@ import {
   migrateSchema,
   readSchemaState,
 } from './schema/migrator.js';
+import { abandonedChecks } from './selfcheck/claim-lock.js';
 import { selfCheckHandler } from './selfcheck/handler.js';
 import { assertJobId, readJob, readJobs } from './selfcheck/read.js';
 import {
@@ -177,6 +178,7 @@ export class Trellis implements AsyncDisposable {
                 divergences: report.counts,
               }),
             ),
+            abandoned: (session) => abandonedChecks(session, options.schema),
           },
         ],
         applicationName: options.applicationName,

@@ -175,10 +175,17 @@ export class Session {
     }
   }
 
-  /** Returns the connection to the pool, rolling back anything left open. */
-  async release(): Promise<void> {
+  /**
+   * Returns the connection to the pool, rolling back anything left open; `discard` closes
+   * it instead (it holds session state, such as an advisory lock, no other holder may get).
+   */
+  async release(discard = false): Promise<void> {
     if (this.released) return;
     this.released = true;
+    if (discard) {
+      this.onRelease(true);
+      return;
+    }
     if (this.inTransaction || this.abortedWith) await this.rollbackQuietly();
     this.onRelease(this.broken);
   }

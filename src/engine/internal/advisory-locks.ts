@@ -13,6 +13,11 @@ export const LOCK_CLASS = {
   wal: 0x7472776c, // "trwl"
   /** Held shared, session-level, by every live drain loop (hasLiveDrainWorkers). */
   drain: 0x74726472, // "trdr"
+  /**
+   * Held, session-level, by the session running a self-check, for as long as it runs; the
+   * second key is hashtext('<schema>:<job id>'), not the schema's (selfcheck/claim-lock.ts).
+   */
+  selfCheck: 0x74727363, // "trsc"
 } as const;
 
 /**

@@ -29,7 +29,16 @@ export interface JobRunnerOptions {
   jobsSchema: string;
   /** Work the queues (a handle with drain loops); otherwise only send. */
   work: boolean;
-  queues: ReadonlyArray<{ queue: JobQueue; handler: JobHandler }>;
+  queues: ReadonlyArray<{
+    queue: JobQueue;
+    handler: JobHandler;
+    /**
+     * Ids of the queue's active jobs whose worker is gone, their pg-boss rows locked for
+     * the caller's transaction, which hands them back to pg-boss to retry now rather than
+     * when they expire.
+     */
+    abandoned?: (session: Session) => Promise<string[]>;
+  }>;
   applicationName: string;
   connectTimeoutMs: number;
 }
@@ -40,6 +49,8 @@ const POLL_MS = 5_000;
 const INSTALL_RETRY_MS = 10_000;
 /** The longest shutdown waits for a job's stop to be recorded (pg-boss then retries it). */
 const STOP_RECORD_MS = 5_000;
+/** How often a working handle looks for jobs whose worker is gone (see `abandoned`). */
+const RECLAIM_MS = 5_000;
 /** pg-boss maintenance (expire, archive, purge) on working handles; one runs per interval fleet-wide. */
 const MAINTENANCE_SECONDS = 120;
 
@@ -62,6 +73,7 @@ export class JobRunner {
   private woken = false;
   private boss: PgBoss | undefined;
   private waitAnnounced = false;
+  private lastReclaim = 0;
   private readonly done: Promise<void>;
 
   constructor(
@@ -163,6 +175,7 @@ export class JobRunner {
           this.boss = boss;
         }
         this.woken = false;
+        await this.reclaim(this.boss);
         const worked = await this.workOne(this.boss);
         failures = 0;
         if (!worked && !this.woken) await this.pause(POLL_MS);
@@ -205,6 +218,41 @@ export class JobRunner {
       return true;
     } finally {
       await session.release();
+    }
+  }
+
+  /**
+   * Hands back to pg-boss, as failed attempts it retries, the jobs whose worker is gone
+   * (killed, or stopped without its hand-back recorded), at most once per RECLAIM_MS.
+   */
+  private async reclaim(boss: PgBoss): Promise<void> {
+    if (Date.now() - this.lastReclaim < RECLAIM_MS) return;
+    this.lastReclaim = Date.now();
+    for (const { queue, abandoned } of this.options.queues) {
+      if (!abandoned) continue;
+      const session = await this.acquire();
+      try {
+        const ids = await session.transaction(async () => {
+          const found = await abandoned(session);
+          for (const id of found) {
+            await boss.fail(
+              queue.name,
+              id,
+              { message: 'the worker running it is gone' },
+              { db: sessionDb(session) },
+            );
+          }
+          return found;
+        });
+        if (ids.length > 0) {
+          this.log.info(
+            { queue: queue.name, jobs: ids },
+            `jobs: handed back ${ids.length} job(s) whose worker is gone, to be retried`,
+          );
+        }
+      } finally {
+        await session.release();
+      }
     }
   }
 

@@ -19,9 +19,10 @@ export interface JobQueue {
 }
 
 /**
- * Self-checks (ADR 0015). A worker that dies mid-check leaves its job active until it
- * expires; pg-boss then retries it on another worker. A check that runs longer than this
- * stops itself before it expires (see selfcheck/handler.ts).
+ * Self-checks (ADR 0015). A worker that dies mid-check leaves its job active; the next
+ * working handle sees no session holding the job's lock and hands it back to pg-boss to
+ * retry (selfcheck/claim-lock.ts). A check that runs longer than its expiry stops itself
+ * before it expires (see selfcheck/handler.ts).
  */
 export const SELF_CHECK_QUEUE = {
   name: 'self_check',

@@ -1,10 +1,12 @@
 import { classifyError } from '../db/classify.js';
 import type { Session } from '../db/session.js';
+import { TrellisError } from '../errors.js';
 import { quoteIdent } from '../identifiers.js';
 import type { JobContext, JobHandler } from '../jobs/job-runner.js';
 import { SELF_CHECK_QUEUE } from '../jobs/queues.js';
 import { SQLSTATE, sqlstateOf } from '../sqlstate.js';
 import { CheckStopped, runCheck } from './check.js';
+import { lockClaim } from './claim-lock.js';
 import type { SelfCheckMode, SelfCheckReport } from './types.js';
 
 /** A check stops itself this long before pg-boss would expire its job (and retry it). */
@@ -18,9 +20,9 @@ interface Claim {
 }
 
 /**
- * The self-check job (ADR 0015): claims the job's row (gone when the check was replaced
- * or its transform dropped: nothing to do), marks it running, runs the check with its
- * progress recorded as it goes, and records the report, or why it stopped. A lost
+ * The self-check job (ADR 0015): takes the job's lock, claims its row (gone when the check
+ * was replaced or its transform dropped: nothing to do), marks it running, runs the check
+ * with its progress recorded as it goes, and records the report, or why it stopped. A lost
  * connection or a shutdown rejects, for pg-boss to retry the job; anything else is the
  * check's own outcome (`failed`, or `cancelled` when the transform was paused).
  */
@@ -35,6 +37,11 @@ export function selfCheckHandler(
     const stop = () => session.abort('shutdown', 'the handle shut down during a self-check');
     context.signal.addEventListener('abort', stop, { once: true });
     try {
+      // The lock says a live session runs this check (claim-lock.ts); it goes with the
+      // session, which is closed at the end rather than returned to the pool.
+      if (!(await lockClaim(session, schema, job.id))) {
+        throw new TrellisError('conflict', `self-check ${job.id} is running on another session`);
+      }
       const [claim] = await session.query<Claim>(
         `UPDATE ${s}.self_checks
             SET state = 'running', started_at = now(), rows_compared = 0, attempts = attempts + 1
@@ -85,7 +92,7 @@ export function selfCheckHandler(
       }
     } finally {
       context.signal.removeEventListener('abort', stop);
-      await session.release();
+      await session.release(true);
     }
   };
 }

@@ -3,6 +3,7 @@ import { TrellisError } from '../errors.js';
 import { quoteIdent, quoteLiteral } from '../identifiers.js';
 import { jobsSchemaFor } from '../jobs/jobs-schema.js';
 import { SELF_CHECK_QUEUE } from '../jobs/queues.js';
+import { abandonedSql } from './claim-lock.js';
 import type { SelfCheckJob, SelfCheckMode, SelfCheckReport, SelfCheckState } from './types.js';
 
 interface JobRow {
@@ -18,6 +19,8 @@ interface JobRow {
   started_at: Date | null;
   finished_at: Date | null;
   boss_state: string | null;
+  /** Claimed by a worker that is gone (claim-lock.ts): pg-boss retries it soon. */
+  abandoned: boolean;
   boss_output: { message?: unknown } | null;
 }
 
@@ -35,8 +38,8 @@ export function assertJobId(id: unknown): asserts id is string {
 
 /**
  * Self-check jobs with their state as it stands: the row the worker writes, reconciled
- * with pg-boss's state of the job (ADR 0015). A row left `running` by a worker that died
- * is `queued` again once pg-boss retries the job, and `failed` once it gives up; a row
+ * with pg-boss's state of the job (ADR 0015). A row left `running` by a worker that is
+ * gone is `queued` (claim-lock.ts), and `failed` once pg-boss gives up retrying it; a row
  * whose job pg-boss no longer has is `failed`.
  */
 export async function readJobs(
@@ -52,13 +55,15 @@ export async function readJobs(
   const rows = await session.query<JobRow>(
     `SELECT c.id::text, t.target_name AS target, c.mode, c.state, c.rows_compared, c.rows_total,
             c.report, c.error, c.created_at, c.started_at, c.finished_at,
-            b.state AS boss_state, b.output AS boss_output
+            b.state AS boss_state, b.output AS boss_output,
+            coalesce(${abandonedSql(schema, 'c', 'b')}, false) AS abandoned
        FROM ${s}.self_checks c
        JOIN ${s}.transforms t ON t.id = c.transform_id
        LEFT JOIN LATERAL (
-         SELECT j.state::text, j.output FROM ${jobs}.job j WHERE j.name = ${queue} AND j.id = c.id
+         SELECT j.state::text, j.output, j.started_on FROM ${jobs}.job j
+          WHERE j.name = ${queue} AND j.id = c.id
          UNION ALL
-         SELECT a.state::text, a.output FROM ${jobs}.archive a WHERE a.name = ${queue} AND a.id = c.id
+         SELECT a.state::text, a.output, a.started_on FROM ${jobs}.archive a WHERE a.name = ${queue} AND a.id = c.id
          LIMIT 1) b ON true
       WHERE ${where}${lock ? '\n        FOR UPDATE OF c' : ''}`,
     params,
@@ -78,7 +83,7 @@ function toJob(row: JobRow): SelfCheckJob {
         rowsCompared = 0;
         break;
       case 'active':
-        state = 'running';
+        state = row.abandoned ? 'queued' : 'running';
         break;
       case 'cancelled':
         state = 'cancelled';
