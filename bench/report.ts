@@ -18,7 +18,7 @@ export function table(figures: Figure[]): string {
       f.baseline ? `${number(f.baseline.value, f.unit)} (${f.baseline.label})` : '—',
       f.ratio === null ? '—' : `${f.ratio.toFixed(2)}×`,
       f.target?.text ?? '—',
-      f.met === null ? '—' : f.met ? 'met' : 'NOT met',
+      f.flagged ? 'flagged: baseline moved' : f.met === null ? '—' : f.met ? 'met' : 'NOT met',
     ]),
   ];
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));

@@ -5,7 +5,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { findPgbench } from './load.js';
 import { table } from './report.js';
-import type { Figure } from './scenario.js';
+import type { BenchResults, Figure } from './scenario.js';
 import { SCENARIOS } from './scenarios.js';
 import { benchDatabase, benchServer, dropBenchDatabase } from './support.js';
 
@@ -41,7 +41,11 @@ if (loadAtStart[0]! > cpus().length / 2) {
     `warning: load average ${loadAtStart[0]!.toFixed(1)} on ${cpus().length} cores: other work on this machine will skew the figures`,
   );
 }
-const server = await benchServer();
+// The 1-minute load average every 15 s: what else the machine ran shows in the results.
+const loadDuring: number[] = [];
+const loadSampler = setInterval(() => loadDuring.push(loadavg()[0]!), 15_000);
+loadSampler.unref();
+const server = await benchServer(Object.assign({}, ...chosen.map((s) => s.server ?? {})));
 const figures: Figure[] = [];
 const failures: Array<{ scenario: string; error: string }> = [];
 let settings: Record<string, string> = {};
@@ -49,11 +53,12 @@ try {
   const rows = await server.adminQuery<{ name: string; setting: string }>(
     `SELECT name, setting || coalesce(unit, '') AS setting FROM pg_settings
       WHERE name IN ('server_version', 'fsync', 'full_page_writes', 'synchronous_commit',
-                     'wal_sync_method', 'shared_buffers', 'max_wal_size', 'checkpoint_timeout')`,
+                     'wal_sync_method', 'shared_buffers', 'max_wal_size', 'checkpoint_timeout',
+                     'wal_level')`,
   );
   settings = Object.fromEntries(rows.map((r) => [r.name, r.setting]));
   console.error(
-    `Postgres ${settings.server_version} (fsync ${settings.fsync}, full_page_writes ${settings.full_page_writes}), ${cpus().length} cores, load by ${findPgbench() ? 'pgbench' : 'postgres.js clients'}`,
+    `Postgres ${settings.server_version} (fsync ${settings.fsync}, full_page_writes ${settings.full_page_writes}, wal_level ${settings.wal_level}), ${cpus().length} cores, load by ${findPgbench() ? 'pgbench' : 'postgres.js clients'}`,
   );
   for (const scenario of chosen) {
     console.error(`${scenario.title}`);
@@ -71,6 +76,7 @@ try {
     log(`(${((performance.now() - started) / 1000).toFixed(0)} s)`);
   }
 } finally {
+  clearInterval(loadSampler);
   await server.stop();
 }
 
@@ -89,32 +95,26 @@ try {
   // not a git checkout
 }
 const out = join(dirname(fileURLToPath(import.meta.url)), 'results', 'latest.json');
+const results: BenchResults = {
+  startedAt,
+  finishedAt,
+  seconds: (finishedAt.getTime() - startedAt.getTime()) / 1000,
+  commit,
+  engineChanged,
+  machine: {
+    cores: cpus().length,
+    cpu: cpus()[0]?.model ?? null,
+    memoryGiB: Math.round(totalmem() / 2 ** 30),
+    os: `${platform()} ${release()}`,
+    node: process.version,
+    loadAverage: { start: loadAtStart, end: loadavg(), during: loadDuring },
+  },
+  server: { kind: server.kind, settings },
+  options: { only: only.length ? only : null, secondsPerMeasurement: seconds },
+  figures,
+  failures,
+};
 await mkdir(dirname(out), { recursive: true });
-await writeFile(
-  out,
-  `${JSON.stringify(
-    {
-      startedAt,
-      finishedAt,
-      seconds: (finishedAt.getTime() - startedAt.getTime()) / 1000,
-      commit,
-      engineChanged,
-      machine: {
-        cores: cpus().length,
-        cpu: cpus()[0]?.model ?? null,
-        memoryGiB: Math.round(totalmem() / 2 ** 30),
-        os: `${platform()} ${release()}`,
-        node: process.version,
-        loadAverage: { start: loadAtStart, end: loadavg() },
-      },
-      server: { kind: server.kind, settings },
-      options: { only: only.length ? only : null, secondsPerMeasurement: seconds },
-      figures,
-      failures,
-    },
-    null,
-    2,
-  )}\n`,
-);
+await writeFile(out, `${JSON.stringify(results, null, 2)}\n`);
 console.log(`\n(${out}, ${((finishedAt.getTime() - startedAt.getTime()) / 1000).toFixed(0)} s)`);
 if (failures.length) process.exitCode = 1;

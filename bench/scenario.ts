@@ -19,8 +19,13 @@ export interface Figure {
   /** value / baseline. */
   ratio: number | null;
   target: Target | null;
-  /** null when the figure has no target (shown for context). */
+  /** null when the figure has no target (shown for context), or when it is flagged. */
   met: boolean | null;
+  /**
+   * Its baseline moved more than 15% between runs, and again when re-measured: the ratio
+   * is not a result (on a shared machine bare throughput moved 2× between passes).
+   */
+  flagged?: true;
   /** Raw samples and anything else worth keeping in the JSON. */
   detail?: Record<string, unknown>;
 }
@@ -41,6 +46,12 @@ export interface ScenarioContext {
 export interface Scenario {
   name: string;
   title: string;
+  /**
+   * Server settings it needs (a local cluster only; a server of your own keeps its own),
+   * e.g. `wal_level = logical` for WAL capture. The cluster runs with those of every
+   * chosen scenario.
+   */
+  server?: Record<string, string | number>;
   run(context: ScenarioContext): Promise<Figure[]>;
 }
 
@@ -51,13 +62,14 @@ export function figure(f: {
   unit: string;
   baseline?: { label: string; value: number };
   target?: Target;
+  flagged?: boolean;
   detail?: Record<string, unknown>;
 }): Figure {
   const baseline = f.baseline ?? null;
   const ratio = baseline && baseline.value !== 0 ? f.value / baseline.value : null;
   const target = f.target ?? null;
   let met: boolean | null = null;
-  if (target) {
+  if (target && !f.flagged) {
     const x = target.of === 'ratio' ? ratio : f.value;
     met =
       x === null || Number.isNaN(x)
@@ -77,6 +89,30 @@ export function figure(f: {
     ratio,
     target,
     met,
+    ...(f.flagged ? { flagged: true as const } : {}),
     ...(f.detail ? { detail: f.detail } : {}),
   };
+}
+
+/** What one `npm run bench` found: bench/results/latest.json (format in its README). */
+export interface BenchResults {
+  /** Dates in the run; ISO strings once read back from the file. */
+  startedAt: Date | string;
+  finishedAt: Date | string;
+  seconds: number;
+  commit: string | null;
+  engineChanged: boolean | null;
+  machine: {
+    cores: number;
+    cpu: string | null;
+    memoryGiB: number;
+    os: string;
+    node: string;
+    /** 1-minute load averages: at the start, at the end, and every 15 s in between. */
+    loadAverage: { start: number[]; end: number[]; during?: number[] };
+  };
+  server: { kind: string; settings: Record<string, string> };
+  options: { only: string[] | null; secondsPerMeasurement: number };
+  figures: Figure[];
+  failures: Array<{ scenario: string; error: string }>;
 }

@@ -13,13 +13,16 @@ export interface BenchDb {
 
 /**
  * A durable throwaway cluster (fsync and full-page writes on, as in production) with one
- * database per scenario. BENCH_DATABASE_URL uses a server of your own instead.
+ * database per scenario, and the `settings` the chosen scenarios need. BENCH_DATABASE_URL
+ * uses a server of your own instead (its settings as they are).
  */
-export async function benchServer(): Promise<TestPostgres> {
+export async function benchServer(
+  settings: Record<string, string | number> = {},
+): Promise<TestPostgres> {
   const url = process.env.BENCH_DATABASE_URL;
   return url
     ? startPostgres({ kind: 'url', url })
-    : startPostgres({ durable: true, settings: { max_connections: 200 } });
+    : startPostgres({ durable: true, settings: { max_connections: 200, ...settings } });
 }
 
 export async function benchDatabase(server: TestPostgres): Promise<BenchDb> {
