@@ -1,3 +1,4 @@
+import { alternatives } from './alternatives.js';
 import { backfill } from './backfill.js';
 import { bulkInsert } from './bulk-insert.js';
 import { drain } from './drain-throughput.js';
@@ -22,4 +23,5 @@ export const SCENARIOS: Scenario[] = [
   scaleOut,
   selfCheck,
   scrape,
+  alternatives,
 ];
