@@ -3,6 +3,7 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, platform, release, totalmem } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { writeAlternatives } from './charts.js';
 import { findPgbench } from './load.js';
 import { table } from './report.js';
 import type { BenchResults, Figure } from './scenario.js';
@@ -117,4 +118,8 @@ const results: BenchResults = {
 await mkdir(dirname(out), { recursive: true });
 await writeFile(out, `${JSON.stringify(results, null, 2)}\n`);
 console.log(`\n(${out}, ${((finishedAt.getTime() - startedAt.getTime()) / 1000).toFixed(0)} s)`);
+// The side-by-side scenario's charts and figures, for README (docs/performance/).
+if (figures.some((f) => f.scenario === 'alternatives')) {
+  for (const file of await writeAlternatives(results)) console.log(file);
+}
 if (failures.length) process.exitCode = 1;
