@@ -83,7 +83,8 @@ export function ratioSpec(
     },
     spec: {
       width: 280,
-      height: { step: o.workloads.length > 1 ? 12 : 18 },
+      // Several workloads: a step per bar within a variant's band; one: a step per band.
+      height: o.workloads.length > 1 ? { step: 11, for: 'offset' } : { step: 20 },
       layer: [
         {
           transform: only('bar'),
