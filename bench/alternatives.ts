@@ -1,9 +1,9 @@
 import type postgres from 'postgres';
 import { bulkFigures } from './alternatives-bulk.js';
 import { freshnessFigures } from './alternatives-freshness.js';
-import { contenders, SHAPES } from './alternatives-variants.js';
+import { type Contenders, contenders, SHAPES } from './alternatives-variants.js';
 import { writeFigures } from './alternatives-writes.js';
-import type { Figure, Scenario } from './scenario.js';
+import { type Figure, PartialFailure, type Scenario } from './scenario.js';
 import { type BenchDb, benchDatabase, dropBenchDatabase } from './support.js';
 
 /**
@@ -29,21 +29,26 @@ export const alternatives: Scenario = {
     else log(`wal_level is ${level?.wal_level} on this server: no WAL capture variants`);
     const clients = new Map<string, postgres.Sql>([[db.url, db.sql]]);
     if (wal) clients.set(wal.url, wal.sql);
-    const c = await contenders(db.sql, db.url, wal?.url ?? null);
     const figures: Figure[] = [];
     const phase = async (name: string, work: () => Promise<Figure[]>) => {
       const started = performance.now();
       figures.push(...(await work()));
       log(`(${name}: ${((performance.now() - started) / 1000).toFixed(0)} s)`);
     };
+    let c: Contenders | undefined;
     try {
+      c = await contenders(db.sql, db.url, wal?.url ?? null);
+      const { variants } = c;
       // Hot groups first: the wide shape then stays for the bulk and freshness phases.
-      await phase('10 hot groups', () => writeFigures(db, c.variants, SHAPES.hot, seconds, log));
-      await phase('10,000 groups', () => writeFigures(db, c.variants, SHAPES.wide, seconds, log));
-      await phase('bulk', () => bulkFigures(db, clients, c.variants, log));
-      await phase('freshness', () => freshnessFigures(clients, c.variants, log));
+      await phase('10 hot groups', () => writeFigures(db, variants, SHAPES.hot, seconds, log));
+      await phase('10,000 groups', () => writeFigures(db, variants, SHAPES.wide, seconds, log));
+      await phase('bulk', () => bulkFigures(db, clients, variants, log));
+      await phase('freshness', () => freshnessFigures(clients, variants, log));
+    } catch (error) {
+      // Ten minutes of figures are worth keeping when a later phase fails.
+      throw new PartialFailure(figures, error);
     } finally {
-      await c.close();
+      await c?.close();
       if (wal) await dropBenchDatabase(wal);
     }
     return figures;

@@ -6,7 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { writeAlternatives } from './charts.js';
 import { findPgbench } from './load.js';
 import { table } from './report.js';
-import type { BenchResults, Figure } from './scenario.js';
+import { type BenchResults, type Figure, PartialFailure } from './scenario.js';
 import { SCENARIOS } from './scenarios.js';
 import { benchDatabase, benchServer, dropBenchDatabase } from './support.js';
 
@@ -68,6 +68,7 @@ try {
     try {
       figures.push(...(await scenario.run({ db, seconds, log })));
     } catch (error) {
+      if (error instanceof PartialFailure) figures.push(...error.figures);
       const message = error instanceof Error ? (error.stack ?? error.message) : String(error);
       failures.push({ scenario: scenario.name, error: message });
       console.error(`  FAILED: ${message}`);

@@ -94,6 +94,21 @@ export function figure(f: {
   };
 }
 
+/**
+ * A scenario that failed part way, with the figures it measured before: a long run keeps
+ * them (run.ts reports them beside the failure).
+ */
+export class PartialFailure extends Error {
+  constructor(
+    readonly figures: Figure[],
+    cause: unknown,
+  ) {
+    super(cause instanceof Error ? cause.message : String(cause), { cause });
+    this.name = 'PartialFailure';
+    if (cause instanceof Error && cause.stack) this.stack = cause.stack;
+  }
+}
+
 /** What one `npm run bench` found: bench/results/latest.json (format in its README). */
 export interface BenchResults {
   /** Dates in the run; ISO strings once read back from the file. */
