@@ -1,13 +1,13 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { existsSync, readdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { afterAll } from 'vitest';
+import { buildState } from './build-state.js';
 
 /**
  * The shop example (examples/shop) as its README runs it: `drizzle-kit migrate`, the
  * server and the worker as processes of their own, importing trellis-pg through the
- * workspace link to this repository's build (`npm run build` first; CI builds before it
- * tests).
+ * workspace link to this repository's build (which the suite's setup makes when it is
+ * missing or stale: test/support/build-setup.ts).
  */
 export const SHOP_DIR = resolve(import.meta.dirname, '../../examples/shop');
 const repo = resolve(import.meta.dirname, '../..');
@@ -28,24 +28,13 @@ afterAll(() => {
 
 /** Fails with the fix when trellis-pg has not been built (the example imports the build). */
 export function assertBuilt(): void {
-  const built = join(repo, 'dist/ops/index.js');
-  if (!existsSync(built)) {
+  const state = buildState();
+  if (state === 'missing') {
     throw new Error('the shop example imports the built trellis-pg: run `npm run build` first');
   }
-  const newest = newestMtime(join(repo, 'src'));
-  if (newest > statSync(built).mtimeMs) {
+  if (state === 'stale') {
     throw new Error('dist/ is older than src/: run `npm run build` (the shop example imports it)');
   }
-}
-
-function newestMtime(dir: string): number {
-  let newest = 0;
-  for (const entry of readdirSync(dir, { withFileTypes: true })) {
-    const path = join(dir, entry.name);
-    const mtime = entry.isDirectory() ? newestMtime(path) : statSync(path).mtimeMs;
-    newest = Math.max(newest, mtime);
-  }
-  return newest;
 }
 
 /**
