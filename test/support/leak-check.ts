@@ -6,11 +6,11 @@ import { takeRecentLogs } from './recent-logs.js';
 
 applyTestCapture();
 
-// A failing test prints the engine's warnings and errors it logged meanwhile.
+// A failing test prints the engine's info, warning and error lines logged meanwhile.
 afterEach((context) => {
   const logs = takeRecentLogs();
   if (context.task.result?.state === 'fail' && logs.length > 0) {
-    console.error(`[engine warnings and errors during "${context.task.name}"]\n${logs.join('\n')}`);
+    console.error(`[engine log lines during "${context.task.name}"]\n${logs.join('\n')}`);
   }
 });
 
