@@ -13,14 +13,6 @@ export const SHOP_DIR = resolve(import.meta.dirname, '../../examples/shop');
 const repo = resolve(import.meta.dirname, '../..');
 const DRIZZLE_KIT = join(repo, 'node_modules/drizzle-kit/bin.cjs');
 
-/**
- * Output of a process that could not load the build: test/package.test.ts runs `npm run
- * build` in this repository while other files run, and tsc rewrites dist/ in place, so a
- * process starting at that moment can read a file half written.
- */
-const BUILD_BEING_WRITTEN =
-  /SyntaxError|ERR_MODULE_NOT_FOUND|does not provide an export named|Cannot find module/;
-
 const running = new Set<ChildProcess>();
 afterAll(() => {
   for (const child of running) child.kill('SIGKILL');
@@ -37,23 +29,8 @@ export function assertBuilt(): void {
   }
 }
 
-/**
- * `drizzle-kit migrate` in the example, as its README says; rejects with its output. Tried
- * once more when it could not load the build (see BUILD_BEING_WRITTEN): drizzle-kit loads the
- * schema, which imports trellis-pg/drizzle, before it touches the database.
- */
-export async function migrateShop(url: string): Promise<string> {
-  try {
-    return await runMigrate(url);
-  } catch (error) {
-    if (!BUILD_BEING_WRITTEN.test(String(error))) throw error;
-    console.log(`[shop] drizzle-kit could not load the build; running it again:\n${error}`);
-    await new Promise((resolve) => setTimeout(resolve, 5_000));
-    return runMigrate(url);
-  }
-}
-
-function runMigrate(url: string): Promise<string> {
+/** `drizzle-kit migrate` in the example, as its README says; rejects with its output. */
+export function migrateShop(url: string): Promise<string> {
   return new Promise((done, fail) => {
     execFile(
       process.execPath,
@@ -73,27 +50,8 @@ export interface ShopProcess {
   stop(): Promise<number | null>;
 }
 
-/**
- * Spawns `tsx <file>` in the example; resolves once its output matches `ready`. A start
- * that failed loading the build is tried once more, a few seconds later (see above); any
- * other failure, or the same one twice, fails.
- */
-async function startShopProcess(
-  file: string,
-  env: Record<string, string>,
-  ready: RegExp,
-): Promise<ShopProcess & { match: RegExpExecArray }> {
-  try {
-    return await spawnShopProcess(file, env, ready);
-  } catch (error) {
-    if (!BUILD_BEING_WRITTEN.test(String(error))) throw error;
-    console.log(`[shop] ${file} could not load the build; starting it again:\n${error}`);
-    await new Promise((resolve) => setTimeout(resolve, 5_000));
-    return spawnShopProcess(file, env, ready);
-  }
-}
-
-function spawnShopProcess(
+/** Spawns `tsx <file>` in the example; resolves once its output matches `ready`. */
+function startShopProcess(
   file: string,
   env: Record<string, string>,
   ready: RegExp,
