@@ -189,3 +189,10 @@ BEGIN
         'mode', p.apply_mode, 'reason', p.apply_reason, 'keys', p.apply_keys, 'at', p.apply_at) END);
 END
 $fn$;
+
+-- When a source's members (partitions, inheritance children) last came or went. Once set,
+-- awaitConverged on its readers converges on a snapshot taken after its corrections are
+-- queued and done, never on the token alone: a correction finished before the wait first
+-- looked leaves no member and no correction behind, yet its keys, written into the ledger
+-- after the token, may not be applied yet (src/engine/watermark.ts).
+ALTER TABLE @schema@.sources ADD COLUMN members_changed_at timestamptz;
