@@ -104,6 +104,9 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
           FOR UPDATE OF p SKIP LOCKED`,
     );
     if (!claim) return false;
+    if (claim.backfill_stage === 'chunks' && (await chunksLeftToFill(session, schema, claim))) {
+      return false;
+    }
     const plan = await loadPlan(session, schema, claim.transform_id);
     await enterTransformWork(session, schema, plan);
 
@@ -207,6 +210,23 @@ async function nextChunk(
   if (upto) return { upto, rows: REPAIR_ROWS };
   const [after] = await session.query<{ n: string }>(drivingRowsAfterSql(plan), [position]);
   return { upto: null, rows: Number(after?.n ?? 0) };
+}
+
+/**
+ * Whether a claimed 'chunks' build still has chunks to fill, asked again under its row
+ * lock. The claim's NOT EXISTS cannot be trusted for that: when the row it locks was
+ * updated by a transaction that committed after the claim's snapshot (the step that
+ * planned the chunks), Postgres re-checks the row's own columns on its new version but
+ * evaluates the subquery in the old snapshot, which saw no chunk yet. The build would
+ * then finish with every chunk unfilled (a CI run's target had one chunk of five).
+ */
+async function chunksLeftToFill(session: Session, schema: string, claim: Claim): Promise<boolean> {
+  const [row] = await session.query<{ left: boolean }>(
+    `SELECT EXISTS (SELECT 1 FROM ${quoteIdent(schema)}.build_chunks
+                     WHERE transform_id = $1 AND NOT repair) AS left`,
+    [claim.transform_id],
+  );
+  return row?.left === true;
 }
 
 /**
