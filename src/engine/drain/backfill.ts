@@ -181,14 +181,23 @@ async function deferIndexes(
 ): Promise<void> {
   const tables = [plan.targetSql, ...(plan.mapSql ? [plan.mapSql] : [])];
   // A target another transform reads keeps its key: that transform's drain looks its rows
-  // up by it while this build runs (a define over it later puts the key back first).
-  const [eligible] = await session.query<{ ok: boolean }>(
-    `SELECT NOT EXISTS (SELECT 1 FROM ${plan.targetSql})
-            AND NOT EXISTS (SELECT 1 FROM ${quoteIdent(schema)}.transform_sources
-                             WHERE source_oid = $1::regclass) AS ok`,
-    [plan.targetSql],
-  );
-  if (!eligible?.ok) return;
+  // up by it while this build runs (a define over it later puts the key back first). The
+  // check is made again under the lock the key's drop takes anyway: a define over this
+  // target locks it before it looks for a deferred key (_restore_deferred_ddl, migration
+  // 0021), so either it has committed and the second check sees its transform, or it
+  // waits for this build and puts the key back.
+  const eligible = async () => {
+    const [row] = await session.query<{ ok: boolean }>(
+      `SELECT NOT EXISTS (SELECT 1 FROM ${plan.targetSql})
+              AND NOT EXISTS (SELECT 1 FROM ${quoteIdent(schema)}.transform_sources
+                               WHERE source_oid = $1::regclass) AS ok`,
+      [plan.targetSql],
+    );
+    return row?.ok === true;
+  };
+  if (!(await eligible())) return;
+  await session.query(`LOCK TABLE ${plan.targetSql} IN ACCESS EXCLUSIVE MODE`);
+  if (!(await eligible())) return;
   // Names qualified in full: the DDL may run in another session with another search_path.
   const indexes = await session.query<{ create: string; drop: string }>(
     `SELECT CASE WHEN con.oid IS NOT NULL
