@@ -1,5 +1,5 @@
 -- Written by `trellis generate upgrade` (trellis-pg 0.1.0).
--- trellis-pg: install or upgrade the Trellis catalog schema "trellis" to version 22.
+-- trellis-pg: install or upgrade the Trellis catalog schema "trellis" to version 23.
 -- Safe to run again, and safe beside Trellis.migrate(): it is version-guarded and locked.
 DO $trellis_install$
 DECLARE
@@ -19,9 +19,9 @@ BEGIN
     breaking boolean NOT NULL DEFAULT false,
     applied_at timestamptz NOT NULL DEFAULT now()
   );
-  SELECT max(version) INTO newer FROM "trellis".migrations WHERE version > 22 AND breaking;
+  SELECT max(version) INTO newer FROM "trellis".migrations WHERE version > 23 AND breaking;
   IF newer IS NOT NULL THEN
-    RAISE EXCEPTION 'the Trellis schema % is at breaking version %, newer than this trellis-pg knows (22): upgrade trellis-pg',
+    RAISE EXCEPTION 'the Trellis schema % is at breaking version %, newer than this trellis-pg knows (23): upgrade trellis-pg',
       'trellis', newer USING ERRCODE = 'TRI01';
   END IF;
 
@@ -4659,8 +4659,52 @@ $trellis_m20$;
   IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 21) THEN
     -- The version row goes in first: an installer that skipped the lock fails on its key.
     INSERT INTO "trellis".migrations (version, name, breaking)
-      VALUES (21, 'build_chunks', false);
-    EXECUTE $trellis_m21$-- Builds filled by several drain loops at once (issue #14, ADR 0028). A build of a
+      VALUES (21, 'define_lock_and_members', false);
+    EXECUTE $trellis_m21$-- Two races between the staging worker's or a build's check and a transaction that has not
+-- committed yet (ADR 0010, ADR 0005).
+
+-- As before (0007), after a lock on the target that a build's key drop waits for, and that
+-- waits for it: a build that dropped the key has committed (its deferred_ddl is seen, and
+-- put back), or it drops the key only after this transaction, which then holds a
+-- transform reading the target, has committed (the build sees it and keeps the key:
+-- drain/backfill.ts, deferIndexes). Without the lock, a build could check for readers
+-- before this transaction committed and drop the key after it had bound it.
+CREATE OR REPLACE FUNCTION "trellis"._restore_deferred_ddl(target oid)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  building int;
+  ddl text;
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM "trellis".transforms t WHERE t.target_oid = target) THEN
+    RETURN;
+  END IF;
+  EXECUTE format('LOCK TABLE %s IN ACCESS SHARE MODE', target::regclass);
+  SELECT p.transform_id INTO building
+    FROM "trellis".pipeline p JOIN "trellis".transforms t ON t.id = p.transform_id
+   WHERE t.target_oid = target AND p.deferred_ddl IS NOT NULL
+     FOR UPDATE OF p;
+  IF building IS NULL THEN RETURN; END IF;
+  FOR ddl IN SELECT unnest(deferred_ddl) FROM "trellis".pipeline WHERE transform_id = building LOOP
+    EXECUTE ddl;
+  END LOOP;
+  UPDATE "trellis".pipeline SET deferred_ddl = NULL WHERE transform_id = building;
+END
+$fn$;
+
+-- When a source's members (partitions, inheritance children) last came or went. Once set,
+-- awaitConverged on its readers converges on a snapshot taken after its corrections are
+-- queued and done, never on the token alone: a correction finished before the wait first
+-- looked leaves no member and no correction behind, yet its keys, written into the ledger
+-- after the token, may not be applied yet (src/engine/watermark.ts).
+ALTER TABLE "trellis".sources ADD COLUMN members_changed_at timestamptz;
+$trellis_m21$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 22) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (22, 'build_chunks', false);
+    EXECUTE $trellis_m22$-- Builds filled by several drain loops at once (issue #14, ADR 0028). A build of a
 -- projection or join first plans its chunks (key ranges of the FROM table, computed in
 -- one pass over its key); any drain loop, in any process, then claims one with FOR UPDATE
 -- SKIP LOCKED and fills it, deleting it in the same transaction. The build's pipeline row
@@ -4700,41 +4744,14 @@ RETURNS void LANGUAGE sql AS $fn$
   DELETE FROM "trellis".build_chunks WHERE build_chunks.transform_id = _request_rebuild.transform_id;
 $fn$;
 
--- As before (0007), after a lock on the target that a build's key drop waits for, and that
--- waits for it: a build that dropped the key has committed (its deferred_ddl is seen, and
--- put back), or it drops the key only after this transaction, which then holds a
--- transform reading the target, has committed (the build sees it and keeps the key:
--- drain/backfill.ts, deferIndexes). Without the lock, a build could check for readers
--- before this transaction committed and drop the key after it had bound it.
-CREATE OR REPLACE FUNCTION "trellis"._restore_deferred_ddl(target oid)
-RETURNS void LANGUAGE plpgsql AS $fn$
-DECLARE
-  building int;
-  ddl text;
-BEGIN
-  IF NOT EXISTS (SELECT 1 FROM "trellis".transforms t WHERE t.target_oid = target) THEN
-    RETURN;
-  END IF;
-  EXECUTE format('LOCK TABLE %s IN ACCESS SHARE MODE', target::regclass);
-  SELECT p.transform_id INTO building
-    FROM "trellis".pipeline p JOIN "trellis".transforms t ON t.id = p.transform_id
-   WHERE t.target_oid = target AND p.deferred_ddl IS NOT NULL
-     FOR UPDATE OF p;
-  IF building IS NULL THEN RETURN; END IF;
-  FOR ddl IN SELECT unnest(deferred_ddl) FROM "trellis".pipeline WHERE transform_id = building LOOP
-    EXECUTE ddl;
-  END LOOP;
-  UPDATE "trellis".pipeline SET deferred_ddl = NULL WHERE transform_id = building;
-END
-$fn$;
-$trellis_m21$;
+$trellis_m22$;
   END IF;
 
-  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 22) THEN
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 23) THEN
     -- The version row goes in first: an installer that skipped the lock fails on its key.
     INSERT INTO "trellis".migrations (version, name, breaking)
-      VALUES (22, 'apply_choice', false);
-    EXECUTE $trellis_m22$-- status() reports a build's progress from its chunks (0021), which the fills delete:
+      VALUES (23, 'apply_choice', false);
+    EXECUTE $trellis_m23$-- status() reports a build's progress from its chunks (0022), which the fills delete:
 -- no fill writes the build's pipeline row. And how a range of changes is applied
 -- (issue #14, ADR 0029): a GROUP BY range touching a
 -- large share of the target's groups recomputes every group in one pass and merges it
@@ -4910,7 +4927,7 @@ BEGIN
     'drainFailure', drain,
     'backfill', CASE WHEN p.backfill_started_at IS NOT NULL
                       AND (p.phase = 'backfilling' OR p.backfill_done > 0) THEN jsonb_build_object(
-        -- A build filling chunks (0021): what its chunks left to fill do not hold.
+        -- A build filling chunks (0022): what its chunks left to fill do not hold.
         'keysDone', CASE WHEN p.phase = 'backfilling' AND p.backfill_stage = 'chunks'
                          THEN greatest(p.backfill_total - (
                                 SELECT coalesce(sum(c.rows), 0) FROM "trellis".build_chunks c
@@ -4926,13 +4943,7 @@ BEGIN
 END
 $fn$;
 
--- When a source's members (partitions, inheritance children) last came or went. Once set,
--- awaitConverged on its readers converges on a snapshot taken after its corrections are
--- queued and done, never on the token alone: a correction finished before the wait first
--- looked leaves no member and no correction behind, yet its keys, written into the ledger
--- after the token, may not be applied yet (src/engine/watermark.ts).
-ALTER TABLE "trellis".sources ADD COLUMN members_changed_at timestamptz;
-$trellis_m22$;
+$trellis_m23$;
   END IF;
   INSERT INTO "trellis".config (target_schema) VALUES ('public')
     ON CONFLICT DO NOTHING;
