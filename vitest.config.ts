@@ -5,7 +5,7 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     include: ['test/**/*.test.ts'],
-    globalSetup: ['test/support/global-setup.ts'],
+    globalSetup: ['test/support/build-setup.ts', 'test/support/global-setup.ts'],
     setupFiles: ['test/support/leak-check.ts'],
     pool: 'forks',
     maxWorkers: 2,

@@ -32,14 +32,20 @@ export const migrations: readonly Migration[] = ${JSON.stringify(migrations, nul
 `;
 
 if (process.argv.includes('--check')) {
-  let current = '';
-  try {
-    current = readFileSync(outFile, 'utf8');
-  } catch {}
-  if (current !== body) {
+  if (readIfThere(outFile) !== body) {
     console.error('migrations.generated.ts is stale: run `npm run sql:build`');
     process.exit(1);
   }
-} else {
+} else if (readIfThere(outFile) !== body) {
+  // Written only when it changes: a rewrite would make src/ newer than dist/ (the tests'
+  // staleness check) and invalidate tsc's and the editor's caches for nothing.
   writeFileSync(outFile, body);
+}
+
+function readIfThere(file) {
+  try {
+    return readFileSync(file, 'utf8');
+  } catch {
+    return '';
+  }
 }

@@ -31,7 +31,7 @@ interface Race {
 async function trellisWaits(sql: postgres.Sql, locktype: string, relation: string | null) {
   const rows = await sql`
     SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-     WHERE NOT l.granted AND a.application_name LIKE 'trellis-pg%'
+     WHERE NOT l.granted AND a.application_name LIKE 'trellis-pg%' AND a.datname = current_database()
        AND l.locktype = ${locktype}
        AND (${relation}::text IS NULL OR l.relation = ${relation}::regclass)`;
   return rows.length > 0;

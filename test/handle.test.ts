@@ -324,7 +324,8 @@ describe('call deadlines', () => {
       // The lock holder is untouched.
       const [held] = await db.sql<{ n: number }[]>`
         SELECT count(*)::int AS n FROM pg_locks
-         WHERE locktype = 'advisory' AND granted AND classid = ${MIGRATE_LOCK_CLASS}`;
+         WHERE locktype = 'advisory' AND granted AND classid = ${MIGRATE_LOCK_CLASS}
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`;
       expect(held?.n).toBe(1);
 
       // The handle goes on working.

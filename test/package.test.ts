@@ -5,9 +5,11 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildState } from './support/build-state.js';
 
-// Tests what ships: builds and packs the package, installs the tarball into an empty ESM
-// project, and uses it there the way an app would, through its `exports` and its bin.
+// Tests what ships: packs the package (built by the suite's setup), installs the tarball
+// into an empty ESM project, and uses it there the way an app would, through its `exports`
+// and its bin.
 const run = promisify(execFile);
 const repo = resolve(import.meta.dirname, '..');
 const SLOW = 300_000;
@@ -62,7 +64,9 @@ beforeAll(async () => {
   const packDir = await mkdtemp(join(tmpdir(), 'trellis-pack-'));
   project = await mkdtemp(join(tmpdir(), 'trellis-consumer-'));
   dirs.push(packDir, project);
-  await sh('npm', ['run', 'build'], repo);
+  // The suite's setup (test/support/build-setup.ts) built dist/ from this src/ before any
+  // file ran; building again here would rewrite dist/ under the files that import it now.
+  if (buildState() !== 'current') throw new Error('dist/ is not built from src/: npm run build');
   await sh('npm', ['pack', '--pack-destination', packDir], repo);
   const [tarball] = (await readdir(packDir)).filter((f) => f.endsWith('.tgz'));
   if (!tarball) throw new Error(`npm pack wrote no tarball into ${packDir}`);

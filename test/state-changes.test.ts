@@ -48,6 +48,17 @@ describe('log lines and events of state changes', () => {
         events.push({ name, event, at: Date.now() });
       });
     }
+    // The elected staging worker's process logs changes from its second look at the
+    // catalog on (what it saw at its first was the previous leader's to log): a transform
+    // logged here, defined or live, says it logs, so the tests' own are logged whole.
+    await db.sql.unsafe('CREATE TABLE le_ready_src (id int PRIMARY KEY)');
+    await worker.apply(
+      transformStatement({ target: 'le_ready', from: 'le_ready_src', select: 'id AS v' }),
+    );
+    await waitFor(
+      async () => lines.some((l) => l.obj.target === 'le_ready' && l.level !== 'debug'),
+      'the worker to log state changes',
+    );
     // A listener that throws: logged, and the others still hear every event.
     watcher.on('status', () => {
       throw new Error('listener down');

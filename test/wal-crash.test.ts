@@ -46,6 +46,19 @@ describe('WAL capture crashes', () => {
     try {
       for (const d of D) await trellis.apply(transformStatement(d));
       for (const d of D) await waitForStatus(trellis, d.target, 'live', 60_000);
+      // Live is not yet on the slot: the slot is made (waiting for every transaction in
+      // the cluster), then the source moves off its triggers. The crash must meet the
+      // slot, not the triggers.
+      await waitFor(
+        async () => {
+          const [row] = await db.sql<{ n: number }[]>`
+            SELECT count(*)::int AS n FROM trellis.sources
+             WHERE wal_state IS DISTINCT FROM 'ready' OR installed_at IS NOT NULL`;
+          return row?.n === 0;
+        },
+        'every source captured from the slot alone',
+        180_000,
+      );
       const [source] = await db.sql<{ id: number }[]>`
         SELECT id FROM trellis.sources WHERE qualified = 'public.bulk'`;
       const rowsOf = async () =>

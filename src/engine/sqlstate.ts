@@ -31,6 +31,7 @@ export const SQLSTATE = {
   crashShutdown: '57P02',
   idleInTransactionTimeout: '25P03',
   idleSessionTimeout: '57P05',
+  internalError: 'XX000',
 } as const;
 
 /** SQLSTATE classes (first two characters) that mean the session itself is lost. */

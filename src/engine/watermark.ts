@@ -91,8 +91,9 @@ interface Progress {
    */
   settled: boolean;
   /**
-   * A source has (or had) partitions or inheritance children: rows can come or go
-   * without DML there, and be corrected after the token was taken.
+   * A source has (or had: `sources.members_changed_at`) partitions or inheritance
+   * children: rows can come or go without DML there, and be corrected after the token was
+   * taken, even before the wait first looks (leaving no member and no correction behind).
    */
   members: boolean;
   /** Transforms whose targets it reads (a chain). */
@@ -387,7 +388,8 @@ export class ConvergenceWaits {
                             WHERE ts.transform_id = t.id
                               AND (EXISTS (SELECT 1 FROM ${s}._descendants(ts.source_oid))
                                    OR EXISTS (SELECT 1 FROM ${s}.source_members m
-                                               WHERE m.source_id = src.id))),
+                                               WHERE m.source_id = src.id)
+                                   OR src.members_changed_at IS NOT NULL)),
                          'upstream', ARRAY(SELECT u.id FROM ${s}.transform_sources ts
                                              JOIN ${s}.transforms u ON u.target_oid = ts.source_oid
                                             WHERE ts.transform_id = t.id),

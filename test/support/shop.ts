@@ -1,25 +1,17 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { existsSync, readdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { afterAll } from 'vitest';
+import { buildState } from './build-state.js';
 
 /**
  * The shop example (examples/shop) as its README runs it: `drizzle-kit migrate`, the
  * server and the worker as processes of their own, importing trellis-pg through the
- * workspace link to this repository's build (`npm run build` first; CI builds before it
- * tests).
+ * workspace link to this repository's build (which the suite's setup makes when it is
+ * missing or stale: test/support/build-setup.ts).
  */
 export const SHOP_DIR = resolve(import.meta.dirname, '../../examples/shop');
 const repo = resolve(import.meta.dirname, '../..');
 const DRIZZLE_KIT = join(repo, 'node_modules/drizzle-kit/bin.cjs');
-
-/**
- * Output of a process that could not load the build: test/package.test.ts runs `npm run
- * build` in this repository while other files run, and tsc rewrites dist/ in place, so a
- * process starting at that moment can read a file half written.
- */
-const BUILD_BEING_WRITTEN =
-  /SyntaxError|ERR_MODULE_NOT_FOUND|does not provide an export named|Cannot find module/;
 
 const running = new Set<ChildProcess>();
 afterAll(() => {
@@ -28,43 +20,17 @@ afterAll(() => {
 
 /** Fails with the fix when trellis-pg has not been built (the example imports the build). */
 export function assertBuilt(): void {
-  const built = join(repo, 'dist/ops/index.js');
-  if (!existsSync(built)) {
+  const state = buildState();
+  if (state === 'missing') {
     throw new Error('the shop example imports the built trellis-pg: run `npm run build` first');
   }
-  const newest = newestMtime(join(repo, 'src'));
-  if (newest > statSync(built).mtimeMs) {
+  if (state === 'stale') {
     throw new Error('dist/ is older than src/: run `npm run build` (the shop example imports it)');
   }
 }
 
-function newestMtime(dir: string): number {
-  let newest = 0;
-  for (const entry of readdirSync(dir, { withFileTypes: true })) {
-    const path = join(dir, entry.name);
-    const mtime = entry.isDirectory() ? newestMtime(path) : statSync(path).mtimeMs;
-    newest = Math.max(newest, mtime);
-  }
-  return newest;
-}
-
-/**
- * `drizzle-kit migrate` in the example, as its README says; rejects with its output. Tried
- * once more when it could not load the build (see BUILD_BEING_WRITTEN): drizzle-kit loads the
- * schema, which imports trellis-pg/drizzle, before it touches the database.
- */
-export async function migrateShop(url: string): Promise<string> {
-  try {
-    return await runMigrate(url);
-  } catch (error) {
-    if (!BUILD_BEING_WRITTEN.test(String(error))) throw error;
-    console.log(`[shop] drizzle-kit could not load the build; running it again:\n${error}`);
-    await new Promise((resolve) => setTimeout(resolve, 5_000));
-    return runMigrate(url);
-  }
-}
-
-function runMigrate(url: string): Promise<string> {
+/** `drizzle-kit migrate` in the example, as its README says; rejects with its output. */
+export function migrateShop(url: string): Promise<string> {
   return new Promise((done, fail) => {
     execFile(
       process.execPath,
@@ -84,27 +50,8 @@ export interface ShopProcess {
   stop(): Promise<number | null>;
 }
 
-/**
- * Spawns `tsx <file>` in the example; resolves once its output matches `ready`. A start
- * that failed loading the build is tried once more, a few seconds later (see above); any
- * other failure, or the same one twice, fails.
- */
-async function startShopProcess(
-  file: string,
-  env: Record<string, string>,
-  ready: RegExp,
-): Promise<ShopProcess & { match: RegExpExecArray }> {
-  try {
-    return await spawnShopProcess(file, env, ready);
-  } catch (error) {
-    if (!BUILD_BEING_WRITTEN.test(String(error))) throw error;
-    console.log(`[shop] ${file} could not load the build; starting it again:\n${error}`);
-    await new Promise((resolve) => setTimeout(resolve, 5_000));
-    return spawnShopProcess(file, env, ready);
-  }
-}
-
-function spawnShopProcess(
+/** Spawns `tsx <file>` in the example; resolves once its output matches `ready`. */
+function startShopProcess(
   file: string,
   env: Record<string, string>,
   ready: RegExp,

@@ -1,9 +1,9 @@
 import { type Lifecycle, type Status, Trellis } from '../../src/engine/index.js';
 import type { ConnectOptions } from '../../src/engine/options.js';
 import type { TestDatabase } from './database.js';
+import { quietLogger } from './recent-logs.js';
 
-/** A logger that drops everything (tests assert on behaviour, not on log lines). */
-export const quietLogger = { debug() {}, info() {}, warn() {}, error() {} };
+export { quietLogger } from './recent-logs.js';
 
 /**
  * Connects a handle to a test database with the catalog schema installed (by a plain

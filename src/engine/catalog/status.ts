@@ -53,7 +53,7 @@ const maybeDate = (text: string | null): Date | null => (text === null ? null : 
 
 /**
  * A transform's status, or `not_found`: what `<schema>.status(target)` returns (migration
- * 0022, the one implementation, callable from psql), with its times as Dates.
+ * 0023, the one implementation, callable from psql), with its times as Dates.
  */
 export async function readStatus(
   session: Session,

@@ -38,6 +38,12 @@ export class Session {
   private released = false;
   /** The connection was lost: nothing more is sent, and the client is discarded. */
   private broken = false;
+  /**
+   * A cancel request went out for this connection. It travels on a connection of its own
+   * and can arrive after the query it was meant for has ended, cancelling whatever the
+   * backend runs next: the connection is discarded, never handed to another holder.
+   */
+  private cancelSent = false;
 
   constructor(
     private readonly client: PooledClient,
@@ -145,6 +151,7 @@ export class Session {
     const error = new TrellisError(code, message);
     this.abortedWith = error;
     if (!this.current) return;
+    this.cancelSent = true;
     void this.client.cancel();
     const giveUp = this.giveUp;
     setTimeout(() => giveUp?.(error), CANCEL_GRACE_MS).unref();
@@ -182,7 +189,7 @@ export class Session {
   async release(discard = false): Promise<void> {
     if (this.released) return;
     this.released = true;
-    if (discard) {
+    if (discard || this.cancelSent) {
       this.onRelease(true);
       return;
     }

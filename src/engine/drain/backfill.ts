@@ -104,6 +104,9 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
           FOR UPDATE OF p SKIP LOCKED`,
     );
     if (!claim) return false;
+    if (claim.backfill_stage === 'chunks' && (await chunksLeftToFill(session, schema, claim))) {
+      return false;
+    }
     const plan = await loadPlan(session, schema, claim.transform_id);
     await enterTransformWork(session, schema, plan);
 
@@ -210,6 +213,23 @@ async function nextChunk(
 }
 
 /**
+ * Whether a claimed 'chunks' build still has chunks to fill, asked again under its row
+ * lock. The claim's NOT EXISTS cannot be trusted for that: when the row it locks was
+ * updated by a transaction that committed after the claim's snapshot (the step that
+ * planned the chunks), Postgres re-checks the row's own columns on its new version but
+ * evaluates the subquery in the old snapshot, which saw no chunk yet. The build would
+ * then finish with every chunk unfilled (a CI run's target had one chunk of five).
+ */
+async function chunksLeftToFill(session: Session, schema: string, claim: Claim): Promise<boolean> {
+  const [row] = await session.query<{ left: boolean }>(
+    `SELECT EXISTS (SELECT 1 FROM ${quoteIdent(schema)}.build_chunks
+                     WHERE transform_id = $1 AND NOT repair) AS left`,
+    [claim.transform_id],
+  );
+  return row?.left === true;
+}
+
+/**
  * At the start of a build into an empty target: drops the target's and key map's key
  * constraint and indexes, keeping what re-creates them. Inserting into a table without
  * indexes and building each index once at the end is far cheaper than maintaining them
@@ -223,14 +243,23 @@ async function deferIndexes(
 ): Promise<void> {
   const tables = [plan.targetSql, ...(plan.mapSql ? [plan.mapSql] : [])];
   // A target another transform reads keeps its key: that transform's drain looks its rows
-  // up by it while this build runs (a define over it later puts the key back first).
-  const [eligible] = await session.query<{ ok: boolean }>(
-    `SELECT NOT EXISTS (SELECT 1 FROM ${plan.targetSql})
-            AND NOT EXISTS (SELECT 1 FROM ${quoteIdent(schema)}.transform_sources
-                             WHERE source_oid = $1::regclass) AS ok`,
-    [plan.targetSql],
-  );
-  if (!eligible?.ok) return;
+  // up by it while this build runs (a define over it later puts the key back first). The
+  // check is made again under the lock the key's drop takes anyway: a define over this
+  // target locks it before it looks for a deferred key (_restore_deferred_ddl, migration
+  // 0021), so either it has committed and the second check sees its transform, or it
+  // waits for this build and puts the key back.
+  const eligible = async () => {
+    const [row] = await session.query<{ ok: boolean }>(
+      `SELECT NOT EXISTS (SELECT 1 FROM ${plan.targetSql})
+              AND NOT EXISTS (SELECT 1 FROM ${quoteIdent(schema)}.transform_sources
+                               WHERE source_oid = $1::regclass) AS ok`,
+      [plan.targetSql],
+    );
+    return row?.ok === true;
+  };
+  if (!(await eligible())) return;
+  await session.query(`LOCK TABLE ${plan.targetSql} IN ACCESS EXCLUSIVE MODE`);
+  if (!(await eligible())) return;
   // Names qualified in full: the DDL may run in another session with another search_path.
   const indexes = await session.query<{ create: string; drop: string }>(
     `SELECT CASE WHEN con.oid IS NOT NULL

@@ -124,7 +124,7 @@ export async function fillChunk(
   log: Logger,
 ): Promise<{ transformId: number; rows: number } | null> {
   const s = quoteIdent(schema);
-  // Progress is not written here: status() counts the chunks left (0022). A fill that
+  // Progress is not written here: status() counts the chunks left (0023). A fill that
   // wrote the build's pipeline row would hold it to its commit, and every other fill
   // would wait for it.
   return session.transaction(async () => {

@@ -25,11 +25,19 @@ export const LOCK_CLASS = {
  * placeholder). pg_locks shows the second key as an unsigned oid.
  */
 export function lockHeldSql(lockClass: number, schemaParam: string): string {
-  return `SELECT EXISTS (
-    SELECT 1 FROM pg_locks
-     WHERE locktype = 'advisory' AND granted
-       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-       AND classid = ${lockClass}::oid
-       AND objid = ((hashtext(${schemaParam})::bigint + 4294967296) % 4294967296)::oid
-       AND objsubid = 2) AS held`;
+  return `SELECT ${lockHeldExpr(lockClass, `hashtext(${schemaParam})`)} AS held`;
+}
+
+/**
+ * SQL true while some session of this database holds advisory lock (`lockClass`,
+ * `keySql`), `keySql` an int4 expression. pg_locks shows the second key as an unsigned oid.
+ */
+export function lockHeldExpr(lockClass: number, keySql: string): string {
+  return `EXISTS (
+    SELECT 1 FROM pg_locks l
+     WHERE l.locktype = 'advisory' AND l.granted
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND l.classid = ${lockClass}::oid
+       AND l.objid = (((${keySql})::bigint + 4294967296) % 4294967296)::oid
+       AND l.objsubid = 2)`;
 }

@@ -90,7 +90,9 @@ export class JobRunner {
     );
     if (options.work) {
       this.pool = new ConnectionPool(config, {
-        max: 2,
+        // A self-check's session, one it takes beside it for a moment (compare-batch.ts), and
+        // pg-boss's statements.
+        max: 3,
         applicationName: `${options.applicationName}:jobs`,
         // A safety net: a self-check's statements each cover one chunk of keys.
         statementTimeoutMs: 300_000,

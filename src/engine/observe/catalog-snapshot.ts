@@ -181,7 +181,7 @@ SELECT
             'lag_segments', lag.segments, 'lag_seconds', lag.seconds,
             'has_backfill', p.backfill_started_at IS NOT NULL
                             AND (p.phase = 'backfilling' OR p.backfill_done > 0),
-            -- As status() counts it (migration 0022): a build filling chunks from the chunks left.
+            -- As status() counts it (migration 0023): a build filling chunks from the chunks left.
             'backfill_done', CASE WHEN p.phase = 'backfilling' AND p.backfill_stage = 'chunks'
                                   THEN greatest(p.backfill_total - (
                                          SELECT coalesce(sum(c.rows), 0) FROM ${s}.build_chunks c

@@ -1,6 +1,6 @@
 import type { Session } from '../db/session.js';
 import { quoteIdent, quoteLiteral } from '../identifiers.js';
-import { LOCK_CLASS } from '../internal/advisory-locks.js';
+import { LOCK_CLASS, lockHeldExpr } from '../internal/advisory-locks.js';
 import { jobsSchemaFor } from '../jobs/jobs-schema.js';
 import { SELF_CHECK_QUEUE } from '../jobs/queues.js';
 
@@ -31,17 +31,11 @@ export async function lockClaim(session: Session, schema: string, id: string): P
 /**
  * SQL true when check row `c` was claimed by its job's current activation (pg-boss row
  * `j`, with `state` and `started_on`) and no session holds the job's lock: its worker is
- * gone. pg_locks shows the second key as an unsigned oid.
+ * gone.
  */
 export function abandonedSql(schema: string, c: string, j: string): string {
   return `(${c}.state = 'running' AND ${j}.state = 'active' AND ${c}.started_at >= ${j}.started_on
-    AND NOT EXISTS (
-      SELECT 1 FROM pg_locks l
-       WHERE l.locktype = 'advisory' AND l.granted
-         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-         AND l.classid = ${LOCK_CLASS.selfCheck}::oid
-         AND l.objid = ((${lockKeySql(schema, `${c}.id::text`)}::bigint + 4294967296) % 4294967296)::oid
-         AND l.objsubid = 2))`;
+    AND NOT ${lockHeldExpr(LOCK_CLASS.selfCheck, lockKeySql(schema, `${c}.id::text`))})`;
 }
 
 /**

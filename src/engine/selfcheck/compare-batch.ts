@@ -36,6 +36,11 @@ const SETTLE_ROUNDS = 5;
 const SETTLE_MS = 60_000;
 /** More pending changes than this, and every suspect of a chunk counts as pending. */
 const ROUTE_LIMIT = 200_000;
+/**
+ * How long a comparison's transaction waits, under WAL capture, for the slot to pass its
+ * WAL position; past it, its differences are compared again later instead.
+ */
+const DECODE_WAIT_MS = 20_000;
 /** Floats (an aggregate over floats depends on the order rows are summed in). */
 const FLOAT_TOLERANCE = 1e-9;
 
@@ -109,6 +114,13 @@ export async function compareBatch(
     }
   }
   found.rowsCompared += first.rows;
+  if (first.wal && first.confirmed.length > 0) {
+    // WAL capture: a snapshot can see a source change whose ledger row is not decoded yet.
+    // Such changes are routed in the comparison's snapshot once decoded (decodedSince);
+    // besides, nothing the first comparison found is a finding until a second comparison,
+    // once the drain has applied what was pending, finds it again (ADR 0015).
+    first = { ...first, confirmed: [], pending: [...first.pending, ...first.confirmed] };
+  }
   const confirmed: Key[] = [];
   const take = (sorted: Sorted) => {
     for (const s of sorted.confirmed) {
@@ -150,6 +162,8 @@ export async function compareBatch(
 interface Sorted {
   /** The comparison's snapshot. */
   snapshot: string;
+  /** The instance captures from the WAL (a ledger row can commit after its change). */
+  wal: boolean;
   rows: number;
   confirmed: Suspect[];
   pending: Suspect[];
@@ -170,10 +184,10 @@ async function compareInSnapshot(
   only: Set<string> | null,
 ): Promise<Sorted> {
   const { session, schema } = ctx;
-  let wal: { lsn: string } | null = null;
-  const sorted = await session.transaction(async (): Promise<Sorted> => {
+  return session.transaction(async (): Promise<Sorted> => {
     const state = await readState(session, schema, shape.plan.id);
-    wal = await walPosition(ctx);
+    const wal = await walPosition(ctx);
+    const viaWal = wal !== null;
     await enterTransformWork(session, schema, shape.plan);
     let scoped = scope;
     let all = params;
@@ -196,7 +210,9 @@ async function compareInSnapshot(
     );
     const dOnly = suspects.filter((s) => s.finding.kind === 'missing').length;
     const rows = (row?.t_rows ?? 0) + dOnly;
-    if (suspects.length === 0) return { snapshot: state.snap, rows, confirmed: [], pending: [] };
+    if (suspects.length === 0) {
+      return { snapshot: state.snap, wal: viaWal, rows, confirmed: [], pending: [] };
+    }
 
     let pendingKeys: Set<string> | 'all' = 'all';
     if (comparable(state)) {
@@ -214,27 +230,39 @@ async function compareInSnapshot(
     }
     const isPending = (s: Suspect) =>
       pendingKeys === 'all' || pendingKeys.has(routeKey(shape, s.k));
+    const confirmed = suspects.filter((s) => !isPending(s));
+    const pending = suspects.filter(isPending);
+    if (wal === null || confirmed.length === 0) {
+      return { snapshot: state.snap, wal: viaWal, rows, confirmed, pending };
+    }
+    // WAL capture (ADR 0023): a change committed before this snapshot may not have been
+    // decoded into the ledger yet, so the snapshot could not see it pending. Another
+    // session waits for the slot to pass this snapshot's WAL position and reads what was
+    // decoded since; it is routed here, against this snapshot's sources and key map, as it
+    // would have been had it been in the ledger (routed against newer data, a later change
+    // can have moved a row off the route that explains the difference).
+    const late = await decodedSince(ctx, shape, state.snap, wal.lsn);
+    const lateKeys =
+      late === 'all'
+        ? 'all'
+        : late.length === 0
+          ? new Set<string>()
+          : await routed(session, shape, GIVEN_CHANGES_SQL, [JSON.stringify(late)], confirmed);
+    const isLate = (s: Suspect) => lateKeys === 'all' || lateKeys.has(routeKey(shape, s.k));
     return {
       snapshot: state.snap,
+      wal: viaWal,
       rows,
-      confirmed: suspects.filter((s) => !isPending(s)),
-      pending: suspects.filter(isPending),
+      confirmed: confirmed.filter((s) => !isLate(s)),
+      pending: [...pending, ...confirmed.filter(isLate)],
     };
   }, 'BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY');
-  const position = wal as { lsn: string } | null;
-  if (position === null || sorted.confirmed.length === 0) return sorted;
-  // WAL capture (ADR 0023): a change committed before the snapshot may not have been
-  // decoded into the ledger yet, so the snapshot could not see it pending. Once the slot
-  // has acknowledged past the snapshot's WAL position, every such change is in the ledger:
-  // a suspect that a change decoded since routes to is pending, not a finding.
-  const late = await decodedSince(ctx, shape, sorted.snapshot, position.lsn, sorted.confirmed);
-  const isLate = (s: Suspect) => late === 'all' || late.has(routeKey(shape, s.k));
-  return {
-    ...sorted,
-    confirmed: sorted.confirmed.filter((s) => !isLate(s)),
-    pending: [...sorted.pending, ...sorted.confirmed.filter(isLate)],
-  };
 }
+
+/** Changes given as a parameter (`[[source_id, [key texts…]], …]`), in pendingChangedSql's shape. */
+const GIVEN_CHANGES_SQL = `SELECT (e->>0)::int AS source_id,
+       ARRAY(SELECT jsonb_array_elements_text(e->1)) AS key
+  FROM jsonb_array_elements($1::jsonb) e`;
 
 /**
  * The WAL insert position now, when the instance captures from a replication slot (null
@@ -249,42 +277,53 @@ async function walPosition(ctx: CheckContext): Promise<{ lsn: string } | null> {
 }
 
 /**
- * Waits until the slot has acknowledged `lsn`, then returns which of `suspects` the
- * changes that reached the ledger after `snapshot` route to ('all' for a TRUNCATE among
- * them, or too many to route).
+ * On a session of its own, waits until the slot has acknowledged `lsn`, then returns the
+ * changes that reached the ledger after `snapshot` ('all' for a TRUNCATE among them, too
+ * many to route, or a slot that does not get there in DECODE_WAIT_MS: every suspect is
+ * then compared again).
  */
 async function decodedSince(
   ctx: CheckContext,
   shape: CheckShape,
   snapshot: string,
   lsn: string,
-  suspects: Suspect[],
-): Promise<Set<string> | 'all'> {
+): Promise<Array<[number, string[]]> | 'all'> {
   const s = quoteIdent(ctx.schema);
-  let delay = 10;
-  for (;;) {
-    checkTime(ctx);
-    const [row] = await ctx.session.query<{ decoded: boolean }>(
-      `SELECT ${s}._wal_decoded($1::pg_lsn) AS decoded`,
-      [lsn],
+  const session = await ctx.acquire();
+  try {
+    const until = Date.now() + DECODE_WAIT_MS;
+    let delay = 10;
+    for (;;) {
+      checkTime(ctx);
+      const [row] = await session.query<{ decoded: boolean }>(
+        `SELECT ${s}._wal_decoded($1::pg_lsn) AS decoded`,
+        [lsn],
+      );
+      if (row?.decoded) break;
+      if (Date.now() >= until) return 'all';
+      // An idle WAL can end at the position: a commit moves it on (as awaitConverged does).
+      if (delay >= 200) await session.query('SELECT pg_current_xact_id()');
+      await sleep(delay, ctx.signal);
+      delay = Math.min(200, delay * 2);
+    }
+    const [now] = await session.query<{ snap: string }>(
+      'SELECT pg_current_snapshot()::text AS snap',
     );
-    if (row?.decoded) break;
-    // An idle WAL can end at the position: a commit moves it on (as awaitConverged does).
-    if (delay >= 200) await ctx.session.query('SELECT pg_current_xact_id()');
-    await sleep(delay, ctx.signal);
-    delay = Math.min(200, delay * 2);
+    const snaps = [snapshot, now!.snap];
+    const [stats] = await session.query<{ keys: number; truncated: boolean }>(
+      pendingStatsSql(ctx.schema, shape),
+      snaps,
+    );
+    if (stats?.truncated || (stats?.keys ?? 0) > ROUTE_LIMIT) return 'all';
+    if ((stats?.keys ?? 0) === 0) return [];
+    const rows = await session.query<{ source_id: number; key: string[] }>(
+      pendingChangedSql(ctx.schema, shape),
+      snaps,
+    );
+    return rows.map((r) => [r.source_id, r.key]);
+  } finally {
+    await session.release();
   }
-  const [now] = await ctx.session.query<{ snap: string }>(
-    'SELECT pg_current_snapshot()::text AS snap',
-  );
-  const snaps = [snapshot, now!.snap];
-  const [stats] = await ctx.session.query<{ keys: number; truncated: boolean }>(
-    pendingStatsSql(ctx.schema, shape),
-    snaps,
-  );
-  if (stats?.truncated || (stats?.keys ?? 0) > ROUTE_LIMIT) return 'all';
-  if ((stats?.keys ?? 0) === 0) return new Set();
-  return routed(ctx.session, shape, pendingChangedSql(ctx.schema, shape), snaps, suspects);
 }
 
 /** The differences by key: missing, extra, or differs (floats within the tolerance are equal). */

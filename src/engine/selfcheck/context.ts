@@ -15,6 +15,8 @@ export class CheckStopped extends Error {
 
 export interface CheckContext {
   session: Session;
+  /** Another session, for a moment (the caller releases it): for work beside a transaction. */
+  acquire(): Promise<Session>;
   schema: string;
   log: Logger;
   signal: AbortSignal;

@@ -57,6 +57,7 @@ export function selfCheckHandler(
         const report = await runCheck(
           {
             session,
+            acquire: context.acquire,
             schema,
             log: context.log,
             signal: context.signal,

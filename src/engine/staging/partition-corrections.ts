@@ -66,6 +66,9 @@ export async function trackMembers(session: Session, schema: string, log: Logger
          LEFT JOIN pg_class c ON c.oid = ch.relid LEFT JOIN pg_namespace n ON n.oid = c.relnamespace`,
     );
     for (const change of changes) {
+      await session.query(`UPDATE ${s}.sources SET members_changed_at = now() WHERE id = $1`, [
+        change.source_id,
+      ]);
       if (change.came) {
         await session.query(
           `INSERT INTO ${s}.source_members (source_id, relid) VALUES ($1, $2::oid)

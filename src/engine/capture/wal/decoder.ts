@@ -4,6 +4,7 @@ import type { Session } from '../../db/session.js';
 import { quoteIdent } from '../../identifiers.js';
 import { LOCK_CLASS } from '../../internal/advisory-locks.js';
 import type { Logger } from '../../logger.js';
+import { SQLSTATE, sqlstateOf } from '../../sqlstate.js';
 import { WorkerLoop } from '../../workers/worker-loop.js';
 import { KeyBatch } from './key-batch.js';
 import { formatLsn, parseLsn } from './pgoutput.js';
@@ -19,6 +20,13 @@ const CHECK_MS = 5_000;
 /** How often an idle decoder (nothing captured from the WAL) looks whether it is needed. */
 const IDLE_MS = 2_000;
 const STANDBY_MS = 1_000;
+/**
+ * Decoding failures of the slot in a row (an internal error from the WAL sender: Postgres
+ * cannot decode past some record) before it is given up on while sources rely on it alone.
+ * A stream that ran this long without failing starts the count again.
+ */
+const DECODE_FAILURES_TO_GIVE_UP = 3;
+const DECODE_FAILURE_RESET_MS = 60_000;
 
 export interface WalDecoderOptions {
   config: ConnectionConfig;
@@ -51,6 +59,7 @@ export class WalDecoder {
   private readonly loop: WorkerLoop;
   private leaderPid: number | undefined;
   private stream: ReplicationStream | undefined;
+  private decodeFailures = 0;
 
   constructor(
     pool: ConnectionPool,
@@ -116,8 +125,44 @@ export class WalDecoder {
       return 0;
     }
     await this.ensurePublication(session, state.publication);
-    await this.consume(session, state.wal_slot, state.publication);
+    const started = Date.now();
+    try {
+      await this.consume(session, state.wal_slot, state.publication);
+    } catch (error) {
+      if (Date.now() - started >= DECODE_FAILURE_RESET_MS) this.decodeFailures = 0;
+      if (sqlstateOf(error) !== SQLSTATE.internalError) throw error;
+      await this.decodingFailed(session, state.wal_slot, error);
+    }
     return 0;
+  }
+
+  /**
+   * The WAL sender failed to decode the slot (seen: "pg_attribute catalog is missing 3
+   * attribute(s) for relation", a slot made while tables were being created and dropped).
+   * It fails on the same record every time, so streaming again never gets past it: the
+   * slot is dropped as lost (`_wal_lost`) and made again. While no source relies on the
+   * slot alone (each still has its triggers) nothing is lost, and that is done at once;
+   * otherwise after DECODE_FAILURES_TO_GIVE_UP failures in a row, and the transforms
+   * reading those sources stop with the reason (captureFailure 'disruption'; RESUME
+   * rebuilds) rather than wait for ever on a slot that cannot move (I7).
+   */
+  private async decodingFailed(session: Session, slot: string, error: unknown): Promise<void> {
+    const s = quoteIdent(this.schema);
+    this.decodeFailures += 1;
+    const [row] = await session.query<{ relied: boolean }>(
+      `SELECT EXISTS (SELECT 1 FROM ${s}.sources
+                       WHERE wal_state = 'ready' AND installed_at IS NULL) AS relied`,
+    );
+    if (row?.relied && this.decodeFailures < DECODE_FAILURES_TO_GIVE_UP) throw error;
+    this.decodeFailures = 0;
+    const message = error instanceof Error ? error.message : String(error);
+    const reason = `replication slot ${slot} cannot be decoded past a record (${message}): it is dropped and made again${row?.relied ? ', and changes it had not delivered are lost' : ''}`;
+    await this.dropSlotNamed(session, slot);
+    const stopped = await session.query<{ target: string }>(
+      `SELECT t AS target FROM ${s}._wal_lost($1, $2) t`,
+      [slot, reason],
+    );
+    this.log.warn({ slot, stopped: stopped.map((r) => r.target) }, reason);
   }
 
   /** Back on triggers, nothing published, and every change decoded: the slot can go. */

@@ -1,4 +1,4 @@
--- status() reports a build's progress from its chunks (0021), which the fills delete:
+-- status() reports a build's progress from its chunks (0022), which the fills delete:
 -- no fill writes the build's pipeline row. And how a range of changes is applied
 -- (issue #14, ADR 0029): a GROUP BY range touching a
 -- large share of the target's groups recomputes every group in one pass and merges it
@@ -174,7 +174,7 @@ BEGIN
     'drainFailure', drain,
     'backfill', CASE WHEN p.backfill_started_at IS NOT NULL
                       AND (p.phase = 'backfilling' OR p.backfill_done > 0) THEN jsonb_build_object(
-        -- A build filling chunks (0021): what its chunks left to fill do not hold.
+        -- A build filling chunks (0022): what its chunks left to fill do not hold.
         'keysDone', CASE WHEN p.phase = 'backfilling' AND p.backfill_stage = 'chunks'
                          THEN greatest(p.backfill_total - (
                                 SELECT coalesce(sum(c.rows), 0) FROM @schema@.build_chunks c
@@ -189,3 +189,4 @@ BEGIN
         'mode', p.apply_mode, 'reason', p.apply_reason, 'keys', p.apply_keys, 'at', p.apply_at) END);
 END
 $fn$;
+

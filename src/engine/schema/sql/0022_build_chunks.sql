@@ -37,3 +37,4 @@ RETURNS void LANGUAGE sql AS $fn$
   DELETE FROM @schema@.pages WHERE pages.transform_id = _request_rebuild.transform_id;
   DELETE FROM @schema@.build_chunks WHERE build_chunks.transform_id = _request_rebuild.transform_id;
 $fn$;
+
