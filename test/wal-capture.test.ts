@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { waitUntilOnTheSlot } from './support/capture-mode.js';
 import { sqlClient } from './support/database.js';
 import { livePipeline } from './support/live.js';
 import { type Definition, transformStatement } from './support/oracle.js';
@@ -50,16 +51,7 @@ describe('WAL capture', () => {
     await live.define(...ALL);
     // Making the slot waits for every transaction running in the cluster (another test
     // file's can hold it a while); the sources are on triggers meanwhile, as designed.
-    await waitFor(
-      async () => {
-        const [row] = await live.db.sql<{ n: number }[]>`
-          SELECT count(*)::int AS n FROM trellis.sources src
-           WHERE src.wal_state IS DISTINCT FROM 'ready' OR src.installed_at IS NOT NULL`;
-        return row?.n === 0;
-      },
-      'every source captured from the slot alone',
-      180_000,
-    );
+    await waitUntilOnTheSlot(live.db.sql);
     const sources = await live.db.sql<{ table: string; state: string | null; triggers: number }[]>`
       SELECT src.qualified AS table, src.wal_state AS state,
              (SELECT count(*)::int FROM pg_trigger t

@@ -1,4 +1,5 @@
 import { afterAll, describe, expect, it } from 'vitest';
+import { waitUntilOnTheSlot } from './support/capture-mode.js';
 import { freshDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import {
@@ -49,16 +50,7 @@ describe('WAL capture crashes', () => {
       // Live is not yet on the slot: the slot is made (waiting for every transaction in
       // the cluster), then the source moves off its triggers. The crash must meet the
       // slot, not the triggers.
-      await waitFor(
-        async () => {
-          const [row] = await db.sql<{ n: number }[]>`
-            SELECT count(*)::int AS n FROM trellis.sources
-             WHERE wal_state IS DISTINCT FROM 'ready' OR installed_at IS NOT NULL`;
-          return row?.n === 0;
-        },
-        'every source captured from the slot alone',
-        180_000,
-      );
+      await waitUntilOnTheSlot(db.sql);
       const [source] = await db.sql<{ id: number }[]>`
         SELECT id FROM trellis.sources WHERE qualified = 'public.bulk'`;
       const rowsOf = async () =>

@@ -1,5 +1,7 @@
+import type postgres from 'postgres';
 import { Trellis } from '../../src/engine/index.js';
 import type { CaptureMode, ConnectOptions } from '../../src/engine/options.js';
+import { waitFor } from './trellis.js';
 
 /**
  * The capture the suite runs with: `TRELLIS_TEST_CAPTURE=logical` runs every test file
@@ -25,4 +27,24 @@ export function applyTestCapture(): void {
   if (TEST_CAPTURE === 'trigger') return;
   Trellis.connect = (options: ConnectOptions) =>
     plainConnect(options.staging ? { capture: TEST_CAPTURE, ...options } : options);
+}
+
+/**
+ * Waits until every source of the instance in `trellis` is captured from the slot alone:
+ * decoded from the WAL and its triggers gone. Making a slot waits for every transaction
+ * running in the cluster (Postgres builds its snapshot so): another test file's long or
+ * prepared transaction can hold it a while, and the sources stay on triggers meanwhile,
+ * as designed (ADR 0023); hence the long default.
+ */
+export async function waitUntilOnTheSlot(sql: postgres.Sql, timeoutMs = 180_000): Promise<void> {
+  await waitFor(
+    async () => {
+      const [row] = await sql<{ n: number }[]>`
+        SELECT count(*)::int AS n FROM trellis.sources
+         WHERE wal_state IS DISTINCT FROM 'ready' OR installed_at IS NOT NULL`;
+      return row?.n === 0;
+    },
+    'every source captured from the slot alone',
+    timeoutMs,
+  );
 }
