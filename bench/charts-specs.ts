@@ -205,3 +205,67 @@ export function freshnessSpec(figures: AltFigure[], about: string): TopLevelSpec
   };
   return spec;
 }
+
+/**
+ * Every figure of the run that has a target, from every scenario: how far it is from its
+ * target, as the share of the target reached (1 is exactly at it; over 1 is met). A
+ * figure "≥ x" scores measured ÷ x, a figure "≤ x" or "< x" scores x ÷ measured, so a bar
+ * longer than the rule is always better. Flagged figures are left out (not a result).
+ */
+export function targetsSpec(figures: Figure[], about: string): TopLevelSpec {
+  const rows: Array<Record<string, unknown>> = [];
+  for (const f of figures) {
+    if (!f.target || f.flagged) continue;
+    const measured = f.target.of === 'ratio' ? f.ratio : f.value;
+    if (measured === null || measured <= 0) continue;
+    const score =
+      f.target.op === '>=' ? measured / f.target.threshold : f.target.threshold / measured;
+    rows.push({
+      figure: `${f.scenario}: ${f.figure}`,
+      score,
+      met: score >= 1 ? 'met' : 'not met',
+      target: f.target.text,
+    });
+  }
+  const y = { field: 'figure', type: 'nominal', title: null, sort: null } as const;
+  const x = { field: 'score', type: 'quantitative', title: 'share of the target reached' } as const;
+  return {
+    $schema: SCHEMA,
+    title: {
+      text: 'Every target of the run: the share of it each figure reached (1 = at the target)',
+      subtitle: [
+        about,
+        'Each figure against the baseline measured beside it in the same run; a figure flagged for a moving baseline is left out.',
+      ],
+    },
+    data: { values: rows },
+    width: 360,
+    height: { step: 14 },
+    layer: [
+      {
+        mark: { type: 'bar' },
+        encoding: {
+          y,
+          x,
+          color: {
+            field: 'met',
+            type: 'nominal',
+            title: null,
+            scale: { domain: ['met', 'not met'], range: ['#54a24b', '#e45756'] },
+          },
+          tooltip: [{ field: 'target' }],
+        },
+      },
+      {
+        mark: { type: 'text', align: 'left', dx: 3, fontSize: 9 },
+        encoding: { y, x, text: { field: 'target' } },
+      },
+      {
+        data: { values: [{ score: 1 }] },
+        mark: { type: 'rule', color: '#333' },
+        encoding: { x: { field: 'score', type: 'quantitative' } },
+      },
+    ],
+    config: CONFIG,
+  };
+}

@@ -3,7 +3,7 @@ import { dirname, join, relative } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
-import { type AltFigure, freshnessSpec, ratioSpec } from './charts-specs.js';
+import { type AltFigure, freshnessSpec, ratioSpec, targetsSpec } from './charts-specs.js';
 import { sideBySideTable } from './charts-table.js';
 import type { BenchResults } from './scenario.js';
 
@@ -13,7 +13,9 @@ const OUT_DIR = join(ROOT, 'docs', 'performance');
 /**
  * Draws the side-by-side scenario's figures (bench/alternatives.ts) as SVG with vega-lite,
  * rendered by vega in Node (no browser, no canvas), into docs/performance/, with the
- * figures as JSON and the side-by-side table as Markdown for README. Returns the files.
+ * side-by-side table as Markdown for README; every target of the run, from every scenario,
+ * in one chart (targets.svg); and the whole run's results as JSON (run.json). Returns the
+ * files.
  */
 export async function writeAlternatives(results: BenchResults): Promise<string[]> {
   const figures = results.figures.filter(
@@ -50,23 +52,12 @@ export async function writeAlternatives(results: BenchResults): Promise<string[]
       ),
     ],
     ['alternatives-freshness.svg', await svg(freshnessSpec(figures, about))],
+    // Every scenario's targets, not only this one's: the run at a glance.
+    ['targets.svg', await svg(targetsSpec(results.figures, about))],
     ['alternatives.md', `${sideBySideTable(figures)}\n`],
-    [
-      'alternatives.json',
-      `${JSON.stringify(
-        {
-          startedAt: results.startedAt,
-          commit: results.commit,
-          engineChanged: results.engineChanged,
-          machine: results.machine,
-          server: results.server,
-          options: results.options,
-          figures,
-        },
-        null,
-        2,
-      )}\n`,
-    ],
+    // The whole run (every scenario's figures and samples), so README's figures from this
+    // run can be checked against it: bench/results/latest.json is not committed.
+    ['run.json', `${JSON.stringify(results, null, 2)}\n`],
   ];
   await mkdir(OUT_DIR, { recursive: true });
   for (const [name, text] of files) await writeFile(join(OUT_DIR, name), text);
