@@ -140,6 +140,49 @@ describe('self-check jobs', () => {
     expect(await backends('jb-worker:jobs')).toBe(0);
   });
 
+  it('starts one check for calls made at once over a finished one, and each call returns it', async () => {
+    await staging.apply(
+      transformStatement({ target: 'jb_twice', from: 'jb_items', select: 'price' }),
+    );
+    const other = await migratedTrellis(db, { applicationName: 'jb-other' });
+    const drainer = await worker('jb-worker-twice');
+    try {
+      await waitForStatus(drainer, 'jb_twice', 'live');
+      /** Waits until pg-boss, too, has the job done (it completes it after the handler). */
+      const completed = (id: string) =>
+        waitFor(async () => {
+          const [row] = await db.sql<{ state: string }[]>`
+            SELECT state::text FROM trellis_jobs.job WHERE id = ${id}::uuid
+            UNION ALL SELECT state::text FROM trellis_jobs.archive WHERE id = ${id}::uuid`;
+          return row?.state === 'completed';
+        }, 'pg-boss to complete the job');
+      const first = await sender.selfCheck('jb_twice', 'full');
+      expect((await finishedJob(sender, first.id)).state).toBe('done');
+      await completed(first.id);
+      // Each round, the check before is finished, so either call alone would replace it;
+      // made at once, the second waits for the first and must find its check queued (a
+      // second one queued over it would leave the first caller's id pointing nowhere).
+      for (let round = 0; round < 3; round += 1) {
+        const calls = await Promise.all([
+          sender.selfCheck('jb_twice', 'full'),
+          other.selfCheck('jb_twice', 'sample', { sample: 10 }),
+          sender.selfCheck('jb_twice', 'full'),
+          other.selfCheck('jb_twice', 'sample', { sample: 10 }),
+        ]);
+        const a = calls[0]!;
+        expect(calls.map((c) => c.id)).toEqual(calls.map(() => a.id));
+        for (const c of calls) expect(await sender.selfCheckJob(c.id)).not.toBeNull();
+        const done = await finishedJob(sender, a.id);
+        expect(done.state).toBe('done');
+        expect(done.report?.outcome).toBe('consistent');
+        await completed(a.id);
+      }
+    } finally {
+      await drainer.shutdown();
+      await other.shutdown();
+    }
+  });
+
   it('shows a job running, hands it back when its worker shuts down, and another finishes it', async () => {
     let drainer = await worker('jb-worker-1');
     try {

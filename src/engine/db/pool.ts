@@ -57,6 +57,10 @@ export class ConnectionPool {
         connection: {
           application_name: this.options.applicationName,
           statement_timeout: this.options.statementTimeoutMs,
+          // The engine's claims lock a row and then decide in a fresh statement, which
+          // sees what committed before the lock only under READ COMMITTED (a database or
+          // role set to another default would make them decide on stale rows, or fail).
+          default_transaction_isolation: 'read committed',
           ...this.options.settings,
         },
       }),

@@ -54,13 +54,26 @@ export async function backfillChunk(
     if (await fillChunk(session, schema, plans, log)) return true;
   } catch (error) {
     if (!(error instanceof ChunkFailure)) throw error;
+    const s = quoteIdent(schema);
     await session.transaction(async () => {
-      const [claim] = await session.query<Claim>(
-        `SELECT transform_id, build_attempts FROM ${quoteIdent(schema)}.pipeline
-          WHERE transform_id = $1 FOR UPDATE`,
+      // Counted against the build it happened in, once: not when the build was started
+      // over or moved on meanwhile, nor when another loop's fill, failing at the same
+      // time (a full disk fails them all), already counted one and set the backoff.
+      const [claim] = await session.query<Claim & { backing_off: boolean }>(
+        `SELECT transform_id, build_attempts, coalesce(build_next_at > now(), false) AS backing_off
+           FROM ${s}.pipeline
+          WHERE transform_id = $1 AND phase = 'backfilling' AND backfill_stage = 'chunks'
+            FOR UPDATE`,
         [error.transformId],
       );
-      if (!claim) return;
+      if (!claim || claim.backing_off) return;
+      // Asked under the lock, in a statement of its own (its snapshot sees a fill that
+      // committed meanwhile): the chunk is still to fill.
+      const [left] = await session.query(
+        `SELECT 1 FROM ${s}.build_chunks WHERE transform_id = $1 AND chunk = $2`,
+        [error.transformId, error.chunk],
+      );
+      if (!left) return;
       const plan = await loadPlan(session, schema, error.transformId);
       await recordBuildFailure(session, schema, claim, plan, error.cause, log);
     });

@@ -152,7 +152,7 @@ export async function fillChunk(
       return { transformId: claim.transform_id, rows: Number(claim.rows) };
     } catch (error) {
       await session.query('ROLLBACK TO SAVEPOINT trellis_fill');
-      if (!isRowError(error)) throw new ChunkFailure(claim.transform_id, error);
+      if (!isRowError(error)) throw new ChunkFailure(claim.transform_id, claim.chunk, error);
       log.warn(
         { target: plan.target, chunk: claim.chunk },
         'a build chunk failed on a row: it is re-derived key by key at the end of the build',
@@ -170,6 +170,7 @@ export async function fillChunk(
 export class ChunkFailure extends Error {
   constructor(
     readonly transformId: number,
+    readonly chunk: number,
     override readonly cause: unknown,
   ) {
     super(cause instanceof Error ? cause.message : String(cause));

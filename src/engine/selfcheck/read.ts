@@ -52,6 +52,13 @@ export async function readJobs(
   const s = quoteIdent(schema);
   const jobs = jobsSchemaFor(schema);
   const queue = quoteLiteral(SELF_CHECK_QUEUE.name);
+  if (lock) {
+    // Locked first, read after, in a statement of its own: a locked row updated while
+    // the lock waited is re-checked on its own columns only, and the pg-boss job joined
+    // to it would be the one from before the wait (a check another call had just queued
+    // would read as the old job's outcome, and be queued again over it).
+    await session.query(`SELECT 1 FROM ${s}.self_checks c WHERE ${where} FOR UPDATE OF c`, params);
+  }
   const rows = await session.query<JobRow>(
     `SELECT c.id::text, t.target_name AS target, c.mode, c.state, c.rows_compared, c.rows_total,
             c.report, c.error, c.created_at, c.started_at, c.finished_at,
@@ -65,7 +72,7 @@ export async function readJobs(
          UNION ALL
          SELECT a.state::text, a.output, a.started_on FROM ${jobs}.archive a WHERE a.name = ${queue} AND a.id = c.id
          LIMIT 1) b ON true
-      WHERE ${where}${lock ? '\n        FOR UPDATE OF c' : ''}`,
+      WHERE ${where}`,
     params,
   );
   return rows.map(toJob);
