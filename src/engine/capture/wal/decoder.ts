@@ -13,8 +13,14 @@ import { ReplicationStream } from './replication-stream.js';
 
 /** A batch is written once it holds this many keys, even inside a transaction. */
 export const BATCH_KEYS = 5_000;
-/** ... or once its first change is this old, while changes keep coming. */
-const BATCH_AGE_MS = 50;
+/**
+ * ... or, between transactions, once the last write is this long ago. Each write is a
+ * durable commit: written whenever the stream paused, a batch would commit (and flush the
+ * WAL) about once per writer's transaction under load, on the writers' own cores and
+ * disk. At most one write per interval costs a change at most this much freshness; after
+ * a quiet spell the next change is written at once.
+ */
+const WRITE_EVERY_MS = 25;
 /** How often a streaming decoder looks at the catalog (a slot to drop, a lost lock). */
 const CHECK_MS = 5_000;
 /** How often an idle decoder (nothing captured from the WAL) looks whether it is needed. */
@@ -267,9 +273,10 @@ export class WalDecoder {
 
   /**
    * Streams the slot until the stream fails, the handle shuts down, or a look at the
-   * catalog says to stop. Keys go into a batch; a batch is written when the stream has
-   * nothing more queued (a single write is written at once, a burst in few transactions),
-   * when it is BATCH_KEYS big, or BATCH_AGE_MS old. The slot is told a position only
+   * catalog says to stop. Keys go into a batch; a batch is written between transactions
+   * once the last write is WRITE_EVERY_MS ago (a single change after a quiet spell at
+   * once, a steady stream of them in a few commits a second), or when it is BATCH_KEYS
+   * big. The slot is told a position only
    * once everything before it is written: the end of the last transaction whose keys a
    * written batch held, or, between transactions with nothing held, where the server says
    * its WAL ends (a keepalive) or a non-transactional message is.
@@ -291,18 +298,23 @@ export class WalDecoder {
     /** The end of the last committed transaction whose keys the batch holds. */
     let batchEnd = 0n;
     let nextCheck = Date.now() + CHECK_MS;
+    let lastWrite = 0;
     const write = async () => {
       if (batch.empty) return;
       const changes = batch.take();
       await session.query(`SELECT ${quoteIdent(this.schema)}._wal_append($1::text::jsonb)`, [
         JSON.stringify(changes),
       ]);
+      lastWrite = Date.now();
       if (batchEnd > durable) durable = batchEnd;
     };
+    /** How long the batch may wait for more before it is due (0: now). */
+    const dueIn = () =>
+      inTransaction ? 250 : Math.max(0, lastWrite + WRITE_EVERY_MS - Date.now());
     try {
       for (;;) {
         if (this.signal.aborted) return;
-        const item = await stream.next(250);
+        const item = await stream.next(batch.empty ? 250 : Math.max(1, dueIn()));
         if (item?.kind === 'keepalive') {
           if (!inTransaction) {
             await write();
@@ -349,11 +361,7 @@ export class WalDecoder {
               break;
           }
         }
-        if (
-          !batch.empty &&
-          (batch.size >= BATCH_KEYS ||
-            (!inTransaction && (stream.queued === 0 || Date.now() - batch.since >= BATCH_AGE_MS)))
-        ) {
+        if (!batch.empty && (batch.size >= BATCH_KEYS || (!inTransaction && dueIn() === 0))) {
           await write();
         }
         if (durable > 0n) stream.acknowledge(durable);

@@ -23,8 +23,6 @@ export class KeyBatch {
   private readonly relations = new Map<number, RelationColumn[]>();
   /** Keys (rows) held. */
   size = 0;
-  /** When the first change of this batch came (ms epoch), 0 while empty. */
-  since = 0;
 
   get empty(): boolean {
     return this.entries.length === 0;
@@ -70,7 +68,6 @@ export class KeyBatch {
     this.entries = [];
     this.current.clear();
     this.size = 0;
-    this.since = 0;
     return changes;
   }
 
@@ -89,7 +86,6 @@ export class KeyBatch {
       };
       this.entries.push(entry);
       this.current.set(relid, entry);
-      if (this.since === 0) this.since = Date.now();
     }
     return entry;
   }
