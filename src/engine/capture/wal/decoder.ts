@@ -316,10 +316,12 @@ export class WalDecoder {
         if (this.signal.aborted) return;
         const item = await stream.next(batch.empty ? 250 : Math.max(1, dueIn()));
         if (item?.kind === 'keepalive') {
-          if (!inTransaction) {
-            await write();
-            if (item.walEnd > durable) durable = item.walEnd;
-          }
+          // Between transactions with nothing held, every change before the server's WAL
+          // end is in the ledger. A held batch waits for its time: the walsender sends a
+          // keepalive whenever it waits for WAL with our position behind, which under a
+          // steady stream of writes is about once per transaction (writing at each one
+          // made a commit per transaction, and the decoder fell behind at ~300 a second).
+          if (!inTransaction && batch.empty && item.walEnd > durable) durable = item.walEnd;
           if (item.replyRequested) stream.reply();
         } else if (item?.kind === 'data') {
           const m = item.message;
