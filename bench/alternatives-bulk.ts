@@ -1,9 +1,15 @@
 import type postgres from 'postgres';
 import { ratioFigure } from './alternatives-figure.js';
-import { SHAPES, VARIANTS, type Variant, type VariantKey } from './alternatives-variants.js';
+import {
+  SHAPES,
+  VARIANTS,
+  type Variant,
+  type VariantKey,
+  withUpkeep,
+} from './alternatives-variants.js';
 import { interleaved } from './interleave.js';
 import type { Figure } from './scenario.js';
-import { type BenchDb, checkpoint, timed } from './support.js';
+import { type BenchDb, timed } from './support.js';
 
 const BULK_ROWS = 100_000;
 /** ABC…CBA ABC…: three of each. */
@@ -31,9 +37,7 @@ export async function bulkFigures(
     async (key) => {
       const v = byKey.get(key)!;
       const sql = clients.get(v.url)!;
-      await v.start();
-      try {
-        await checkpoint(db);
+      return withUpkeep(v, db, async () => {
         const ms = await timed(() =>
           sql.unsafe(
             `INSERT INTO ${v.table} (customer_id, hot_customer_id, amount)
@@ -43,9 +47,7 @@ export async function bulkFigures(
         );
         log(`bulk INSERT of ${BULK_ROWS.toLocaleString('en-US')} rows: ${key} ${ms.toFixed(0)} ms`);
         return ms;
-      } finally {
-        await v.stop();
-      }
+      });
     },
     log,
   );

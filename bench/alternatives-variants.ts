@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import postgres from 'postgres';
 import { TrellisInstance } from './alternatives-trellis.js';
+import { type BenchDb, checkpoint } from './support.js';
 
 /** Rows each variant's table starts with. */
 export const ROWS = 100_000;
@@ -72,6 +73,20 @@ export interface Variant {
   stop(): Promise<void>;
   /** What its upkeep took beside the measurements (catch-up ms, refresh ms), by name. */
   notes: Record<string, number[]>;
+}
+
+/**
+ * Runs one timed measurement of `v`: its upkeep started (caught up, untimed) before, from
+ * a checkpoint, and stopped after (caught up again, untimed).
+ */
+export async function withUpkeep<T>(v: Variant, db: BenchDb, work: () => Promise<T>): Promise<T> {
+  await v.start();
+  try {
+    await checkpoint(db);
+    return await work();
+  } finally {
+    await v.stop();
+  }
 }
 
 /** The same orders-like table for every variant, with the same indexes. */

@@ -5,11 +5,12 @@ import {
   VARIANTS,
   type Variant,
   type VariantKey,
+  withUpkeep,
 } from './alternatives-variants.js';
 import { interleaved } from './interleave.js';
 import { runLoad, type Workload } from './load.js';
 import type { Figure } from './scenario.js';
-import { type BenchDb, checkpoint } from './support.js';
+import type { BenchDb } from './support.js';
 
 const CLIENTS = 8;
 /** Each variant twice, ABC…CBA. */
@@ -56,16 +57,12 @@ export async function writeFigures(
       PASSES,
       async (key) => {
         const v = byKey.get(key)!;
-        await v.start();
-        try {
-          await checkpoint(db);
+        return withUpkeep(v, db, async () => {
           const result = await runLoad(v.url, workload(v.table), CLIENTS, seconds);
           tool = result.tool;
           log(`${shape.label}, ${op}: ${key} ${result.tps.toFixed(0)} ops/s`);
           return result.tps;
-        } finally {
-          await v.stop();
-        }
+        });
       },
       log,
     );
