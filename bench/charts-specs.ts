@@ -34,6 +34,8 @@ const CONFIG = {
   title: { anchor: 'start', subtitleColor: '#555' },
 } as const;
 const SCHEMA = 'https://vega.github.io/schema/vega-lite/v6.json';
+/** Labels are shown whole: vega cuts them at 180 px, and two variants then read the same. */
+const LABEL_LIMIT = 1000;
 
 /**
  * Horizontal bars, one per variant and workload, faceted by the aggregate's shape: the
@@ -63,7 +65,13 @@ export function ratioSpec(
     if (f.target?.of === 'ratio') rows.push({ kind: 'target', ...at, ratio: f.target.threshold });
   }
   for (const shape of shapes) rows.push({ kind: 'bare', shape, ratio: 1 });
-  const y = { field: 'variant', type: 'nominal', sort: ORDER, title: null } as const;
+  const y = {
+    field: 'variant',
+    type: 'nominal',
+    sort: ORDER,
+    title: null,
+    axis: { labelLimit: LABEL_LIMIT },
+  } as const;
   const yOffset = { field: 'op', type: 'nominal', sort: o.workloads } as const;
   const x = { field: 'ratio', type: 'quantitative' } as const;
   const only = (kind: string) => [{ filter: `datum.kind === '${kind}'` }];
@@ -191,7 +199,7 @@ export function freshnessSpec(figures: AltFigure[], about: string): TopLevelSpec
               ],
             },
             title: null,
-            legend: { orient: 'bottom', columns: 1 },
+            legend: { orient: 'bottom', columns: 1, labelLimit: LABEL_LIMIT },
           },
         },
       },
@@ -227,7 +235,13 @@ export function targetsSpec(figures: Figure[], about: string): TopLevelSpec {
       target: f.target.text,
     });
   }
-  const y = { field: 'figure', type: 'nominal', title: null, sort: null } as const;
+  const y = {
+    field: 'figure',
+    type: 'nominal',
+    title: null,
+    sort: null,
+    axis: { labelLimit: LABEL_LIMIT },
+  } as const;
   const x = { field: 'score', type: 'quantitative', title: 'share of the target reached' } as const;
   return {
     $schema: SCHEMA,
