@@ -15,9 +15,8 @@ import { ReplicationStream } from './replication-stream.js';
 export const BATCH_KEYS = 5_000;
 /**
  * ... or, between transactions, once the last write is this long ago. Each write is a
- * durable commit: written whenever the stream paused, a batch would commit (and flush the
- * WAL) about once per writer's transaction under load, on the writers' own cores and
- * disk. At most one write per interval costs a change at most this much freshness; after
+ * durable commit (a WAL flush, on the writers' own cores and disk): at most one per
+ * interval, whatever the stream does, costs a change at most this much freshness; after
  * a quiet spell the next change is written at once.
  */
 const WRITE_EVERY_MS = 25;
@@ -308,13 +307,14 @@ export class WalDecoder {
       lastWrite = Date.now();
       if (batchEnd > durable) durable = batchEnd;
     };
-    /** How long the batch may wait for more before it is due (0: now). */
-    const dueIn = () =>
-      inTransaction ? 250 : Math.max(0, lastWrite + WRITE_EVERY_MS - Date.now());
+    /** How long until a held batch may be written between transactions (0: now). */
+    const dueIn = () => Math.max(0, lastWrite + WRITE_EVERY_MS - Date.now());
     try {
       for (;;) {
         if (this.signal.aborted) return;
-        const item = await stream.next(batch.empty ? 250 : Math.max(1, dueIn()));
+        // A held batch between transactions waits only until it is due.
+        const wait = batch.empty || inTransaction ? 250 : Math.max(1, dueIn());
+        const item = await stream.next(wait);
         if (item?.kind === 'keepalive') {
           // Between transactions with nothing held, every change before the server's WAL
           // end is in the ledger. A held batch waits for its time: the walsender sends a
