@@ -30,11 +30,11 @@ export function applyTestCapture(): void {
 }
 
 /**
- * Waits until every source of the instance in `trellis` is captured from the slot alone:
- * decoded from the WAL and its triggers gone. Making a slot waits for every transaction
- * running in the cluster (Postgres builds its snapshot so): another test file's long or
- * prepared transaction can hold it a while, and the sources stay on triggers meanwhile,
- * as designed (ADR 0023); hence the long default.
+ * Waits until every source of the instance installed in schema `trellis` of `sql`'s
+ * database is captured from the slot alone: decoded from the WAL and its triggers gone.
+ * Making a slot waits for every transaction running in the cluster (Postgres builds its
+ * snapshot so): another test file's long or prepared transaction can hold it a while, and
+ * the sources stay on triggers meanwhile, as designed (ADR 0023); hence the long default.
  */
 export async function waitUntilOnTheSlot(sql: postgres.Sql, timeoutMs = 180_000): Promise<void> {
   await waitFor(
