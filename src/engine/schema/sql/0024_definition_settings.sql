@@ -94,26 +94,31 @@ BEGIN
     nm := lower(@schema@.grammar_name(toks[i], 'a setting name', false));
     i := i + 1;
     IF is_set THEN
-      IF NOT (toks[i].kind = 'op' AND toks[i].text = '=') THEN
-        PERFORM @schema@.grammar_unexpected(toks, i, '"=" and a value');
-      END IF;
-      i := i + 1;
       t := toks[i];
-      IF t.kind = 'string' THEN
-        -- One literal token, as the tokenizer read it: its value.
-        EXECUTE 'SELECT ' || t.text INTO v;
-        i := i + 1;
-      ELSIF t.kind = 'number' THEN
-        v := t.text;
-        i := i + 1;
-      ELSIF t.kind = 'op' AND t.text IN ('-', '+') AND toks[i + 1].kind = 'number' THEN
-        v := CASE WHEN t.text = '-' THEN '-' ELSE '' END || toks[i + 1].text;
+      IF t.kind = 'op' AND t.text IN ('=-', '=+') AND toks[i + 1].kind = 'number' THEN
+        -- "x=-1" written without spaces: the tokenizer reads "=-" as one operator.
+        v := CASE WHEN t.text = '=-' THEN '-' ELSE '' END || toks[i + 1].text;
         i := i + 2;
-      ELSIF t.kind IN ('word', 'ident') THEN
-        v := t.value;
-        i := i + 1;
+      ELSIF t.kind = 'op' AND t.text = '=' THEN
+        t := toks[i + 1];
+        IF t.kind = 'string' THEN
+          -- One literal token, as the tokenizer read it: its value.
+          EXECUTE 'SELECT ' || t.text INTO v;
+          i := i + 2;
+        ELSIF t.kind = 'number' THEN
+          v := t.text;
+          i := i + 2;
+        ELSIF t.kind = 'op' AND t.text IN ('-', '+') AND toks[i + 2].kind = 'number' THEN
+          v := CASE WHEN t.text = '-' THEN '-' ELSE '' END || toks[i + 2].text;
+          i := i + 3;
+        ELSIF t.kind IN ('word', 'ident') THEN
+          v := t.value;
+          i := i + 2;
+        ELSE
+          PERFORM @schema@.grammar_unexpected(toks, i + 1, 'a value (a string, a number or a name)');
+        END IF;
       ELSE
-        PERFORM @schema@.grammar_unexpected(toks, i, 'a value (a string, a number or a name)');
+        PERFORM @schema@.grammar_unexpected(toks, i, '"=" and a value');
       END IF;
       settings := settings || jsonb_build_array(jsonb_build_object('name', nm, 'value', v));
     ELSE
