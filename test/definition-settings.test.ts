@@ -200,6 +200,23 @@ describe('settings recorded with a definition', () => {
     );
     expect(unknown).toMatchObject({ code: 'validation' });
     expect(unknown.message).toMatch(/work_mem is not a setting Trellis records/);
+    // Keys travel as text in the engine's work: settings that would lose them are refused.
+    await db.sql.unsafe('CREATE TABLE st_floats (id float8 PRIMARY KEY, v int)');
+    const lossy = await rejection(
+      db.sql.begin(async (tx) => {
+        await tx.unsafe('SET LOCAL extra_float_digits = 0');
+        await tx.unsafe(`SELECT trellis.apply('TRANSFORM st_float_copy FROM st_floats SELECT v')`);
+      }),
+    );
+    expect(lossy.message).toContain(
+      'a key of type double precision would not read back exactly from its text',
+    );
+    const abbreviated = await rejection(
+      handle.apply(`ALTER TRANSFORM st_per_day SET (datestyle = 'SQL, DMY')`),
+    );
+    expect(abbreviated).toMatchObject({ code: 'validation' });
+    expect(abbreviated.message).toContain('a key of type timestamp with time zone');
+
     const bad = await rejection(
       handle.apply(`ALTER TRANSFORM st_altered SET (timezone = 'Mars/Olympus')`),
     );

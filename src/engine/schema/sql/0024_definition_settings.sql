@@ -642,6 +642,24 @@ BEGIN
         bad.source));
     END IF;
   END IF;
+  -- Keys travel as text inside the engine's work (build chunks' bounds, held keys), written
+  -- and read back under the transform's settings: refused where that loses the key.
+  SELECT k AS key_type,
+         CASE WHEN k IN ('real', 'double precision') THEN 'extra_float_digits = 1'
+              ELSE 'DateStyle = ''ISO, ' || split_part(current_setting('datestyle'), ', ', 2) || '''' END AS fix
+    INTO bad
+    FROM (SELECT split_part(t, ' COLLATE ', 1) AS k
+            FROM jsonb_array_elements(spec->'sources') s, jsonb_array_elements_text(s->'key_types') t
+          UNION ALL
+          SELECT c->>'type' FROM jsonb_array_elements(spec->'columns') c WHERE (c->>'is_key')::boolean) keys
+   WHERE (k IN ('real', 'double precision') AND current_setting('extra_float_digits')::int < 1)
+      OR (k ~ '^timestamp(\(\d+\))? with time zone$' AND current_setting('datestyle') NOT LIKE 'ISO%')
+   LIMIT 1;
+  IF FOUND THEN
+    PERFORM @schema@._fail('TRV01', format(
+      'a key of type %s would not read back exactly from its text under extra_float_digits = %s and DateStyle = ''%s'', which the transform would record: define it with %s (SET LOCAL in the defining transaction, or ALTER TRANSFORM ... SET)',
+      bad.key_type, current_setting('extra_float_digits'), current_setting('datestyle'), bad.fix));
+  END IF;
   full_info := @schema@._analyze_query(
     'SELECT ' || (SELECT string_agg((c->>'expression') || ' AS ' || quote_ident(c->>'name'), ', ' ORDER BY o)
                     FROM jsonb_array_elements(spec->'columns') WITH ORDINALITY AS x(c, o))
@@ -726,12 +744,15 @@ RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
   t @schema@.transforms := @schema@._transform_named(ast);
   new_ast jsonb;
+  previous jsonb;
 BEGIN
   new_ast := CASE WHEN (ast->>'value')::boolean
                   THEN jsonb_set(t.spec->'ast', '{without_row_security}', 'true')
                   ELSE (t.spec->'ast') - 'without_row_security' END;
   IF NOT (ast->>'value')::boolean THEN
+    previous := @schema@._enter_settings(t.settings);
     PERFORM @schema@._check_definition(jsonb_set(t.spec, '{ast}', new_ast));
+    PERFORM @schema@._leave_settings(previous);
   END IF;
   PERFORM @schema@._restate(t, new_ast);
   RETURN jsonb_build_object('kind', 'altered', 'target', t.target_name);
