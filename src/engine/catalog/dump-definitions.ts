@@ -7,10 +7,11 @@ import { jobsSchemaFor } from '../jobs/jobs-schema.js';
  * The definitions as SQL for the end of a schema-only dump (ADR 0022). A schema-only
  * pg_dump carries Trellis's schema, the targets and the capture triggers but none of the
  * catalog's rows; this SQL writes back the rows that say what is installed (migrations,
- * config, and the jobs schema's pg-boss version and queues) and registers every transform again, in the order they were defined (a chain's
- * upstream first), with the search_path and settings each was defined under. Runtime state (ledger,
- * progress, pauses, quarantine, claims) is left out: each transform loads as
- * waiting_to_backfill and the worker builds it. Safe to run twice.
+ * config, and the jobs schema's pg-boss version and queues) and registers every transform
+ * again, in the order they were defined (a chain's upstream first), with the search_path
+ * and the settings each was defined under (ADR 0033). Runtime state (ledger, progress,
+ * pauses, quarantine, claims) is left out: each transform loads as waiting_to_backfill and
+ * the worker builds it. Safe to run twice.
  */
 export async function dumpDefinitionsSql(session: Session, schema: string): Promise<string> {
   const s = quoteIdent(schema);
