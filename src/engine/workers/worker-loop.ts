@@ -1,6 +1,7 @@
 import { classifyError } from '../db/classify.js';
 import type { ConnectionPool } from '../db/pool.js';
 import type { Session } from '../db/session.js';
+import { transactionPoolingError } from '../db/session-setup.js';
 import type { Logger } from '../logger.js';
 import { sleep } from './sleep.js';
 
@@ -77,7 +78,13 @@ export class WorkerLoop {
           },
           `${name}: ${classified.message}`,
         );
-        if (classified.code === 'connection' || this.session?.aborted) await this.dropSession();
+        if (
+          classified.code === 'connection' ||
+          classified.code === 'transaction_pooling' ||
+          this.session?.aborted
+        ) {
+          await this.dropSession();
+        }
         await sleep(Math.min(MAX_BACKOFF_MS, 100 * 2 ** Math.min(failures, 6)), signal);
       }
     }
@@ -87,12 +94,23 @@ export class WorkerLoop {
   /**
    * The driver reconnects a lost connection by itself on the next query: session-level
    * state (advisory locks) is then gone. Seeing a new backend pid, run onSession again.
+   * Through a connection pooler, a new pid on the same connection means the pooler moved
+   * the connection to another server session (transaction pooling, which connect() did
+   * not catch or the pooler was reconfigured to since): the locks that elect workers do
+   * not hold there, so the loop stops working and says why (ADR 0037).
    */
   private async checkSession(session: Session): Promise<void> {
     const now = Date.now();
     if (this.backendPid !== undefined && now < this.nextSessionCheck) return;
     this.nextSessionCheck = now + SESSION_CHECK_MS;
     const [row] = await session.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+    const server = session.server;
+    if (server?.pooled && row?.pid !== server.serverPid) {
+      throw transactionPoolingError(
+        server.description,
+        `${this.options.name}'s connection moved from server process ${server.serverPid} to ${row?.pid}`,
+      );
+    }
     if (row?.pid !== this.backendPid) {
       this.backendPid = row?.pid;
       await this.options.onSession?.(session);

@@ -1,6 +1,7 @@
 import type { ConnectionConfig } from '../../db/connection-config.js';
 import type { ConnectionPool } from '../../db/pool.js';
 import type { Session } from '../../db/session.js';
+import { TrellisError } from '../../errors.js';
 import { quoteIdent } from '../../identifiers.js';
 import { LOCK_CLASS } from '../../internal/advisory-locks.js';
 import type { Logger } from '../../logger.js';
@@ -10,6 +11,22 @@ import { KeyBatch } from './key-batch.js';
 import { formatLsn, parseLsn } from './pgoutput.js';
 import { PUBLICATION_OPTIONS } from './publication.js';
 import { ReplicationStream } from './replication-stream.js';
+
+/**
+ * WAL capture streams the slot on a replication connection, which a connection pooler may
+ * not pass on (PgBouncer refuses the `replication` startup parameter before 1.23): through
+ * one, a failure to open the stream says so. The sources stay on their triggers meanwhile
+ * (ADR 0037).
+ */
+function throughPooler(session: Session, error: unknown): unknown {
+  if (!session.server?.pooled) return error;
+  const message = error instanceof Error ? error.message : String(error);
+  return new TrellisError(
+    'connection',
+    `the replication stream could not be opened through the connection pooler at ${session.server.description} (${message}): WAL capture needs a replication connection, which a pooler may not pass on; connect the staging worker's handle (staging: true) to Postgres directly, or capture with triggers`,
+    { cause: error },
+  );
+}
 
 /** A batch is written once it holds this many keys, even inside a transaction. */
 export const BATCH_KEYS = 5_000;
@@ -287,6 +304,8 @@ export class WalDecoder {
       publication,
       applicationName: `${this.options.applicationName}:wal`,
       connectTimeoutMs: this.options.connectTimeoutMs,
+    }).catch((error: unknown) => {
+      throw throughPooler(session, error);
     });
     this.stream = stream;
     this.log.debug({ slot }, 'WAL decoder streaming');
