@@ -3,6 +3,7 @@ import type { ConnectionPool } from '../db/pool.js';
 import type { Session } from '../db/session.js';
 import { transactionPoolingError } from '../db/session-setup.js';
 import type { Logger } from '../logger.js';
+import type { LoopError, LoopHealth } from './health.js';
 import { sleep } from './sleep.js';
 
 export interface WorkerLoopOptions {
@@ -32,6 +33,10 @@ export class WorkerLoop {
   private session: Session | undefined;
   private backendPid: number | undefined;
   private nextSessionCheck = 0;
+  private lastPassAt: Date | undefined;
+  private failingSince: Date | undefined;
+  private failures = 0;
+  private lastError: LoopError | undefined;
   readonly done: Promise<void>;
 
   constructor(private readonly options: WorkerLoopOptions) {
@@ -46,6 +51,18 @@ export class WorkerLoop {
     return this.session !== undefined && !this.session.aborted && this.backendPid !== undefined;
   }
 
+  /** How the loop fares: its last completed step, and its failures since (ADR 0038). */
+  health(): LoopHealth {
+    return {
+      backendPid: this.connected ? (this.backendPid ?? null) : null,
+      connected: this.connected,
+      lastPassAt: this.lastPassAt?.toISOString() ?? null,
+      failingSince: this.failingSince?.toISOString() ?? null,
+      failures: this.failures,
+      lastError: this.lastError ?? null,
+    };
+  }
+
   /** Cancels the query in flight, if any (shutdown). */
   interrupt(): void {
     this.session?.abort('shutdown', `${this.options.name} stopped by shutdown`);
@@ -53,7 +70,6 @@ export class WorkerLoop {
 
   private async run(): Promise<void> {
     const { signal, log, name } = this.options;
-    let failures = 0;
     while (!signal.aborted) {
       try {
         if (!this.session) {
@@ -62,12 +78,22 @@ export class WorkerLoop {
         }
         await this.checkSession(this.session);
         const wait = await this.options.step(this.session);
-        failures = 0;
+        this.lastPassAt = new Date();
+        this.failures = 0;
+        this.failingSince = undefined;
         if (wait > 0) await sleep(wait, signal);
       } catch (error) {
         if (signal.aborted) break;
-        failures += 1;
+        const failures = ++this.failures;
         const classified = classifyError(error, { doing: name });
+        const at = new Date();
+        this.failingSince ??= at;
+        this.lastError = {
+          message: classified.message,
+          code: classified.code,
+          sqlstate: classified.sqlstate ?? null,
+          at: at.toISOString(),
+        };
         log.warn(
           {
             loop: name,

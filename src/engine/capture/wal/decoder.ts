@@ -6,6 +6,7 @@ import { quoteIdent } from '../../identifiers.js';
 import { LOCK_CLASS } from '../../internal/advisory-locks.js';
 import type { Logger } from '../../logger.js';
 import { SQLSTATE, sqlstateOf } from '../../sqlstate.js';
+import type { ElectedHealth } from '../../workers/health.js';
 import { WorkerLoop } from '../../workers/worker-loop.js';
 import { KeyBatch } from './key-batch.js';
 import { formatLsn, parseLsn } from './pgoutput.js';
@@ -109,6 +110,11 @@ export class WalDecoder {
   interrupt(): void {
     void this.stream?.close();
     this.loop.interrupt();
+  }
+
+  /** How it fares, for the process registry (ADR 0038): elected, and its last pass. */
+  health(): ElectedHealth {
+    return { ...this.loop.health(), elected: this.leaderPid !== undefined && this.loop.connected };
   }
 
   private async step(session: Session): Promise<number> {
