@@ -2,6 +2,7 @@ import type postgres from 'postgres';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { Trellis, TrellisError } from '../src/engine/index.js';
 import { LOCK_CLASS } from '../src/engine/internal/advisory-locks.js';
+import { TEST_CAPTURE } from './support/capture-mode.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import { PgBouncer, pgbouncerAvailable } from './support/pgbouncer.js';
@@ -142,6 +143,26 @@ describe.skipIf(!available)('through PgBouncer', () => {
       await worker.awaitConverged(d.target, token, { timeoutMs: 60_000 });
       await expectMatchesDefinition(db.sql, d);
       await waitForStatus(worker, d.target, 'live');
+    }
+    // The workers report passing through the pooler. Under WAL capture the decoder cannot
+    // stream through PgBouncer 1.18 (no replication connections): it says so, no slot is
+    // made, and the sources stay on their triggers (the targets converged above).
+    if (TEST_CAPTURE === 'logical') {
+      await waitFor(
+        async () => (await worker.status('pool_totals')).workerFailure?.role === 'decoder',
+        'the WAL decoder reporting why it cannot stream',
+      );
+      const failure = (await worker.status('pool_totals')).workerFailure;
+      expect(failure?.error).toContain('connection pooler');
+      expect(failure?.error).toContain('directly');
+      const [slot] = await db.sql<{ n: number }[]>`
+        SELECT count(*)::int AS n FROM pg_replication_slots WHERE database = current_database()`;
+      expect(slot?.n).toBe(0);
+    } else {
+      await waitFor(async () => {
+        const s = await worker.status('pool_totals');
+        return s.workerFailure === null && s.workers.staging.passing === true;
+      }, 'the workers reporting through the pooler');
     }
   });
 

@@ -149,11 +149,17 @@ describe('worker health', () => {
     }
     await db.sql`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
                   WHERE application_name = ${`${app}:worker`}`;
+    let last: unknown;
     await waitFor(
-      async () => (await worker.status('wh_amounts')).workerFailure === null,
+      async () => {
+        last = (await worker.status('wh_amounts')).workerFailure;
+        return last === null;
+      },
       'the workers passing again',
       30_000,
-    );
+    ).catch((error: unknown) => {
+      throw new Error(`${String(error)}; the last workerFailure: ${JSON.stringify(last)}`);
+    });
     await worker.awaitConverged('wh_amounts', await worker.watermarkToken(), { timeoutMs: 30_000 });
     await expectMatchesDefinition(db.sql, orders);
     await shutdown(worker);

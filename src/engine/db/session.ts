@@ -55,6 +55,11 @@ export class Session {
     return this.abortedWith;
   }
 
+  /** Its connection is lost (nothing more is sent on it): it must be replaced. */
+  get lost(): boolean {
+    return this.broken || this.client.closed;
+  }
+
   /** The server session behind the connection: its pid, and whether a pooler is between. */
   get server(): ServerSession | undefined {
     return this.client.server;

@@ -63,6 +63,16 @@ export class WorkerLoop {
     };
   }
 
+  /**
+   * A step that runs long (the WAL decoder streams in one) says here that it is getting on:
+   * a pass, as far as its health goes (ADR 0038).
+   */
+  progressed(): void {
+    this.lastPassAt = new Date();
+    this.failures = 0;
+    this.failingSince = undefined;
+  }
+
   /** Cancels the query in flight, if any (shutdown). */
   interrupt(): void {
     this.session?.abort('shutdown', `${this.options.name} stopped by shutdown`);
@@ -78,9 +88,7 @@ export class WorkerLoop {
         }
         await this.checkSession(this.session);
         const wait = await this.options.step(this.session);
-        this.lastPassAt = new Date();
-        this.failures = 0;
-        this.failingSince = undefined;
+        this.progressed();
         if (wait > 0) await sleep(wait, signal);
       } catch (error) {
         if (signal.aborted) break;
@@ -104,10 +112,12 @@ export class WorkerLoop {
           },
           `${name}: ${classified.message}`,
         );
+        // A connection error of another connection (the WAL decoder's replication stream)
+        // leaves the loop's own session, and so its election, in place.
         if (
-          classified.code === 'connection' ||
-          classified.code === 'transaction_pooling' ||
-          this.session?.aborted
+          this.session?.lost ||
+          this.session?.aborted ||
+          classified.code === 'transaction_pooling'
         ) {
           await this.dropSession();
         }

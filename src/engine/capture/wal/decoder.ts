@@ -11,7 +11,7 @@ import { WorkerLoop } from '../../workers/worker-loop.js';
 import { KeyBatch } from './key-batch.js';
 import { formatLsn, parseLsn } from './pgoutput.js';
 import { PUBLICATION_OPTIONS } from './publication.js';
-import { ReplicationStream } from './replication-stream.js';
+import { checkReplicationConnection, ReplicationStream } from './replication-stream.js';
 
 /**
  * WAL capture streams the slot on a replication connection, which a connection pooler may
@@ -83,6 +83,8 @@ export class WalDecoder {
   private leaderPid: number | undefined;
   private stream: ReplicationStream | undefined;
   private decodeFailures = 0;
+  /** A replication connection was had through the pooler (checkReplication). */
+  private replicationChecked = false;
 
   constructor(
     pool: ConnectionPool,
@@ -133,6 +135,7 @@ export class WalDecoder {
     const state = await this.state(session);
     if (state.wal_slot === null) {
       if (state.capture !== 'logical') return IDLE_MS;
+      await this.checkReplication(session);
       await this.ensurePublication(session, state.publication);
       await this.createSlot(session, state.slot_name);
       return 0;
@@ -253,6 +256,24 @@ export class WalDecoder {
         WHERE wal_state = 'publishing' AND wal_xmax IS NULL`,
     );
     this.log.info({ slot: name, lsn: made?.lsn }, 'WAL capture: replication slot created');
+  }
+
+  /**
+   * Through a connection pooler, checks once that a replication connection can be had
+   * before making a slot: a slot no decoder can stream would hold WAL back and keep every
+   * awaitConverged waiting, while the sources are as well captured by their triggers. The
+   * decoder fails saying so instead, and no slot is made.
+   */
+  private async checkReplication(session: Session): Promise<void> {
+    if (!session.server?.pooled || this.replicationChecked) return;
+    await checkReplicationConnection({
+      config: this.options.config,
+      applicationName: `${this.options.applicationName}:wal`,
+      connectTimeoutMs: this.options.connectTimeoutMs,
+    }).catch((error: unknown) => {
+      throw throughPooler(session, error);
+    });
+    this.replicationChecked = true;
   }
 
   private async dropSlot(session: Session, state: DecoderState): Promise<void> {
@@ -395,6 +416,8 @@ export class WalDecoder {
         if (Date.now() >= nextCheck) {
           nextCheck = Date.now() + CHECK_MS;
           if (await this.shouldStop(session, slot)) return;
+          // Streaming is one long step: its checks count as passes (worker health).
+          this.loop.progressed();
         }
       }
     } finally {
