@@ -48,7 +48,7 @@ function appClient(pool: PgBouncer): postgres.Sql {
 }
 
 async function bouncer(
-  poolMode: 'session' | 'transaction',
+  poolMode: 'session' | 'transaction' | 'statement',
   ignoreStartupParameters: string[] = [],
 ): Promise<PgBouncer> {
   const started = await PgBouncer.start({
@@ -166,14 +166,16 @@ describe.skipIf(!available)('through PgBouncer', () => {
     }
   });
 
-  it('refuses transaction pooling at connect, with a coded error saying what to do', async () => {
-    const pool = await bouncer('transaction', IGNORED);
-    for (const options of [{ staging: true, drainThreads: 1 }, {}]) {
-      const error = await rejection(connect(pool.url(db.name), options));
-      expect(error).toBeInstanceOf(TrellisError);
-      expect(error.code).toBe('transaction_pooling');
-      expect(error.message).toContain('session');
-      expect(error.message).toContain('directly');
+  it('refuses transaction and statement pooling at connect, with a coded error saying what to do', async () => {
+    for (const mode of ['transaction', 'statement'] as const) {
+      const pool = await bouncer(mode, IGNORED);
+      for (const options of [{ staging: true, drainThreads: 1 }, {}]) {
+        const error = await rejection(connect(pool.url(db.name), options));
+        expect(error).toBeInstanceOf(TrellisError);
+        expect(error.code).toBe('transaction_pooling');
+        expect(error.message).toContain('session');
+        expect(error.message).toContain('directly');
+      }
     }
   });
 

@@ -56,7 +56,8 @@ async function sessionIdentity(sql: Sql): Promise<{ pid: number; marker: string 
 
 /**
  * Whether a client through a pooler keeps one server session (session pooling), found by
- * experiment (ADR 0037): `first` leaves a token in its session and ends its transaction;
+ * experiment (ADR 0037). A second client that answers a statement and then fails to open a
+ * transaction block is behind a statement pooler. Otherwise: `first` leaves a token in its session and ends its transaction;
  * a second client then opens a transaction and looks for the token; `first` looks again
  * once the second has ended its own. A transaction pooler hands an idle server session to
  * the next transaction of any client, and PgBouncer reuses the most recently released one
@@ -78,7 +79,15 @@ async function keepsServerSession(
   }
   const second = openSecond();
   try {
-    await second.unsafe('BEGIN');
+    await second.unsafe('SELECT 1');
+    // PgBouncer in statement pooling closes a client that opens a transaction block.
+    const began = await second.unsafe('BEGIN').then(
+      () => true,
+      () => false,
+    );
+    if (!began) {
+      return { kept: false, seen: 'the pooler refused a transaction block: statement pooling' };
+    }
     const other = await sessionIdentity(second);
     await second.unsafe('ROLLBACK');
     if (other.marker === token || other.pid === serverPid) {
