@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Trellis } from '../src/engine/index.js';
 import { MAX_WAIT_MS } from '../src/engine/watermark.js';
-import { freshDatabase, type TestDatabase } from './support/database.js';
+import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import { migratedTrellis, quietLogger, rejection, waitForStatus } from './support/trellis.js';
 
@@ -42,21 +42,40 @@ function caller(pool = { max: 2, acquireTimeoutMs: 1_000 }): Promise<Trellis> {
   });
 }
 
-/** Pauses the transform, writes, and returns a token covering the write (not yet applied). */
-async function pendingWrite(trellis: Trellis, id: number): Promise<string> {
-  await trellis.apply('PAUSE TRANSFORM item_sizes');
+/**
+ * Writes, with the drain held back, and returns a token covering the write (not yet
+ * applied) and what lets the drain go on. The drain is held by a lock on the target
+ * (an open transaction holding ACCESS EXCLUSIVE): its page waits for it. Not by a pause:
+ * a wait on a paused transform fails at once (`conflict`, tested below).
+ */
+async function pendingWrite(
+  trellis: Trellis,
+  id: number,
+): Promise<{ token: string; release: () => Promise<void> }> {
+  const holder = sqlClient(db.url, { max: 1 });
+  await holder.unsafe('BEGIN');
+  await holder.unsafe('LOCK TABLE item_sizes IN ACCESS EXCLUSIVE MODE');
   await db.sql`INSERT INTO items VALUES (${id}, ${id})`;
-  return trellis.watermarkToken();
+  let released = false;
+  return {
+    token: await trellis.watermarkToken(),
+    release: async () => {
+      if (released) return;
+      released = true;
+      await holder.unsafe('COMMIT');
+      await holder.end({ timeout: 2 });
+    },
+  };
 }
 
 describe('awaitConverged', () => {
   it('waits longer than the call timeout when asked to, and resolves once the write is in', async () => {
     await using trellis = await caller();
-    const token = await pendingWrite(trellis, 1001);
+    const { token, release } = await pendingWrite(trellis, 1001);
     const started = Date.now();
     const waited = trellis.awaitConverged('item_sizes', token, { timeoutMs: 20_000 });
     await new Promise((resolve) => setTimeout(resolve, CALL_TIMEOUT_MS * 2));
-    await trellis.apply('RESUME TRANSFORM item_sizes');
+    await release();
     await waited;
     expect(Date.now() - started).toBeGreaterThan(CALL_TIMEOUT_MS * 2);
     await expectMatchesDefinition(db.sql, items);
@@ -64,7 +83,7 @@ describe('awaitConverged', () => {
 
   it('fails with timeout at the deadline the caller gave, not at the call timeout', async () => {
     await using trellis = await caller();
-    const token = await pendingWrite(trellis, 1002);
+    const { token, release } = await pendingWrite(trellis, 1002);
     try {
       const started = Date.now();
       const error = await rejection(
@@ -76,7 +95,7 @@ describe('awaitConverged', () => {
       expect(took).toBeGreaterThanOrEqual(2_950);
       expect(took).toBeLessThan(6_000);
     } finally {
-      await trellis.apply('RESUME TRANSFORM item_sizes');
+      await release();
     }
     await trellis.awaitConverged('item_sizes', token, { timeoutMs: 20_000 });
     await expectMatchesDefinition(db.sql, items);
@@ -84,7 +103,7 @@ describe('awaitConverged', () => {
 
   it('defaults to the call timeout, and refuses a timeout it cannot honour', async () => {
     await using trellis = await caller();
-    const token = await pendingWrite(trellis, 1003);
+    const { token, release } = await pendingWrite(trellis, 1003);
     try {
       const started = Date.now();
       expect((await rejection(trellis.awaitConverged('item_sizes', token))).code).toBe('timeout');
@@ -95,7 +114,7 @@ describe('awaitConverged', () => {
         expect(error.message).toContain('timeoutMs');
       }
     } finally {
-      await trellis.apply('RESUME TRANSFORM item_sizes');
+      await release();
     }
   });
 
@@ -118,7 +137,7 @@ describe('awaitConverged', () => {
       applicationName: app,
       pool: { max: 2, acquireTimeoutMs: 1_000 },
     });
-    const token = await pendingWrite(trellis, 1004);
+    const { token, release } = await pendingWrite(trellis, 1004);
     const waits = Array.from({ length: 40 }, () =>
       trellis.awaitConverged('item_sizes', token, { timeoutMs: 30_000 }),
     );
@@ -133,7 +152,7 @@ describe('awaitConverged', () => {
       // with timeout), again and again while the waits go on.
       for (let i = 0; i < 20; i += 1) {
         const status = await trellis.status('item_sizes');
-        expect(status.status).toBe('paused');
+        expect(status.target).toBe('item_sizes');
         await new Promise((resolve) => setTimeout(resolve, 50));
       }
       const [sessions] = await db.sql<{ n: number }[]>`
@@ -141,7 +160,7 @@ describe('awaitConverged', () => {
       expect(sessions!.n).toBeLessThanOrEqual(2);
       expect(settled).toBe(0);
     } finally {
-      await trellis.apply('RESUME TRANSFORM item_sizes');
+      await release();
     }
     await Promise.all(waits);
     await expectMatchesDefinition(db.sql, items);
@@ -149,7 +168,7 @@ describe('awaitConverged', () => {
 
   it('is cancelled by shutdown() with shutdown', async () => {
     const trellis = await caller();
-    const token = await pendingWrite(trellis, 1005);
+    const { token, release } = await pendingWrite(trellis, 1005);
     try {
       const waited = rejection(trellis.awaitConverged('item_sizes', token, { timeoutMs: 30_000 }));
       await new Promise((resolve) => setTimeout(resolve, 300));
@@ -161,7 +180,39 @@ describe('awaitConverged', () => {
       expect((await rejection(trellis.awaitConverged('item_sizes', token))).code).toBe('shutdown');
     } finally {
       await trellis.shutdown();
-      await worker.apply('RESUME TRANSFORM item_sizes');
+      await release();
     }
+  });
+
+  it('fails at once with conflict on a paused transform, and on one reading it', async () => {
+    await using trellis = await caller();
+    await worker.define(
+      transformStatement({
+        target: 'item_doubles',
+        from: 'item_sizes',
+        select: 'size * 2 AS d',
+        implicit: 'id',
+      }),
+    );
+    await waitForStatus(worker, 'item_doubles', 'live');
+    await trellis.apply('PAUSE TRANSFORM item_sizes');
+    try {
+      await db.sql`INSERT INTO items VALUES (1006, 1006)`;
+      const token = await trellis.watermarkToken();
+      for (const target of ['item_sizes', 'item_doubles']) {
+        const started = Date.now();
+        const error = await rejection(trellis.awaitConverged(target, token, { timeoutMs: 20_000 }));
+        expect(Date.now() - started).toBeLessThan(5_000);
+        expect(error.code).toBe('conflict');
+        expect(error.message).toContain('item_sizes');
+        expect(error.message).toContain('paused (operator)');
+        expect(error.message).toContain('RESUME TRANSFORM item_sizes');
+      }
+    } finally {
+      await trellis.apply('RESUME TRANSFORM item_sizes');
+    }
+    const token = await trellis.watermarkToken();
+    await trellis.awaitConverged('item_doubles', token, { timeoutMs: 20_000 });
+    await expectMatchesDefinition(db.sql, items);
   });
 });

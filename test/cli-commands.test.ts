@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { latestVersion } from '../src/engine/schema/install-sql.js';
 import { trellisInProcess as trellisCli } from './support/cli.js';
 import { freshDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
@@ -52,6 +53,23 @@ describe('trellis apply, definitions, status, quarantine, release', { timeout: 1
     expect(table.stdout).not.toContain('\x1b');
     expect(table.stdout.split('\n')[0]).toMatch(/^TARGET\s+STATUS\s+LAG\s+HELD\s+PAUSES/);
     expect(table.stdout.split('\n')[1]).toMatch(/^prices\s+live\s+-\s+1\s/);
+    // Under the table: the workers, and each process running them with its versions.
+    await waitFor(
+      async () => (await worker.workers()).staging.passing === true,
+      'the staging worker reporting',
+    );
+    const withWorkers = await trellisCli(['status', ...url]);
+    expect(withWorkers.stdout).toMatch(
+      /^staging worker: elected on \S+ pid \d+ \(trellis-pg \d+\.\d+\.\d+[^)]*\), passing, last pass \d+ s ago$/m,
+    );
+    expect(withWorkers.stdout).toMatch(/^drain loops: 1 running, /m);
+    expect(withWorkers.stdout).toContain(`processes (schema ${latestVersion()} installed):`);
+    expect(withWorkers.stdout).toMatch(
+      new RegExp(
+        `^  \\S+ pid ${process.pid}  trellis-pg \\S+  schema ${latestVersion()}  staging \\+ 1 drain loop$`,
+        'm',
+      ),
+    );
 
     const entries = await trellisCli(['quarantine', ...url, '--json']);
     expect(JSON.parse(entries.stdout)).toEqual([

@@ -46,11 +46,11 @@ describe('capture disruptions', () => {
     expect(status.captureFailure?.error).toMatch(
       /^capture trigger trellis_capture_\w+ on public.fx_load was/,
     );
-    // Nothing pretends the target has caught up.
+    // Nothing pretends the target has caught up: a wait on it fails at once (ADR 0038).
     const token = await live.trellis.watermarkToken();
     expect(
       (await rejection(live.trellis.awaitConverged(d.target, token, { timeoutMs: 300 }))).code,
-    ).toBe('timeout');
+    ).toBe('conflict');
     expect(await resumeCaptureDisruptions(live.trellis)).toEqual([d.target]);
     expect((await live.trellis.status(d.target)).status).toBe('live');
     await expectMatchesDefinition(live.db.sql, d);

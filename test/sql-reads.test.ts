@@ -13,8 +13,17 @@ const live = livePipeline({ quarantineThreshold: 3 });
 function asJson(value: unknown): unknown {
   return JSON.parse(JSON.stringify(value), (key, v: unknown) => {
     // What moves between two reads: the slot's position and retained WAL (WAL capture),
-    // and the lag (a tick can be sealed, or applied, between them).
-    if (key === 'confirmedLsn' || key === 'retainedBytes' || key === 'lag') return typeof v;
+    // the lag (a tick can be sealed, or applied, between them), and the workers' figures
+    // (their last pass and heartbeat, written every few seconds).
+    if (
+      key === 'confirmedLsn' ||
+      key === 'retainedBytes' ||
+      key === 'lag' ||
+      key === 'lastPassAt' ||
+      key === 'heartbeatAt'
+    ) {
+      return typeof v;
+    }
     return typeof v === 'string' && /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d/.test(v)
       ? new Date(v).getTime()
       : v;

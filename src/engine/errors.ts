@@ -17,6 +17,12 @@ export const TRELLIS_ERROR_CODES = [
   'shutdown',
   /** Postgres could not be reached or refused the session; the message says what to fix. */
   'connection',
+  /**
+   * The URL leads to a connection pooler in transaction (or statement) pooling mode, which
+   * hands the server session to other clients between transactions: connect directly, or
+   * through session pooling (README, "Connection poolers").
+   */
+  'transaction_pooling',
   /** Trellis's catalog schema is not installed yet: run `migrate()` first. */
   'not_migrated',
   /** The catalog schema holds a breaking migration newer than this version of trellis-pg. */

@@ -16,7 +16,8 @@ import {
   sampleQuarantined,
 } from './catalog/quarantine.js';
 import { readStatus } from './catalog/status.js';
-import type { Status } from './catalog/status-types.js';
+import type { Status, WorkerHealth } from './catalog/status-types.js';
+import { readWorkers } from './catalog/worker-health.js';
 import { classifyConnectError } from './db/classify.js';
 import { type ConnectionConfig, parseConnectionUrl } from './db/connection-config.js';
 import { ConnectionPool } from './db/pool.js';
@@ -57,6 +58,7 @@ import { detectDisruptions } from './staging/disruptions.js';
 import { type ApplyResult, applyStatement } from './statements/apply.js';
 import { ConvergenceWaits, waitTimeout, watermarkToken } from './watermark.js';
 import { Background } from './workers/background.js';
+import { ProcessRegistry } from './workers/process-registry.js';
 
 /**
  * How long opening a connection may take. A connection whose startup is cut short can
@@ -120,6 +122,13 @@ export class Trellis implements AsyncDisposable {
   private installed = false;
 
   private readonly background: Background | undefined;
+  /** This process's row in the catalog, while it runs workers (ADR 0038). */
+  private readonly registry: ProcessRegistry | undefined;
+  /**
+   * Set when the registry found the schema changed under the process into one it cannot
+   * run on: the workers stopped, and catalog calls fail with it.
+   */
+  private refusal: TrellisError | undefined;
   private readonly jobs: JobRunner;
   private readonly waits: ConvergenceWaits;
 
@@ -136,6 +145,7 @@ export class Trellis implements AsyncDisposable {
       snapshot: () => this.snapshotForScrape(),
       stagingLeader: () => this.background?.stagingLeader() ?? null,
       drainLoopsAlive: () => this.background?.drainLoopsAlive() ?? null,
+      workerHealth: () => this.background?.health() ?? null,
       pools: () => [
         { pool: 'calls', ...this.pool.stats() },
         ...(this.background ? [{ pool: 'workers' as const, ...this.background.poolStats() }] : []),
@@ -203,6 +213,22 @@ export class Trellis implements AsyncDisposable {
           afterPass: (session) => this.watchOnStagingPass(session),
         },
       );
+      const background = this.background;
+      this.registry = new ProcessRegistry(
+        calls,
+        {
+          schema: options.schema,
+          applicationName: options.applicationName,
+          staging: options.staging,
+          drainLoops: options.drainThreads,
+        },
+        () => background.health(),
+        this.log,
+        (error) => {
+          this.refusal = error;
+          void background.stop();
+        },
+      );
     }
   }
 
@@ -253,6 +279,8 @@ export class Trellis implements AsyncDisposable {
       });
       const handle = new Trellis(resolved, pool, calls, database, config, sink);
       trackHandle(handle);
+      // The process is in the catalog (workers(), status()) once connect() resolves.
+      await handle.registry?.start();
       handle.log.debug({}, 'connected');
       return handle;
     } catch (error) {
@@ -301,6 +329,16 @@ export class Trellis implements AsyncDisposable {
       await this.requireInstalled(session);
       return applyStatement(session, this.options.schema, statement, true);
     });
+  }
+
+  /**
+   * The instance's workers, whichever processes run them: the staging worker (elected, its
+   * last pass, its failures), the WAL decoder under WAL capture, the drain loops, the
+   * installed schema version, and every process that runs workers with its trellis-pg and
+   * schema versions. Every `status()` carries the same in `workers`.
+   */
+  workers(): Promise<WorkerHealth> {
+    return this.catalogCall('workers', (session) => readWorkers(session, this.options.schema));
   }
 
   /** Where a transform is in its lifecycle, and what (if anything) holds it up. */
@@ -591,6 +629,7 @@ export class Trellis implements AsyncDisposable {
 
   /** Fails with `not_migrated` when the catalog schema is not installed. */
   private async requireInstalled(session: Session): Promise<void> {
+    if (this.refusal) throw this.refusal;
     if (this.installed) return;
     const state = await readSchemaState(session, this.options.schema);
     if (state.version === 0) {
@@ -737,6 +776,7 @@ export class Trellis implements AsyncDisposable {
         this.metrics.close();
         this.events.removeAll();
         this.waits.shutdown();
+        await this.registry?.stop();
         await Promise.all([this.jobs.stop(), this.background?.stop()]);
         await this.calls.shutdown();
         await this.pool.end(5);

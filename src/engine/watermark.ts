@@ -60,6 +60,22 @@ function tokenOf(token: string): Token {
   return { snap, lsn };
 }
 
+/**
+ * A paused transform converges on nothing until it is resumed: a wait on it, or on a
+ * transform reading it (a chain waits for each upstream first), fails at once with
+ * `conflict` rather than at its deadline (ADR 0038).
+ */
+function refuseIfPaused(waitedOn: string, progress: Progress): void {
+  if (progress.pausedFor === null) return;
+  const paused = progress.target ?? waitedOn;
+  const which =
+    paused === waitedOn ? `${waitedOn} is paused` : `${waitedOn} reads ${paused}, which is paused`;
+  throw new TrellisError(
+    'conflict',
+    `${which} (${progress.pausedFor}): it does not converge until RESUME TRANSFORM ${paused} (status() says why it stopped)`,
+  );
+}
+
 /** `timeoutMs` as given, or `validation`: never shortened, never stretched. */
 export function waitTimeout(timeoutMs: unknown, fallback: number): number {
   if (timeoutMs === undefined) return fallback;
@@ -80,6 +96,13 @@ export function waitTimeout(timeoutMs: unknown, fallback: number): number {
 interface Progress {
   /** The transform exists. */
   found: boolean;
+  /** Its target's name. */
+  target: string | null;
+  /**
+   * Why it is paused (`pause_reason`), when it is: a paused transform converges on nothing
+   * until RESUME, so a wait on it (or on a transform reading it) fails at once.
+   */
+  pausedFor: string | null;
   /**
    * It reflects every captured write the snapshot sees (`<schema>._converged`), and its
    * sources are settled.
@@ -213,6 +236,7 @@ export class ConvergenceWaits {
           }
           return; // an upstream transform dropped meanwhile
         }
+        refuseIfPaused(target, first.state.progress);
         for (const up of first.state.progress.upstream) await converge(up, on);
         // Upstream writes happened after `on`: wait for them through a fresh snapshot.
         const chained = first.state.progress.upstream.length > 0;
@@ -235,6 +259,7 @@ export class ConvergenceWaits {
             return;
           }
           state = await this.check(wait, t, current, null);
+          if (state.progress.found) refuseIfPaused(target, state.progress);
         }
       };
       converge(target, given).then(
@@ -366,6 +391,8 @@ export class ConvergenceWaits {
       progress: Array<{
         ord: number;
         found: boolean;
+        target: string | null;
+        pausedFor: string | null;
         covered: boolean;
         settled: boolean;
         members: boolean;
@@ -377,7 +404,9 @@ export class ConvergenceWaits {
       `SELECT pg_current_snapshot()::text AS snapshot, pg_current_wal_insert_lsn()::text AS lsn,
               coalesce((
                 SELECT json_agg(json_build_object(
-                         'ord', r.ord, 'found', t.id IS NOT NULL,
+                         'ord', r.ord, 'found', t.id IS NOT NULL, 'target', t.target_name,
+                         'pausedFor', CASE WHEN t.paused_at IS NOT NULL
+                                           THEN coalesce(t.pause_reason, 'operator') END,
                          -- Rows attached or detached without DML are re-derived too
                          -- (corrections): not covered until they are.
                          'settled', coalesce(st.settled, false),
@@ -409,6 +438,8 @@ export class ConvergenceWaits {
     for (const p of row?.progress ?? []) {
       found[p.ord - 1] = {
         found: p.found,
+        target: p.target,
+        pausedFor: p.pausedFor,
         covered: p.covered,
         settled: p.settled,
         members: p.members,

@@ -131,6 +131,11 @@ export const PAGE_SCRIPT = String.raw`
 
   function waitSection(t) {
     var w = t.status.captureWait;
+    // What a transform that is not live waits on (status().waitingOn, ADR 0038).
+    if (!w && t.status.waitingOn && t.status.status !== 'live') {
+      return h('section', { 'class': 'muted', 'data-section': 'waiting-on' },
+        'Waiting on ', h('b', null, t.status.waitingOn.kind.replace('_', ' ')), ': ', t.status.waitingOn.reason);
+    }
     if (!w) return null;
     var rows = w.blockers.map(function (b) {
       return h('tr', null, h('td', { 'class': 'mono' }, b.pid), h('td', null, b.applicationName || '-'),
@@ -242,12 +247,17 @@ export const PAGE_SCRIPT = String.raw`
     var count = function (f) { return ts.filter(f).length; };
     document.getElementById('instance').textContent = last.instance + ' → ' + last.targetSchema;
     var workers = document.getElementById('workers');
-    workers.replaceChildren(
+    var failure = ts.length ? ts[0].status.workerFailure : null;
+    workers.replaceChildren.apply(workers, [
       h('span', { 'class': 'pill ' + (last.workers.staging ? 'ok' : 'bad') }, 'staging worker ' + (last.workers.staging ? 'running' : 'missing')),
       ' ',
       h('span', { 'class': 'pill ' + (last.workers.drain ? 'ok' : 'bad') }, 'drain ' + (last.workers.drain ? 'running' : 'missing')),
       ' ',
-      h('span', { 'class': 'pill', 'data-role': 'mode' }, last.actions.length ? 'actions enabled' : 'read-only'));
+      // What stops the pipeline, the same in every status (workerFailure, ADR 0038).
+      failure ? h('span', { 'class': 'pill bad', 'data-role': 'worker-failure' }, failure.error) : null,
+      failure ? ' ' : null,
+      h('span', { 'class': 'pill', 'data-role': 'mode' }, last.actions.length ? 'actions enabled' : 'read-only'),
+    ].filter(function (x) { return x !== null; }));
     summary.replaceChildren(
       stat(ts.length, 'transforms'),
       stat(count(function (t) { return t.status.status === 'live'; }), 'live'),

@@ -66,7 +66,8 @@ export async function embeddedBinaries(): Promise<ServerBinaries | undefined> {
   }
 }
 
-async function freePort(): Promise<number> {
+/** A TCP port free on the loopback interface now (for a server the harness starts). */
+export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = createServer();
     server.unref();
@@ -79,7 +80,7 @@ async function freePort(): Promise<number> {
   });
 }
 
-interface RunAs {
+export interface RunAs {
   uid: number;
   gid: number;
 }
@@ -88,7 +89,7 @@ interface RunAs {
  * Postgres refuses to run as root. Running as root, the cluster runs as the `postgres`
  * OS user (or `nobody`), which owns the data directory.
  */
-async function unprivilegedUser(): Promise<RunAs | undefined> {
+export async function unprivilegedUser(): Promise<RunAs | undefined> {
   if (typeof process.getuid !== 'function' || process.getuid() !== 0) return undefined;
   for (const name of ['postgres', 'nobody']) {
     try {

@@ -192,6 +192,10 @@ export function createApp({ db, trellis, authorizeOps }: ShopOptions) {
     if (isTrellisError(error) && error.code === 'timeout') {
       return c.json({ error: 'the report is still catching up; try again' }, 503);
     }
+    // awaitConverged on a paused transform fails at once: the report is stopped, not slow.
+    if (isTrellisError(error) && error.code === 'conflict') {
+      return c.json({ error: `the report is paused: ${error.message}` }, 503);
+    }
     console.error(error);
     return c.json({ error: 'internal error' }, 500);
   });

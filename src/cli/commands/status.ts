@@ -21,10 +21,13 @@ export function positiveInt(value: string): number {
 
 export const status = defineCommand<StatusFlags>({
   name: 'status',
-  summary: 'where each transform is: lifecycle, lag, held keys, pauses, waits, backfill progress',
+  summary:
+    'where each transform is: lifecycle, lag, held keys, pauses, waits, backfill progress, workers',
   description: `Shows every transform (or one) as a table: its lifecycle, lag, held keys, paused
 columns, what its capture waits on, and a progress bar per backfill; failures are listed
-under the table. Piped, the table has no colours.
+under the table, then the workers (the staging worker, the drain loops, what stops them)
+and every process running them, with its trellis-pg and schema versions. Piped, the table
+has no colours. --json prints the statuses, each with its workers, workerFailure and waitingOn.
 
 --watch reads again every --interval ms until Ctrl-C (or until every transform shown
 is at --until): on a terminal the table is redrawn in place; piped, each transform gets
@@ -67,7 +70,7 @@ a timestamped line whenever it changes; with --json, one JSON object a line per 
     if (options.json) {
       printJson(io, target === undefined ? statuses : statuses[0]);
     } else {
-      io.out(renderTable(statuses, { color }));
+      io.out(renderTable(statuses, { color, workers: await trellis.workers() }));
     }
   },
 });

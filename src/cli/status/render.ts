@@ -1,7 +1,13 @@
 import cliProgress from 'cli-progress';
 import Table from 'cli-table3';
 import { createColors } from 'picocolors';
-import type { Status } from '../../engine/catalog/status-types.js';
+import type {
+  DrainWorkers,
+  ElectedWorker,
+  ProcessInfo,
+  Status,
+  WorkerHealth,
+} from '../../engine/catalog/status-types.js';
 import { progressOf } from './progress.js';
 
 /**
@@ -82,6 +88,70 @@ function notes(status: Status): string[] {
 export interface RenderOptions {
   /** ANSI colours (a terminal without NO_COLOR). */
   color: boolean;
+  /** The instance's workers and processes, shown under the table (ADR 0038). */
+  workers?: WorkerHealth;
+}
+
+function ago(at: Date | null, now: number): string {
+  if (!at) return 'no pass yet';
+  return `last pass ${Math.max(0, Math.round((now - at.getTime()) / 1000))} s ago`;
+}
+
+function passingText(w: ElectedWorker | DrainWorkers): string {
+  if (w.problem) return 'failing';
+  return w.passing === null ? 'not reporting' : 'passing';
+}
+
+function electedText(name: string, w: ElectedWorker, now: number): string {
+  if (!w.elected) return `${name}: none elected`;
+  const where = w.process
+    ? ` on ${w.process.host} pid ${w.process.pid} (trellis-pg ${w.process.packageVersion})`
+    : '';
+  return `${name}: elected${where}, ${passingText(w)}, ${ago(w.lastPassAt, now)}`;
+}
+
+function processText(p: ProcessInfo, installed: number): string {
+  const roles = [
+    ...(p.staging ? ['staging'] : []),
+    ...(p.drainLoops > 0 ? [`${p.drainLoops} drain loop${p.drainLoops === 1 ? '' : 's'}`] : []),
+  ].join(' + ');
+  const schema =
+    p.schemaVersion === installed
+      ? `schema ${p.schemaVersion}`
+      : `schema ${p.schemaVersion} (${p.schemaVersion < installed ? 'older' : 'newer'} than the installed ${installed})`;
+  const flags = [
+    ...(p.stale ? [`not reporting since ${p.heartbeatAt.toISOString()}`] : []),
+    ...(p.refused ? [`refused: ${p.refused}`] : []),
+  ];
+  return `  ${p.host} pid ${p.pid}  trellis-pg ${p.packageVersion}  ${schema}  ${roles || 'no workers'}${flags.length > 0 ? `  ${flags.join('; ')}` : ''}`;
+}
+
+/**
+ * The workers under the table: the staging worker, the WAL decoder (under WAL capture),
+ * the drain loops, what stops the pipeline, and each process with its versions.
+ */
+export function renderWorkers(health: WorkerHealth, color: boolean, now = Date.now()): string {
+  const c = createColors(color);
+  const d = health.drain;
+  const lines = [
+    electedText('staging worker', health.staging, now),
+    ...(health.decoder ? [electedText('WAL decoder', health.decoder, now)] : []),
+    d.loops === 0
+      ? 'drain loops: none running'
+      : `drain loops: ${d.loops} running, ${passingText(d)}, ${ago(d.lastPassAt, now)}`,
+  ];
+  const problems = [health.staging, health.decoder, d]
+    .map((w) => w?.problem)
+    .filter((p): p is string => typeof p === 'string')
+    .map((p) => c.red(`! workers: ${p}`));
+  const processes =
+    health.processes.length === 0
+      ? [`processes: none registered (schema ${health.schemaVersion})`]
+      : [
+          `processes (schema ${health.schemaVersion} installed):`,
+          ...health.processes.map((p) => processText(p, health.schemaVersion)),
+        ];
+  return `${[...lines, ...problems, ...processes].join('\n')}\n`;
 }
 
 /** The status table, ending with a newline. */
@@ -142,7 +212,8 @@ export function renderTable(statuses: readonly Status[], options: RenderOptions)
   }
   const body = statuses.length > 0 ? table.toString() : 'no transforms are defined';
   const extra = statuses.flatMap(notes).map((line) => c.red(`! ${line}`));
-  return `${[body, ...extra].join('\n')}\n`;
+  const workers = options.workers ? `\n${renderWorkers(options.workers, options.color)}` : '';
+  return `${[body, ...extra].join('\n')}\n${workers}`;
 }
 
 /** One plain line for a transform: `target status lag=… held=… …` (no colours, no bar). */

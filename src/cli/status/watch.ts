@@ -41,7 +41,8 @@ export async function watchStatus(
         io.out(`${JSON.stringify({ at, transforms: statuses })}\n`);
       } else if (redraw) {
         const header = `trellis status  ${trellis.instance}  ${at.toLocaleTimeString()}  (Ctrl-C to stop)\n`;
-        redraw(`${header}${renderTable(statuses, { color: options.color })}`);
+        const workers = await trellis.workers();
+        redraw(`${header}${renderTable(statuses, { color: options.color, workers })}`);
       } else {
         for (const status of statuses) {
           const line = renderLine(status);

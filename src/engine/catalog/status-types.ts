@@ -186,6 +186,117 @@ export interface CaptureInfo {
   } | null;
 }
 
+/** A process of the registry, as a worker's health names it. */
+export interface ProcessRef {
+  /** The id the process registered with (random, per handle). */
+  id: string;
+  host: string;
+  /** Its OS process id. */
+  pid: number;
+  /** Its trellis-pg version. */
+  packageVersion: string;
+}
+
+/** A worker's failure: what its loop logged. */
+export interface WorkerError {
+  message: string;
+  /** The TrellisError code it was classified as. */
+  code: string;
+  sqlstate: string | null;
+  at: Date;
+}
+
+/**
+ * The instance's staging worker, or its WAL decoder: one session elected by an advisory
+ * lock (ADR 0038).
+ */
+export interface ElectedWorker {
+  /** Some session holds the lock that elects it. */
+  elected: boolean;
+  /**
+   * The process running it; not elected, a process that tries to and fails (its error
+   * says why nobody is elected). Null when no process reports for it (a trellis-pg older
+   * than this schema, or none running).
+   */
+  process: ProcessRef | null;
+  /** Elected and going round without failing; null when no process reports for it. */
+  passing: boolean | null;
+  /** Its last completed pass (as its process last reported, at most 10 s old). */
+  lastPassAt: Date | null;
+  /** When its current run of failures began. */
+  failingSince: Date | null;
+  /** Its latest failure, kept after it recovers. */
+  lastError: WorkerError | null;
+  /** What is wrong, in a sentence, when it does not pass. */
+  problem: string | null;
+}
+
+/** The instance's drain loops, across every process. */
+export interface DrainWorkers {
+  /** Drain loops connected and registered now (sessions holding the drain lock). */
+  loops: number;
+  /** Some loop goes round without failing; false with none; null when no process reports. */
+  passing: boolean | null;
+  lastPassAt: Date | null;
+  /** While every loop fails: since the last of them began to. */
+  failingSince: Date | null;
+  lastError: WorkerError | null;
+  problem: string | null;
+}
+
+/** A process that runs workers for the instance (`<schema>.processes`). */
+export interface ProcessInfo {
+  id: string;
+  host: string;
+  pid: number;
+  applicationName: string;
+  /** Its trellis-pg version. */
+  packageVersion: string;
+  /** The schema version its trellis-pg needs; compare with WorkerHealth.schemaVersion. */
+  schemaVersion: number;
+  staging: boolean;
+  drainLoops: number;
+  startedAt: Date;
+  /** Its last report; past 30 s it is `stale` (gone, or unable to write). */
+  heartbeatAt: Date;
+  stale: boolean;
+  /** Why it stopped its workers (a schema it cannot run on), when it did. */
+  refused: string | null;
+}
+
+/** The workers of the instance (`workers()`, and every `status()`). */
+export interface WorkerHealth {
+  /** The installed schema version (its newest migration). */
+  schemaVersion: number;
+  staging: ElectedWorker;
+  /** Under WAL capture (or while a slot remains); null under trigger capture. */
+  decoder: ElectedWorker | null;
+  drain: DrainWorkers;
+  /** Every registered process, stale ones included, oldest first. */
+  processes: ProcessInfo[];
+}
+
+/** What stops the pipeline: the first worker role with a problem. */
+export interface WorkerFailure {
+  role: 'staging' | 'decoder' | 'drain';
+  /** A sentence naming the cause. */
+  error: string;
+  sqlstate: string | null;
+  since: Date | null;
+  process: ProcessRef | null;
+}
+
+/**
+ * What a transform that is not live (or lags) waits on: a capture wait (captureWait has
+ * the blockers), capture not in place yet, the first tick, the staging worker (absent,
+ * failing, or about to start the build), the drain loops (absent, failing, or at work), a
+ * transform upstream, a failing build (buildFailure).
+ */
+export interface WaitingOn {
+  kind: 'capture' | 'tick' | 'staging_worker' | 'drain_worker' | 'upstream' | 'build';
+  reason: string;
+}
+
 export interface Status {
   target: string;
   status: Lifecycle;
@@ -215,6 +326,12 @@ export interface Status {
    * (`optedOut`); one that gains it later stops (ADR 0034).
    */
   rowSecurity: RowSecuritySource[];
+  /** The instance's workers (the same for every transform). */
+  workers: WorkerHealth;
+  /** What stops the pipeline, when something does: status alone can still say `live`. */
+  workerFailure: WorkerFailure | null;
+  /** What it waits on, when it is not live or lags (null when live and caught up, or paused). */
+  waitingOn: WaitingOn | null;
 }
 
 /** A source of a transform with row level security enabled (`status().rowSecurity`). */

@@ -14,6 +14,12 @@ import type {
   PreparedBlocker,
   Status,
 } from './status-types.js';
+import {
+  type WorkerFailureJson,
+  type WorkerHealthJson,
+  workerFailureOf,
+  workerHealthOf,
+} from './worker-health.js';
 
 /** The JSON `<schema>.status(target)` returns: the Status, with times as ISO text. */
 type StatusJson = Omit<
@@ -25,7 +31,11 @@ type StatusJson = Omit<
   | 'drainFailure'
   | 'backfill'
   | 'lastApply'
+  | 'workers'
+  | 'workerFailure'
 > & {
+  workers: WorkerHealthJson;
+  workerFailure: WorkerFailureJson | null;
   correcting: Array<Omit<CorrectingNode, 'since'> & { since: string }>;
   captureFailure: (Omit<CaptureFailure, 'detectedAt'> & { detectedAt: string }) | null;
   captureWait:
@@ -98,6 +108,8 @@ export async function readStatus(
     lastApply: s.lastApply
       ? { ...s.lastApply, keys: Number(s.lastApply.keys), at: date(s.lastApply.at) }
       : null,
+    workers: workerHealthOf(s.workers),
+    workerFailure: workerFailureOf(s.workerFailure),
   };
 }
 

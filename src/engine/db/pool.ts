@@ -1,3 +1,4 @@
+import type postgres from 'postgres';
 import { TrellisError } from '../errors.js';
 import type { CancelTarget } from './cancel-request.js';
 import { classifyConnectError } from './classify.js';
@@ -6,6 +7,7 @@ import type { ConnectionConfig } from './connection-config.js';
 import { PooledClient } from './pooled-client.js';
 import { Semaphore } from './semaphore.js';
 import { Session } from './session.js';
+import { setUpSession } from './session-setup.js';
 
 export interface PoolOptions {
   max: number;
@@ -13,7 +15,7 @@ export interface PoolOptions {
   /** Server-side safety net: no statement of this pool runs longer than this. */
   statementTimeoutMs: number;
   connectTimeoutMs: number;
-  /** Extra session settings sent at connect time (e.g. plan_cache_mode for the drain). */
+  /** Extra session settings, applied when a connection opens (e.g. the workers' work_mem). */
   settings?: Record<string, string>;
 }
 
@@ -36,6 +38,13 @@ export class ConnectionPool {
   private readonly clients = new Set<PooledClient>();
   private readonly cancelTarget: CancelTarget;
   private closed = false;
+  /**
+   * Set once a connection through a pooler was found to keep its server session (session
+   * pooling): later connections of this pool skip that experiment (ADR 0037).
+   */
+  private sessionPoolingSeen = false;
+  /** Clients being closed (retire): `end()` waits for them too. */
+  private readonly retiring = new Set<Promise<unknown>>();
 
   constructor(
     readonly config: ConnectionConfig,
@@ -45,49 +54,77 @@ export class ConnectionPool {
     this.cancelTarget = cancelTargetOf(config);
   }
 
+  /**
+   * A postgres.js client with one connection. Only `application_name` goes in the startup
+   * message: a connection pooler refuses startup parameters it does not know (the session
+   * settings are applied once the connection is open, see session-setup.ts).
+   */
+  private openClient(onclose?: () => void): postgres.Sql {
+    return createClient(this.config.url, {
+      max: 1,
+      ...(onclose ? { onclose } : {}),
+      ssl: this.config.ssl,
+      connect_timeout: Math.max(1, Math.ceil(this.options.connectTimeoutMs / 1000)),
+      idle_timeout: 60,
+      connection: { application_name: this.options.applicationName },
+    });
+  }
+
   /** A client with one connection, retired when that connection closes. */
   private newClient(): PooledClient {
     const client: PooledClient = new PooledClient(
-      createClient(this.config.url, {
-        max: 1,
-        onclose: () => client.markClosed(),
-        ssl: this.config.ssl,
-        connect_timeout: Math.max(1, Math.ceil(this.options.connectTimeoutMs / 1000)),
-        idle_timeout: 60,
-        connection: {
-          application_name: this.options.applicationName,
-          statement_timeout: this.options.statementTimeoutMs,
-          // The engine's claims lock a row and then decide in a fresh statement, which
-          // sees what committed before the lock only under READ COMMITTED (a database or
-          // role set to another default would make them decide on stale rows, or fail).
-          default_transaction_isolation: 'read committed',
-          ...this.options.settings,
-        },
-      }),
+      this.openClient(() => client.markClosed()),
       this.cancelTarget,
     );
     this.clients.add(client);
     return client;
   }
 
+  /** The session settings every connection of this pool runs with. */
+  private sessionSettings(): Record<string, string> {
+    return {
+      statement_timeout: String(this.options.statementTimeoutMs),
+      // The engine's claims lock a row and then decide in a fresh statement, which sees
+      // what committed before the lock only under READ COMMITTED (a database or role set
+      // to another default would make them decide on stale rows, or fail).
+      default_transaction_isolation: 'read committed',
+      ...this.options.settings,
+    };
+  }
+
   /**
    * Opens the client's connection now, so a server that cannot be reached is reported as
-   * such, and learns its backend key (for cancel requests). Gives up when the driver has
-   * not answered by its own connect timeout and a little more.
+   * such, learns its backend key (for cancel requests), and sets its session up (settings;
+   * through a pooler, refuses transaction pooling). Gives up when the driver has not
+   * answered by its own connect timeout and a little more.
    */
   private async connect(client: PooledClient): Promise<void> {
     let timer: NodeJS.Timeout | undefined;
     const deadline = this.options.connectTimeoutMs + CONNECT_GRACE_MS;
-    const result = await Promise.race([
-      client.sql.unsafe('SELECT 1'),
-      new Promise<never>((_, reject) => {
-        timer = setTimeout(
-          () => reject(Object.assign(new Error('connect timed out'), { code: 'CONNECT_TIMEOUT' })),
-          deadline,
-        );
-      }),
-    ]).finally(() => clearTimeout(timer));
-    client.backend = { pid: result.state.pid, secret: result.state.secret };
+    const timedOut = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(Object.assign(new Error('connect timed out'), { code: 'CONNECT_TIMEOUT' })),
+        deadline,
+      );
+    });
+    try {
+      const result = await Promise.race([
+        client.sql.unsafe<Array<{ pid: number }>>('SELECT pg_backend_pid() AS pid'),
+        timedOut,
+      ]);
+      client.backend = { pid: result.state.pid, secret: result.state.secret };
+      const probe = this.sessionPoolingSeen ? undefined : () => this.openClient();
+      client.server = await Promise.race([
+        setUpSession(client.sql, this.config, result.state.pid, Number(result[0]?.pid), {
+          settings: this.sessionSettings(),
+          probe,
+        }),
+        timedOut,
+      ]);
+      if (client.server.pooled) this.sessionPoolingSeen = true;
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   /**
@@ -129,10 +166,18 @@ export class ConnectionPool {
     });
   }
 
-  /** Closes a client for good; queries still running after `timeoutSeconds` are dropped. */
+  /**
+   * Closes a client for good, once a cancel request it sent was handled (pooled-client.ts);
+   * queries still running after `timeoutSeconds` are dropped.
+   */
   private retire(client: PooledClient, timeoutSeconds = 1): void {
     this.clients.delete(client);
-    client.sql.end({ timeout: timeoutSeconds }).catch(() => undefined);
+    const closing = client
+      .cancelled()
+      .then(() => client.sql.end({ timeout: timeoutSeconds }))
+      .catch(() => undefined)
+      .finally(() => this.retiring.delete(closing));
+    this.retiring.add(closing);
   }
 
   /** Sessions handed out now, the cap, and acquirers waiting for one (for metrics). */
@@ -156,9 +201,15 @@ export class ConnectionPool {
     const clients = [...this.clients];
     this.clients.clear();
     this.idle.length = 0;
-    await Promise.all(
-      clients.map((client) => client.sql.end({ timeout: timeoutSeconds }).catch(() => undefined)),
-    );
+    await Promise.all([
+      ...clients.map((client) =>
+        client
+          .cancelled()
+          .then(() => client.sql.end({ timeout: timeoutSeconds }))
+          .catch(() => undefined),
+      ),
+      ...this.retiring,
+    ]);
   }
 }
 

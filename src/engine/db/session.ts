@@ -1,5 +1,6 @@
 import { TrellisError, type TrellisErrorCode } from '../errors.js';
 import type { PooledClient } from './pooled-client.js';
+import type { ServerSession } from './session-setup.js';
 
 export type Row = Record<string, unknown>;
 export type Params = readonly unknown[];
@@ -52,6 +53,16 @@ export class Session {
 
   get aborted(): TrellisError | undefined {
     return this.abortedWith;
+  }
+
+  /** Its connection is lost (nothing more is sent on it): it must be replaced. */
+  get lost(): boolean {
+    return this.broken || this.client.closed;
+  }
+
+  /** The server session behind the connection: its pid, and whether a pooler is between. */
+  get server(): ServerSession | undefined {
+    return this.client.server;
   }
 
   async query<T extends object = Row>(text: string, params: Params = []): Promise<T[]> {

@@ -3,6 +3,7 @@ import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 import { LOCK_CLASS } from '../internal/advisory-locks.js';
 import type { Logger } from '../logger.js';
+import type { LoopHealth } from '../workers/health.js';
 import { WorkerLoop } from '../workers/worker-loop.js';
 import { backfillChunk } from './backfill.js';
 import { applyPage } from './pages.js';
@@ -108,6 +109,11 @@ export class DrainLoop {
   /** Connected and registered (hasLiveDrainWorkers sees it). */
   get alive(): boolean {
     return this.loop.connected;
+  }
+
+  /** How it fares, for the process registry (ADR 0038). */
+  health(): LoopHealth {
+    return this.loop.health();
   }
 
   interrupt(): void {

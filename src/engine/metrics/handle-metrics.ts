@@ -48,6 +48,7 @@ export interface HandleFigures {
   stagingLeader(): number | null;
   drainLoopsAlive(): number | null;
   pools(): ReturnType<ScrapeSource['pools']>;
+  workerHealth(): ReturnType<ScrapeSource['workerHealth']>;
 }
 
 /** Work a drain loop applied (or failed on): one page, or one small range applied at once. */
@@ -134,5 +135,6 @@ function bindAll(figures: HandleFigures): Omit<ScrapeSource, 'instance'> {
     stagingLeader: () => figures.stagingLeader(),
     drainLoopsAlive: () => figures.drainLoopsAlive(),
     pools: () => figures.pools(),
+    workerHealth: () => figures.workerHealth(),
   };
 }

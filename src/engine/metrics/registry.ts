@@ -1,6 +1,9 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { LIFECYCLES } from '../catalog/status-types.js';
+import { packageVersion } from '../internal/package-version.js';
 import type { InstanceSnapshot } from '../observe/catalog-snapshot.js';
+import { latestVersion } from '../schema/install-sql.js';
+import type { ProcessHealth } from '../workers/health.js';
 
 /**
  * The process-wide metrics registry (prom-client), and every series family Trellis
@@ -28,6 +31,8 @@ export interface ScrapeSource {
   stagingLeader(): number | null;
   drainLoopsAlive(): number | null;
   pools(): Array<{ pool: 'calls' | 'workers'; inUse: number; waiting: number; max: number }>;
+  /** This handle's workers (ADR 0038); null when it runs none. */
+  workerHealth(): ProcessHealth | null;
 }
 
 const sources = new Set<ScrapeSource>();
@@ -293,6 +298,15 @@ fromSnapshot(
   },
 );
 
+fromSnapshot(
+  'trellis_schema_version',
+  "The installed version of Trellis's schema (its newest migration). A process whose trellis_build_info schema_version differs runs a trellis-pg older (or newer) than the schema.",
+  [],
+  (set, s) => {
+    if (s.schemaVersion !== null) set({}, s.schemaVersion);
+  },
+);
+
 scrapedGauge(
   'trellis_catalog_readable',
   "1 when this scrape read the instance's catalog figures, 0 when it could not (database unreachable, schema not installed, or slower than the scrape deadline): the catalog series are then absent.",
@@ -301,6 +315,55 @@ scrapedGauge(
 );
 
 // ---- Read at scrape time, from the handles in this process -----------------------------
+
+scrapedGauge(
+  'trellis_build_info',
+  "1, labelled with this process's trellis-pg version and the schema version it needs (for each instance it has a handle on).",
+  ['version', 'schema_version'],
+  (set) => set({ version: packageVersion(), schema_version: String(latestVersion()) }, 1),
+);
+
+const WORKER_ROLES = ['staging', 'decoder', 'drain'] as const;
+
+scrapedGauge(
+  'trellis_worker_failing',
+  "This process's worker loops whose last pass failed, by role (staging, decoder, drain; absent for a role it does not run). status().workerFailure says what stops the instance's pipeline.",
+  ['role'],
+  (set, entry) => {
+    const sums = new Map<string, number>();
+    for (const h of entry.handles) {
+      const health = h.workerHealth();
+      if (!health) continue;
+      for (const role of WORKER_ROLES) {
+        const w = health[role];
+        if (!w) continue;
+        const failing = 'failing' in w ? w.failing : w.failingSince === null ? 0 : 1;
+        sums.set(role, (sums.get(role) ?? 0) + failing);
+      }
+    }
+    for (const [role, n] of sums) set({ role }, n);
+  },
+);
+
+scrapedGauge(
+  'trellis_worker_last_pass_timestamp_seconds',
+  'When a worker loop of this process last completed a pass, by role (Unix seconds; an idle loop completes one every few seconds): alert on time() minus this.',
+  ['role'],
+  (set, entry) => {
+    const latest = new Map<string, number>();
+    for (const h of entry.handles) {
+      const health = h.workerHealth();
+      if (!health) continue;
+      for (const role of WORKER_ROLES) {
+        const at = health[role]?.lastPassAt;
+        if (!at) continue;
+        const seconds = Date.parse(at) / 1000;
+        latest.set(role, Math.max(latest.get(role) ?? 0, seconds));
+      }
+    }
+    for (const [role, seconds] of latest) set({ role }, seconds);
+  },
+);
 
 scrapedGauge(
   'trellis_staging_leader',

@@ -22,6 +22,8 @@ export interface InstanceSnapshot {
   captureWaits: CaptureWaitSnapshot[];
   /** WAL capture (ADR 0023): sources per capture mode, and the slot while there is one. */
   wal: WalSnapshot;
+  /** The installed schema version (its newest migration). */
+  schemaVersion: number | null;
 }
 
 export interface TransformSnapshot {
@@ -111,6 +113,7 @@ interface Row {
   waits: CaptureWaitSnapshot[];
   wal_sources: { trigger: number; logical: number; switching: number };
   wal_slot: { retained: number | null; limit: number } | null;
+  schema_version: number | null;
 }
 
 /** The statement, for one catalog schema. */
@@ -244,7 +247,8 @@ SELECT
             'retained', (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn)::float8
                            FROM pg_replication_slots rs
                           WHERE rs.slot_name = c.wal_slot AND rs.database = current_database())) END
-     FROM ${s}.config c) AS wal_slot`;
+     FROM ${s}.config c) AS wal_slot,
+  (SELECT max(version) FROM ${s}.migrations) AS schema_version`;
 }
 
 /** However it is read (a call, the staging worker's session), the snapshot gives up after this. */
@@ -323,5 +327,6 @@ export async function readSnapshot(session: Session, schema: string): Promise<In
           }
         : null,
     },
+    schemaVersion: row?.schema_version == null ? null : Number(row.schema_version),
   };
 }

@@ -5,6 +5,7 @@ import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 import { LOCK_CLASS } from '../internal/advisory-locks.js';
 import type { Logger } from '../logger.js';
+import type { ElectedHealth } from '../workers/health.js';
 import { WorkerLoop } from '../workers/worker-loop.js';
 import { startBackfills } from './backfill-start.js';
 import { detectDisruptions } from './disruptions.js';
@@ -136,6 +137,11 @@ export class StagingWorker {
   /** This process runs the instance's elected staging worker now (metrics, logging). */
   get isLeader(): boolean {
     return this.leaderPid !== undefined && this.loop.connected;
+  }
+
+  /** How it fares, for the process registry (ADR 0038). */
+  health(): ElectedHealth {
+    return { ...this.loop.health(), elected: this.isLeader };
   }
 
   private async step(session: Session): Promise<number> {

@@ -5,6 +5,7 @@ import { DrainLoop, SharedWait } from '../drain/drain-loop.js';
 import type { AppliedWork } from '../drain/tally.js';
 import type { Logger } from '../logger.js';
 import { STAGING_TIMINGS, type StagingHooks, StagingWorker } from '../staging/staging-worker.js';
+import { drainHealth, type ProcessHealth } from './health.js';
 
 export interface BackgroundOptions {
   schema: string;
@@ -87,6 +88,15 @@ export class Background {
   drainLoopsAlive(): number | null {
     if (this.drains.length === 0) return null;
     return this.drains.filter((d) => d.alive).length;
+  }
+
+  /** How each worker fares, as the process reports it to the catalog (ADR 0038). */
+  health(): ProcessHealth {
+    return {
+      ...(this.staging ? { staging: this.staging.health() } : {}),
+      ...(this.decoder ? { decoder: this.decoder.health() } : {}),
+      ...(this.drains.length > 0 ? { drain: drainHealth(this.drains.map((d) => d.health())) } : {}),
+    };
   }
 
   poolStats(): { inUse: number; max: number; waiting: number } {

@@ -1,7 +1,9 @@
 import { classifyError } from '../db/classify.js';
 import type { ConnectionPool } from '../db/pool.js';
 import type { Session } from '../db/session.js';
+import { transactionPoolingError } from '../db/session-setup.js';
 import type { Logger } from '../logger.js';
+import type { LoopError, LoopHealth } from './health.js';
 import { sleep } from './sleep.js';
 
 export interface WorkerLoopOptions {
@@ -31,6 +33,10 @@ export class WorkerLoop {
   private session: Session | undefined;
   private backendPid: number | undefined;
   private nextSessionCheck = 0;
+  private lastPassAt: Date | undefined;
+  private failingSince: Date | undefined;
+  private failures = 0;
+  private lastError: LoopError | undefined;
   readonly done: Promise<void>;
 
   constructor(private readonly options: WorkerLoopOptions) {
@@ -45,6 +51,28 @@ export class WorkerLoop {
     return this.session !== undefined && !this.session.aborted && this.backendPid !== undefined;
   }
 
+  /** How the loop fares: its last completed step, and its failures since (ADR 0038). */
+  health(): LoopHealth {
+    return {
+      backendPid: this.connected ? (this.backendPid ?? null) : null,
+      connected: this.connected,
+      lastPassAt: this.lastPassAt?.toISOString() ?? null,
+      failingSince: this.failingSince?.toISOString() ?? null,
+      failures: this.failures,
+      lastError: this.lastError ?? null,
+    };
+  }
+
+  /**
+   * A step that runs long (the WAL decoder streams in one) says here that it is getting on:
+   * a pass, as far as its health goes (ADR 0038).
+   */
+  progressed(): void {
+    this.lastPassAt = new Date();
+    this.failures = 0;
+    this.failingSince = undefined;
+  }
+
   /** Cancels the query in flight, if any (shutdown). */
   interrupt(): void {
     this.session?.abort('shutdown', `${this.options.name} stopped by shutdown`);
@@ -52,7 +80,6 @@ export class WorkerLoop {
 
   private async run(): Promise<void> {
     const { signal, log, name } = this.options;
-    let failures = 0;
     while (!signal.aborted) {
       try {
         if (!this.session) {
@@ -61,12 +88,20 @@ export class WorkerLoop {
         }
         await this.checkSession(this.session);
         const wait = await this.options.step(this.session);
-        failures = 0;
+        this.progressed();
         if (wait > 0) await sleep(wait, signal);
       } catch (error) {
         if (signal.aborted) break;
-        failures += 1;
+        const failures = ++this.failures;
         const classified = classifyError(error, { doing: name });
+        const at = new Date();
+        this.failingSince ??= at;
+        this.lastError = {
+          message: classified.message,
+          code: classified.code,
+          sqlstate: classified.sqlstate ?? null,
+          at: at.toISOString(),
+        };
         log.warn(
           {
             loop: name,
@@ -77,7 +112,15 @@ export class WorkerLoop {
           },
           `${name}: ${classified.message}`,
         );
-        if (classified.code === 'connection' || this.session?.aborted) await this.dropSession();
+        // A connection error of another connection (the WAL decoder's replication stream)
+        // leaves the loop's own session, and so its election, in place.
+        if (
+          this.session?.lost ||
+          this.session?.aborted ||
+          classified.code === 'transaction_pooling'
+        ) {
+          await this.dropSession();
+        }
         await sleep(Math.min(MAX_BACKOFF_MS, 100 * 2 ** Math.min(failures, 6)), signal);
       }
     }
@@ -87,12 +130,23 @@ export class WorkerLoop {
   /**
    * The driver reconnects a lost connection by itself on the next query: session-level
    * state (advisory locks) is then gone. Seeing a new backend pid, run onSession again.
+   * Through a connection pooler, a new pid on the same connection means the pooler moved
+   * the connection to another server session (transaction pooling, which connect() did
+   * not catch or the pooler was reconfigured to since): the locks that elect workers do
+   * not hold there, so the loop stops working and says why (ADR 0037).
    */
   private async checkSession(session: Session): Promise<void> {
     const now = Date.now();
     if (this.backendPid !== undefined && now < this.nextSessionCheck) return;
     this.nextSessionCheck = now + SESSION_CHECK_MS;
     const [row] = await session.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+    const server = session.server;
+    if (server?.pooled && row?.pid !== server.serverPid) {
+      throw transactionPoolingError(
+        server.description,
+        `${this.options.name}'s connection moved from server process ${server.serverPid} to ${row?.pid}`,
+      );
+    }
     if (row?.pid !== this.backendPid) {
       this.backendPid = row?.pid;
       await this.options.onSession?.(session);

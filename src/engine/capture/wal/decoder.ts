@@ -1,15 +1,33 @@
 import type { ConnectionConfig } from '../../db/connection-config.js';
 import type { ConnectionPool } from '../../db/pool.js';
 import type { Session } from '../../db/session.js';
+import { TrellisError } from '../../errors.js';
 import { quoteIdent } from '../../identifiers.js';
 import { LOCK_CLASS } from '../../internal/advisory-locks.js';
 import type { Logger } from '../../logger.js';
 import { SQLSTATE, sqlstateOf } from '../../sqlstate.js';
+import type { ElectedHealth } from '../../workers/health.js';
 import { WorkerLoop } from '../../workers/worker-loop.js';
 import { KeyBatch } from './key-batch.js';
 import { formatLsn, parseLsn } from './pgoutput.js';
 import { PUBLICATION_OPTIONS } from './publication.js';
-import { ReplicationStream } from './replication-stream.js';
+import { checkReplicationConnection, ReplicationStream } from './replication-stream.js';
+
+/**
+ * WAL capture streams the slot on a replication connection, which a connection pooler may
+ * not pass on (PgBouncer refuses the `replication` startup parameter before 1.23): through
+ * one, a failure to open the stream says so. The sources stay on their triggers meanwhile
+ * (ADR 0037).
+ */
+function throughPooler(session: Session, error: unknown): unknown {
+  if (!session.server?.pooled) return error;
+  const message = error instanceof Error ? error.message : String(error);
+  return new TrellisError(
+    'connection',
+    `the replication stream could not be opened through the connection pooler at ${session.server.description} (${message}): WAL capture needs a replication connection, which a pooler may not pass on; connect the staging worker's handle (staging: true) to Postgres directly, or capture with triggers`,
+    { cause: error },
+  );
+}
 
 /** A batch is written once it holds this many keys, even inside a transaction. */
 export const BATCH_KEYS = 5_000;
@@ -65,6 +83,8 @@ export class WalDecoder {
   private leaderPid: number | undefined;
   private stream: ReplicationStream | undefined;
   private decodeFailures = 0;
+  /** A replication connection was had through the pooler (checkReplication). */
+  private replicationChecked = false;
 
   constructor(
     pool: ConnectionPool,
@@ -94,6 +114,11 @@ export class WalDecoder {
     this.loop.interrupt();
   }
 
+  /** How it fares, for the process registry (ADR 0038): elected, and its last pass. */
+  health(): ElectedHealth {
+    return { ...this.loop.health(), elected: this.leaderPid !== undefined && this.loop.connected };
+  }
+
   private async step(session: Session): Promise<number> {
     const s = quoteIdent(this.schema);
     if (this.leaderPid === undefined) {
@@ -110,6 +135,7 @@ export class WalDecoder {
     const state = await this.state(session);
     if (state.wal_slot === null) {
       if (state.capture !== 'logical') return IDLE_MS;
+      await this.checkReplication(session);
       await this.ensurePublication(session, state.publication);
       await this.createSlot(session, state.slot_name);
       return 0;
@@ -232,6 +258,24 @@ export class WalDecoder {
     this.log.info({ slot: name, lsn: made?.lsn }, 'WAL capture: replication slot created');
   }
 
+  /**
+   * Through a connection pooler, checks once that a replication connection can be had
+   * before making a slot: a slot no decoder can stream would hold WAL back and keep every
+   * awaitConverged waiting, while the sources are as well captured by their triggers. The
+   * decoder fails saying so instead, and no slot is made.
+   */
+  private async checkReplication(session: Session): Promise<void> {
+    if (!session.server?.pooled || this.replicationChecked) return;
+    await checkReplicationConnection({
+      config: this.options.config,
+      applicationName: `${this.options.applicationName}:wal`,
+      connectTimeoutMs: this.options.connectTimeoutMs,
+    }).catch((error: unknown) => {
+      throw throughPooler(session, error);
+    });
+    this.replicationChecked = true;
+  }
+
   private async dropSlot(session: Session, state: DecoderState): Promise<void> {
     const s = quoteIdent(this.schema);
     await this.dropSlotNamed(session, state.wal_slot!);
@@ -287,6 +331,8 @@ export class WalDecoder {
       publication,
       applicationName: `${this.options.applicationName}:wal`,
       connectTimeoutMs: this.options.connectTimeoutMs,
+    }).catch((error: unknown) => {
+      throw throughPooler(session, error);
     });
     this.stream = stream;
     this.log.debug({ slot }, 'WAL decoder streaming');
@@ -370,6 +416,8 @@ export class WalDecoder {
         if (Date.now() >= nextCheck) {
           nextCheck = Date.now() + CHECK_MS;
           if (await this.shouldStop(session, slot)) return;
+          // Streaming is one long step: its checks count as passes (worker health).
+          this.loop.progressed();
         }
       }
     } finally {

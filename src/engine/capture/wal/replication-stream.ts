@@ -17,6 +17,40 @@ export interface ReplicationStreamOptions {
   connectTimeoutMs: number;
 }
 
+/**
+ * Opens a replication connection as `ReplicationStream.open` does, asks the server who it
+ * is (IDENTIFY_SYSTEM), and closes it: whether this URL leads to a server that takes one.
+ * A connection pooler may not pass one on (PgBouncer before 1.23 refuses the `replication`
+ * startup parameter): checked before a slot is made for a decoder that could never
+ * stream it (ADR 0037). Rejects with the server's (or pooler's) error.
+ */
+export async function checkReplicationConnection(
+  options: Omit<ReplicationStreamOptions, 'slot' | 'publication'>,
+): Promise<void> {
+  const sql = createClient(options.config.url, {
+    max: 1,
+    ssl: options.config.ssl,
+    connect_timeout: Math.max(1, Math.ceil(options.connectTimeoutMs / 1000)),
+    idle_timeout: 0,
+    connection: { replication: 'database', application_name: options.applicationName },
+  });
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    await Promise.race([
+      sql.unsafe('IDENTIFY_SYSTEM').simple(),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(
+          () => reject(new Error('the replication connection did not answer in time')),
+          options.connectTimeoutMs + 1_000,
+        );
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+    await sql.end({ timeout: 1 }).catch(() => undefined);
+  }
+}
+
 /** Messages queued before the stream is paused (and the socket with it), and resumed. */
 const HIGH_WATER = 2_000;
 const LOW_WATER = 200;
