@@ -137,12 +137,14 @@ export interface BackfillProgress {
 }
 
 /**
- * How the drain applied the transform's last range of changes, and why (ADR 0029): each
- * changed key re-derived ('rederive'), or, for a GROUP BY whose range touched a large
- * share of its groups, every group recomputed in one pass and merged in ('recompute').
+ * How the drain applied the transform's last range of changes, and why (ADR 0029, 0044):
+ * each changed row's contribution applied to its groups' states ('delta': aggregates with
+ * an exact delta), each changed key re-derived ('rederive'), or, for a GROUP BY whose range
+ * touched a large share of its groups, every group recomputed in one pass and merged in
+ * ('recompute').
  */
 export interface LastApply {
-  mode: 'rederive' | 'recompute';
+  mode: 'delta' | 'rederive' | 'recompute';
   /** Why, in a sentence. */
   reason: string;
   /** Changed keys in the range (a key changed twice counts twice). */

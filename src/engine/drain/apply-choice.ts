@@ -4,7 +4,10 @@ import type { Logger } from '../logger.js';
 import type { TransformPlan } from './plan.js';
 
 /**
- * How a ledger range is applied (ADR 0029):
+ * How a ledger range is applied (ADR 0029, ADR 0044):
+ * - 'delta': a GROUP BY or grand total whose aggregates all have an exact delta applies
+ *   each changed row's contribution to its groups' states (delta-sql.ts): its cost
+ *   follows the changed rows, never the groups' sizes;
  * - 'rederive': each changed key's target rows (a GROUP BY: its groups) are re-derived,
  *   reading only their source rows through the sources' indexes;
  * - 'recompute': a GROUP BY's every group is computed in one pass over the sources and
@@ -12,7 +15,7 @@ import type { TransformPlan } from './plan.js';
  *   deleted): readers see the target before or after, never half of it, and it stays the
  *   same table (name, grants, indexes, views over it).
  */
-export type ApplyMode = 'rederive' | 'recompute';
+export type ApplyMode = 'delta' | 'rederive' | 'recompute';
 
 export interface ApplyChoice {
   mode: ApplyMode;
@@ -41,6 +44,13 @@ export async function chooseApply(
   const rederive = (reason: string): ApplyChoice => ({ mode: 'rederive', reason, keys });
   if (!plan.aggregates) {
     return rederive('each changed key is re-derived through its source key');
+  }
+  if (plan.delta) {
+    return {
+      mode: 'delta',
+      reason: `each changed row's contribution is applied to its groups (${plan.delta.aggregates.length} aggregates kept by delta)`,
+      keys,
+    };
   }
   if (plan.groups.length === 0 || !plan.mapSql) {
     return rederive('a grand total is one row, recomputed on any change');

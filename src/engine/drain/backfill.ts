@@ -3,6 +3,7 @@ import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
 import { groupsFillSql } from './aggregate-sql.js';
+import { deltaFillSql } from './delta-sql.js';
 import { applyKeysBisecting } from './apply-keys.js';
 import { chunkEndSql, drivingRowsAfterSql } from './backfill-sql.js';
 import {
@@ -132,6 +133,7 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
       if ((starting && claim.rebuild) || olderBuild) {
         await session.query(`TRUNCATE ${plan.targetSql}`);
         if (plan.mapSql) await session.query(`TRUNCATE ${plan.mapSql}`);
+        if (plan.delta) await session.query(`TRUNCATE ${plan.delta.statesSql}`);
       }
       if (starting && Number(claim.backfill_done) === 0) {
         await deferIndexes(session, schema, claim.transform_id, plan);
@@ -159,7 +161,9 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
       } else if (stage === 'groups') {
         try {
           await session.query('SAVEPOINT trellis_groups');
-          const [filled] = await session.query<{ rows: number }>(groupsFillSql(plan));
+          const [filled] = await session.query<{ rows: number }>(
+            plan.delta ? deltaFillSql(plan) : groupsFillSql(plan),
+          );
           step = { upto: null, rows: filled?.rows ?? 0 };
           await session.query('RELEASE SAVEPOINT trellis_groups');
           done = true;
@@ -254,7 +258,11 @@ async function deferIndexes(
   transformId: number,
   plan: TransformPlan,
 ): Promise<void> {
-  const tables = [plan.targetSql, ...(plan.mapSql ? [plan.mapSql] : [])];
+  const tables = [
+    plan.targetSql,
+    ...(plan.mapSql ? [plan.mapSql] : []),
+    ...(plan.delta ? [plan.delta.statesSql] : []),
+  ];
   // A target another transform reads keeps its key: that transform's drain looks its rows
   // up by it while this build runs (a define over it later puts the key back first). The
   // check is made again under the lock the key's drop takes anyway: a define over this
@@ -324,6 +332,7 @@ async function restoreIndexes(
 async function analyzeBuilt(session: Session, plan: TransformPlan): Promise<void> {
   await session.query(`ANALYZE ${plan.targetSql}`);
   if (plan.mapSql) await session.query(`ANALYZE ${plan.mapSql}`);
+  if (plan.delta) await session.query(`ANALYZE ${plan.delta.statesSql}`);
 }
 
 /** Stage 'repair': re-derives one chunk of driving keys through the bisecting path. */

@@ -124,7 +124,9 @@ export async function openRange(
     // with later ranges, opened once every page is done); their upserts take the groups
     // in key order. A join's driving keys are found through the other tables' changes,
     // which hash apart from them: one bucket.
-    const buckets = rows > PAGE_ROWS && c.single_table ? BUCKETS : 1;
+    // Delta ranges go one page at a time: a page computes its groups' new states from the
+    // states it reads (delta-sql.ts), so two pages of one group at once would lose one.
+    const buckets = rows > PAGE_ROWS && c.single_table && !plan.delta ? BUCKETS : 1;
     if (rows <= PAGE_ROWS) {
       pages = [{ gen: null, lo: null, hi: null }];
     } else {

@@ -1,0 +1,612 @@
+-- Aggregates maintained by delta (issue #22, ADR 0044). A GROUP BY (or grand total) whose
+-- every aggregate has an exact inverse is kept by applying each changed row's contribution
+-- (minus its old one, plus its new one) to its groups, instead of recomputing the groups
+-- from all their rows:
+--
+--   * the key map (map_<id>) also holds each join row's aggregate inputs (i<n>): its old
+--     contribution, which the sources no longer show;
+--   * a group state table (groups_<id>) holds, per group, the row count and each
+--     aggregate's state (sums, counts, extremes, ...), from which the target row is
+--     computed. The target always equals its group states finalised, and the group states
+--     always equal the key map's rows folded: every change to one is made with the other,
+--     in one statement (src/engine/drain/delta-sql.ts).
+--
+-- Which aggregates qualify, and how each is kept (`<schema>.transforms.delta`, written by
+-- _classify_aggregates at define time):
+--   count(*), count(x)                          counts
+--   sum / avg of smallint, integer, bigint      sum and count of non-NULL inputs
+--   sum / avg of numeric                        finite sum, counts of non-NULL, NaN and
+--                                               infinite inputs, and the largest display
+--                                               scale with how many inputs have it (the
+--                                               sum's scale is the inputs' largest)
+--   min / max of integers, dates, timestamps,   the extreme; when a change removes it, the
+--   text with a deterministic collation, oid    group's extreme is read again from its
+--                                               key-map rows (a rescan)
+--   bool_and / every / bool_or                  counts of false (true) and non-NULL inputs
+-- each with or without FILTER, in any expression that reads no column outside its
+-- aggregates (coalesce(sum(x), 0), sum(a) / nullif(count(*), 0), ...), and HAVING over
+-- such expressions. Anything else (DISTINCT or ORDER BY inside, float sums, ordered-set or
+-- user-defined aggregates, a column read outside an aggregate) keeps the whole transform
+-- on the group recompute of ADR 0006, with the reason recorded.
+
+ALTER TABLE @schema@.transforms ADD COLUMN delta jsonb;
+
+-- How the drain applied a range (status().lastApply): 'delta' joins 'rederive' and 'recompute'.
+ALTER TABLE @schema@.pipeline DROP CONSTRAINT pipeline_apply_mode_check;
+ALTER TABLE @schema@.pipeline ADD CONSTRAINT pipeline_apply_mode_check
+  CHECK (apply_mode IN ('delta', 'rederive', 'recompute'));
+
+-- `node` (a node string of pg_rewrite.ev_action, from its opening brace) with everything
+-- nested inside it emptied: `{AGGREF :aggfnoid 2108 ... :args () ... :location 39}`, so its
+-- own fields can be read without meeting those of the nodes it holds. Node strings escape
+-- braces and parentheses inside tokens with a backslash.
+CREATE FUNCTION @schema@._node_own_fields(node text)
+RETURNS text LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  ch text[] := string_to_array(node, NULL);
+  result text := '';
+  depth int := 0;
+  i int := 1;
+  n int := coalesce(array_length(ch, 1), 0);
+  c text;
+BEGIN
+  WHILE i <= n LOOP
+    c := ch[i];
+    IF c = '\' THEN
+      IF depth <= 1 THEN
+        result := result || c || coalesce(ch[i + 1], '');
+      END IF;
+      i := i + 2;
+      CONTINUE;
+    END IF;
+    IF c IN ('{', '(') THEN
+      depth := depth + 1;
+      IF depth <= 2 THEN
+        result := result || c;
+      END IF;
+    ELSIF c IN ('}', ')') THEN
+      IF depth <= 2 THEN
+        result := result || c;
+      END IF;
+      depth := depth - 1;
+      EXIT WHEN depth = 0;
+    ELSIF depth <= 1 THEN
+      result := result || c;
+    END IF;
+    i := i + 1;
+  END LOOP;
+  RETURN result;
+END
+$fn$;
+
+-- The aggregate calls in `expr`, one of the SELECT items (or the HAVING) of a definition
+-- reading `from_sql` grouped by `grouping`, as Postgres resolved them (the query tree of
+-- a temporary view), each with where it is written in `expr`:
+--   [{fn (regprocedure text), name, aggtype (format_type), collation (of its input, or
+--     null), star, distinct, ordered, filtered, kind ('n' normal, 'o' ordered-set, 'h'),
+--     outer (an outer query's aggregate), first, last (1-based character positions of the
+--     call in expr, FILTER included), args (text of its arguments), filter (text of its
+--     FILTER condition, or null)}]
+CREATE FUNCTION @schema@._aggregate_calls(expr text, from_sql text, group_list text)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  prefix text := 'CREATE TEMP VIEW trellis_aggregates AS SELECT ';
+  stmt text := prefix || expr || ' FROM ' || from_sql || ' GROUP BY ' || group_list;
+  enc text := current_setting('server_encoding');
+  action text;
+  at int := 1;
+  hit int;
+  depth int;
+  i int;
+  node text;
+  own text;
+  m text[];
+  loc int;
+  pos int;
+  toks @schema@.grammar_token[];
+  t int;
+  open_at int;
+  close_at int;
+  filter_open int;
+  filter_close int;
+  args text;
+  filter_text text;
+  calls jsonb := '[]';
+  coll oid;
+BEGIN
+  DROP VIEW IF EXISTS pg_temp.trellis_aggregates;
+  EXECUTE stmt;
+  SELECT r.ev_action::text INTO action
+    FROM pg_rewrite r WHERE r.ev_class = 'pg_temp.trellis_aggregates'::regclass;
+  DROP VIEW pg_temp.trellis_aggregates;
+  toks := @schema@.grammar_tokenize(expr);
+  LOOP
+    hit := strpos(substr(action, at), '{AGGREF ');
+    EXIT WHEN hit = 0;
+    at := at + hit - 1;
+    -- The node, up to its closing brace.
+    depth := 0;
+    i := at;
+    LOOP
+      IF substr(action, i, 1) = '\' THEN
+        i := i + 2;
+        CONTINUE;
+      END IF;
+      IF substr(action, i, 1) = '{' THEN
+        depth := depth + 1;
+      ELSIF substr(action, i, 1) = '}' THEN
+        depth := depth - 1;
+        EXIT WHEN depth = 0;
+      END IF;
+      i := i + 1;
+    END LOOP;
+    node := substr(action, at, i - at + 1);
+    at := at + 1;
+    own := @schema@._node_own_fields(node);
+    m := regexp_match(own, ':location (-?\d+)\}$');
+    loc := m[1]::int;
+    -- Byte offset in the statement -> character position in expr (1-based).
+    pos := length(convert_from(substring(convert_to(stmt, enc) FROM 1 FOR loc), enc))
+           - length(prefix) + 1;
+    IF pos < 1 OR pos > length(expr) THEN
+      -- Not one of expr's own calls (a GROUP BY item's): nothing to rewrite there.
+      CONTINUE;
+    END IF;
+    -- The call as written: a (qualified) name, its parenthesised arguments, then FILTER.
+    t := NULL;
+    FOR i IN 1 .. coalesce(array_length(toks, 1), 0) LOOP
+      IF toks[i].pos = pos THEN
+        t := i;
+        EXIT;
+      END IF;
+    END LOOP;
+    CONTINUE WHEN t IS NULL;
+    WHILE toks[t].kind IN ('word', 'ident', 'uident') OR (toks[t].kind = 'punct' AND toks[t].text = '.') LOOP
+      t := t + 1;
+    END LOOP;
+    CONTINUE WHEN NOT (toks[t].kind = 'punct' AND toks[t].text = '(');
+    open_at := t;
+    depth := 0;
+    LOOP
+      IF toks[t].kind = 'punct' AND toks[t].text IN ('(', '[') THEN
+        depth := depth + 1;
+      ELSIF toks[t].kind = 'punct' AND toks[t].text IN (')', ']') THEN
+        depth := depth - 1;
+        EXIT WHEN depth = 0;
+      END IF;
+      t := t + 1;
+    END LOOP;
+    close_at := t;
+    args := btrim(substr(expr, toks[open_at].pos + 1, toks[close_at].pos - toks[open_at].pos - 1));
+    IF toks[open_at + 1].kind = 'word' AND lower(toks[open_at + 1].text) = 'all' THEN
+      args := btrim(substr(expr, toks[open_at + 2].pos, toks[close_at].pos - toks[open_at + 2].pos));
+    END IF;
+    filter_text := NULL;
+    IF toks[close_at + 1].kind = 'word' AND lower(toks[close_at + 1].text) = 'filter' THEN
+      filter_open := close_at + 2;
+      t := filter_open;
+      depth := 0;
+      LOOP
+        IF toks[t].kind = 'punct' AND toks[t].text IN ('(', '[') THEN
+          depth := depth + 1;
+        ELSIF toks[t].kind = 'punct' AND toks[t].text IN (')', ']') THEN
+          depth := depth - 1;
+          EXIT WHEN depth = 0;
+        END IF;
+        t := t + 1;
+      END LOOP;
+      filter_close := t;
+      -- (WHERE condition)
+      filter_text := btrim(substr(expr, toks[filter_open + 2].pos,
+                             toks[filter_close].pos - toks[filter_open + 2].pos));
+      close_at := filter_close;
+    END IF;
+    coll := nullif((regexp_match(own, ':inputcollid (\d+)'))[1]::oid, 0);
+    calls := calls || jsonb_build_array(jsonb_build_object(
+      'fn', ((regexp_match(own, ':aggfnoid (\d+)'))[1]::oid)::regprocedure::text,
+      'name', (SELECT p.proname FROM pg_proc p WHERE p.oid = (regexp_match(own, ':aggfnoid (\d+)'))[1]::oid),
+      'builtin', (SELECT p.pronamespace = 'pg_catalog'::regnamespace FROM pg_proc p
+                   WHERE p.oid = (regexp_match(own, ':aggfnoid (\d+)'))[1]::oid),
+      'aggtype', format_type((regexp_match(own, ':aggtype (\d+)'))[1]::oid, NULL),
+      'argtype', format_type(nullif((regexp_match(node, ':aggargtypes \(o ?(\d*)'))[1], '')::oid, NULL),
+      'collation', (SELECT quote_ident(cn.nspname) || '.' || quote_ident(co.collname)
+                      FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace
+                     WHERE co.oid = coll),
+      'deterministic', coalesce((SELECT co.collisdeterministic FROM pg_collation co WHERE co.oid = coll), true),
+      'star', own ~ ':aggstar true',
+      'distinct', own !~ ':aggdistinct <>',
+      'ordered', own !~ ':aggorder <>',
+      'filtered', own !~ ':aggfilter <>',
+      'variadic', own ~ ':aggvariadic true',
+      'kind', (regexp_match(own, ':aggkind (\w)'))[1],
+      'outer', (regexp_match(own, ':agglevelsup (\d+)'))[1]::int > 0,
+      'first', pos,
+      'last', toks[close_at].pos,
+      'args', args,
+      'filter', filter_text));
+  END LOOP;
+  RETURN calls;
+END
+$fn$;
+
+-- How one aggregate call (of _aggregate_calls) is kept by delta, or why it cannot be:
+-- {kind, input_kind} or {why}. kind: count, sum_int (smallint/integer), sum_int8, avg_int,
+-- sum_numeric, avg_numeric, min, max, bool_and, bool_or. input_kind: 'flag' (the input
+-- stored per row is whether it counts), 'value' (the argument), 'none' (count(*)).
+CREATE FUNCTION @schema@._delta_kind(call jsonb)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+  name text := call->>'name';
+  arg text := call->>'argtype';
+BEGIN
+  IF NOT (call->>'builtin')::boolean THEN
+    RETURN jsonb_build_object('why', 'a user-defined aggregate has no known inverse');
+  ELSIF (call->>'kind') <> 'n' THEN
+    RETURN jsonb_build_object('why', 'an ordered-set or hypothetical-set aggregate needs every row of the group');
+  ELSIF (call->>'outer')::boolean THEN
+    RETURN jsonb_build_object('why', 'an outer query''s aggregate');
+  ELSIF (call->>'distinct')::boolean THEN
+    RETURN jsonb_build_object('why', 'DISTINCT needs every row of the group');
+  ELSIF (call->>'ordered')::boolean THEN
+    RETURN jsonb_build_object('why', 'ORDER BY inside the aggregate needs every row of the group');
+  ELSIF (call->>'variadic')::boolean THEN
+    RETURN jsonb_build_object('why', 'a VARIADIC call');
+  END IF;
+  IF name = 'count' THEN
+    RETURN jsonb_build_object('kind', 'count',
+      'input_kind', CASE WHEN (call->>'star')::boolean AND NOT (call->>'filtered')::boolean THEN 'none' ELSE 'flag' END);
+  ELSIF name IN ('sum', 'avg') AND arg IN ('smallint', 'integer') THEN
+    RETURN jsonb_build_object('kind', name || '_int', 'input_kind', 'value');
+  ELSIF name = 'sum' AND arg = 'bigint' THEN
+    RETURN jsonb_build_object('kind', 'sum_int8', 'input_kind', 'value');
+  ELSIF name = 'avg' AND arg = 'bigint' THEN
+    RETURN jsonb_build_object('kind', 'avg_int', 'input_kind', 'value');
+  ELSIF name IN ('sum', 'avg') AND arg = 'numeric' THEN
+    RETURN jsonb_build_object('kind', name || '_numeric', 'input_kind', 'value');
+  ELSIF name IN ('sum', 'avg') THEN
+    RETURN jsonb_build_object('why', format(
+      '%s of %s: a delta is not exact for this type (floating-point sums depend on the order rows are added in)', name, arg));
+  ELSIF name IN ('min', 'max') THEN
+    -- Only types whose equal values are the same value: otherwise which of two equal
+    -- values a recompute shows (1.0 or 1.00) depends on the order it reads rows in.
+    IF arg IN ('smallint', 'integer', 'bigint', 'oid', 'date',
+               'timestamp without time zone', 'timestamp with time zone', 'time without time zone')
+       OR (arg IN ('text') AND (call->>'deterministic')::boolean) THEN
+      RETURN jsonb_build_object('kind', name, 'input_kind', 'value');
+    END IF;
+    RETURN jsonb_build_object('why', format(
+      '%s of %s: equal values of this type can differ (1.0 and 1.00), so the extreme a recompute shows depends on row order', name, arg));
+  ELSIF name IN ('bool_and', 'every') THEN
+    RETURN jsonb_build_object('kind', 'bool_and', 'input_kind', 'value');
+  ELSIF name = 'bool_or' THEN
+    RETURN jsonb_build_object('kind', 'bool_or', 'input_kind', 'value');
+  END IF;
+  RETURN jsonb_build_object('why', format('%s has no known inverse', name));
+END
+$fn$;
+
+-- Whether `expr` (with aggregate calls replaced by columns of `placeholders`,
+-- [{name, type}]) reads nothing else: then it can be computed from group states alone.
+CREATE FUNCTION @schema@._reads_only(expr text, placeholders jsonb)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+BEGIN
+  DROP VIEW IF EXISTS pg_temp.trellis_aggregates;
+  EXECUTE 'CREATE TEMP VIEW trellis_aggregates AS SELECT (' || expr || ') FROM (SELECT '
+    || coalesce((SELECT string_agg('NULL::' || (p->>'type') || ' AS ' || quote_ident(p->>'name'), ', ')
+                   FROM jsonb_array_elements(placeholders) p), '')
+    || ') ' || quote_ident('trellis#s');
+  DROP VIEW pg_temp.trellis_aggregates;
+  RETURN true;
+EXCEPTION
+  WHEN query_canceled OR lock_not_available THEN
+    RAISE;
+  WHEN OTHERS THEN
+    RETURN false;
+END
+$fn$;
+
+-- How a transform's aggregates are maintained: by delta, or by recomputing each changed
+-- group (ADR 0006). Returns null for a transform that does not aggregate, else
+--   {mode: 'delta' | 'group', reason,
+--    aggs: [{call, kind | null, delta (bool), why (null when delta), input (1-based index
+--            into inputs, or null), type, collation, scale (a fixed display scale, or null)}],
+--    inputs: [{expr, type, collation}]     -- key map columns i1.., one per distinct input
+--    items: {column: expression over "trellis#a<n>"} -- each non-key column
+--    having: expression over "trellis#a<n>" | null}
+-- Expressions are those of the definition (the search_path in force resolves them).
+CREATE FUNCTION @schema@._classify_aggregates(spec jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  from_sql text := spec->>'from_sql';
+  cross_sql text;
+  group_list text;
+  col jsonb;
+  call jsonb;
+  calls jsonb;
+  kind jsonb;
+  aggs jsonb := '[]';
+  inputs jsonb := '[]';
+  items jsonb := '{}';
+  having_expr text;
+  rewritten text;
+  idx int;
+  input_expr text;
+  input_idx int;
+  info jsonb;
+  placeholders jsonb;
+  reason text;
+  mode text := 'delta';
+  part text;
+  exprs jsonb;
+BEGIN
+  IF NOT (spec->>'aggregates')::boolean THEN
+    RETURN NULL;
+  END IF;
+  group_list := coalesce((SELECT string_agg(g->>'expr', ', ' ORDER BY o)
+                          FROM jsonb_array_elements(spec->'groups') WITH ORDINALITY AS x(g, o)), '()');
+  IF group_list = '' THEN
+    group_list := '()';
+  END IF;
+  cross_sql := (SELECT string_agg((s->>'qualified') || ' AS ' || quote_ident(s->>'alias'), ', ' ORDER BY (s->>'ordinal')::int)
+                  FROM jsonb_array_elements(spec->'sources') s);
+  -- Every expression to rewrite: each non-key column, then HAVING.
+  exprs := coalesce((SELECT jsonb_agg(jsonb_build_object('part', c->>'name', 'expr', c->>'expression') ORDER BY o)
+                       FROM jsonb_array_elements(spec->'columns') WITH ORDINALITY AS x(c, o)
+                      WHERE NOT (c->>'is_key')::boolean), '[]');
+  IF spec->'ast'->>'having' IS NOT NULL THEN
+    exprs := exprs || jsonb_build_array(jsonb_build_object('part', NULL, 'expr', spec->'ast'->>'having'));
+  END IF;
+  FOR col IN SELECT value FROM jsonb_array_elements(exprs) LOOP
+    part := coalesce('column ' || quote_ident(col->>'part'), 'HAVING');
+    calls := @schema@._aggregate_calls(col->>'expr', from_sql, group_list);
+    rewritten := col->>'expr';
+    -- Right to left, so earlier positions stay valid.
+    FOR call IN SELECT value FROM jsonb_array_elements(calls) ORDER BY (value->>'first')::int DESC LOOP
+      kind := @schema@._delta_kind(call);
+      input_expr := NULL;
+      input_idx := NULL;
+      IF kind ? 'kind' AND kind->>'input_kind' <> 'none' THEN
+        IF kind->>'input_kind' = 'flag' THEN
+          input_expr := concat_ws(' AND ',
+            CASE WHEN (call->>'filtered')::boolean THEN 'coalesce((' || (call->>'filter') || '), false)' END,
+            CASE WHEN NOT (call->>'star')::boolean THEN '(' || (call->>'args') || ') IS NOT NULL' END);
+          info := jsonb_build_object('columns', jsonb_build_array(jsonb_build_object('type', 'boolean')));
+        ELSE
+          input_expr := CASE WHEN (call->>'filtered')::boolean
+                             THEN 'CASE WHEN (' || (call->>'filter') || ') THEN (' || (call->>'args') || ') END'
+                             ELSE '(' || (call->>'args') || ')' END;
+          info := @schema@._analyze_query('SELECT ' || input_expr || ' FROM ' || cross_sql,
+            format('in %s (%s)', part, call->>'args'));
+        END IF;
+        SELECT o::int INTO input_idx FROM jsonb_array_elements(inputs) WITH ORDINALITY AS x(i, o)
+         WHERE i->>'expr' = input_expr;
+        IF input_idx IS NULL THEN
+          inputs := inputs || jsonb_build_array(jsonb_build_object(
+            'expr', input_expr,
+            'type', info->'columns'->0->>'type',
+            'collation', info->'columns'->0->'collation'));
+          input_idx := jsonb_array_length(inputs);
+        END IF;
+      END IF;
+      -- The same call twice (in two columns) is one aggregate.
+      SELECT o::int INTO idx FROM jsonb_array_elements(aggs) WITH ORDINALITY AS x(a, o)
+       WHERE a->>'fn' = call->>'fn' AND a->>'args' = call->>'args'
+         AND a->>'filter' IS NOT DISTINCT FROM call->>'filter' AND a->>'star' = call->>'star';
+      IF idx IS NULL THEN
+        aggs := aggs || jsonb_build_array(jsonb_build_object(
+          'call', substr(col->>'expr', (call->>'first')::int, (call->>'last')::int - (call->>'first')::int + 1),
+          'fn', call->>'fn', 'args', call->>'args', 'filter', call->>'filter', 'star', call->>'star',
+          'kind', kind->'kind', 'delta', kind ? 'kind', 'why', kind->'why',
+          'input', input_idx, 'type', call->>'aggtype', 'collation', call->'collation',
+          -- numeric(p,s) inputs all have display scale s: no need to track the largest.
+          'scale', CASE WHEN kind->>'kind' IN ('sum_numeric', 'avg_numeric')
+                        THEN (regexp_match(inputs->(input_idx - 1)->>'type', '^numeric\(\d+,(\d+)\)$'))[1]::int END));
+        idx := jsonb_array_length(aggs);
+      END IF;
+      IF NOT (kind ? 'kind') AND reason IS NULL THEN
+        reason := format('%s: %s', aggs->(idx - 1)->>'call', kind->>'why');
+      END IF;
+      rewritten := substr(rewritten, 1, (call->>'first')::int - 1)
+        || quote_ident('trellis#a' || idx)
+        || substr(rewritten, (call->>'last')::int + 1);
+    END LOOP;
+    IF col->>'part' IS NOT NULL THEN
+      items := items || jsonb_build_object(col->>'part', rewritten);
+    ELSE
+      having_expr := rewritten;
+    END IF;
+  END LOOP;
+  IF reason IS NULL THEN
+    placeholders := coalesce((SELECT jsonb_agg(jsonb_build_object('name', 'trellis#a' || o, 'type', a->>'type'))
+                                FROM jsonb_array_elements(aggs) WITH ORDINALITY AS x(a, o)), '[]');
+    FOR col IN SELECT value FROM jsonb_array_elements(exprs) LOOP
+      rewritten := coalesce(items->>(col->>'part'), having_expr);
+      IF NOT @schema@._reads_only(rewritten, placeholders) THEN
+        reason := format('%s reads columns outside its aggregates', coalesce('column ' || quote_ident(col->>'part'), 'HAVING'));
+        EXIT;
+      END IF;
+    END LOOP;
+  END IF;
+  IF reason IS NOT NULL THEN
+    mode := 'group';
+  END IF;
+  RETURN jsonb_build_object(
+    'mode', mode,
+    'reason', coalesce(reason, CASE WHEN jsonb_array_length(aggs) = 0
+                                    THEN 'no aggregates: each group is its key'
+                                    ELSE 'every aggregate has an exact delta' END),
+    'aggs', aggs, 'inputs', inputs, 'items', items, 'having', having_expr);
+END
+$fn$;
+
+-- As before (0009), and for a transform whose aggregates are kept by delta: the key map
+-- carries each join row's aggregate inputs, is made for a grand total too, and is indexed
+-- by group where an extreme may have to be read again; the group state table is created.
+-- The classification is recorded in transforms.delta (and spec.key_map follows it).
+CREATE OR REPLACE FUNCTION @schema@._create_key_map(transform_id int, spec jsonb)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  map_sql text := quote_ident(@schema_literal@) || '.' || quote_ident('map_' || transform_id);
+  state_sql text := quote_ident(@schema_literal@) || '.' || quote_ident('groups_' || transform_id);
+  kind text := @schema@._key_map_kind(spec);
+  classified jsonb := @schema@._classify_aggregates(spec);
+  is_delta boolean;
+  src jsonb;
+  groups text;
+BEGIN
+  is_delta := classified->>'mode' = 'delta';
+  IF is_delta THEN
+    kind := 'groups';
+  END IF;
+  UPDATE @schema@.transforms t
+     SET delta = classified,
+         spec = t.spec || jsonb_build_object('key_map', kind)
+   WHERE t.id = transform_id;
+  -- A group state table left by a transform of the same id in a dumped database.
+  EXECUTE 'DROP TABLE IF EXISTS ' || state_sql;
+  IF kind IS NULL THEN
+    RETURN;
+  END IF;
+  EXECUTE 'CREATE TABLE ' || map_sql || ' (' || (
+    SELECT string_agg(col, ', ' ORDER BY o1, o2) FROM (
+      SELECT (s->>'ordinal')::int AS o1, k.o AS o2,
+             quote_ident(format('k%s_%s', s->>'ordinal', k.o)) || ' ' || k.t AS col
+        FROM jsonb_array_elements(spec->'sources') s,
+             jsonb_array_elements_text(s->'key_types') WITH ORDINALITY AS k(t, o)
+      UNION ALL
+      SELECT 1000000, g.o, quote_ident(format('g%s', g.o)) || ' ' || (g.v->>'type')
+                            || coalesce(' COLLATE ' || (g.v->>'collation'), '')
+        FROM jsonb_array_elements(spec->'groups') WITH ORDINALITY AS g(v, o)
+      UNION ALL
+      SELECT 2000000, 0, 'passes boolean NOT NULL' WHERE kind = 'groups'
+      UNION ALL
+      SELECT 3000000, i.o, quote_ident(format('i%s', i.o)) || ' ' || (i.v->>'type')
+                            || coalesce(' COLLATE ' || (i.v->>'collation'), '')
+        FROM jsonb_array_elements(CASE WHEN is_delta THEN classified->'inputs' ELSE '[]' END)
+             WITH ORDINALITY AS i(v, o)) c) || ')';
+  FOR src IN SELECT value FROM jsonb_array_elements(spec->'sources') LOOP
+    EXECUTE 'CREATE INDEX ON ' || map_sql || ' (' || (
+      SELECT string_agg(quote_ident(format('k%s_%s', src->>'ordinal', k.o)), ', ' ORDER BY k.o)
+        FROM jsonb_array_elements_text(src->'key_types') WITH ORDINALITY AS k(t, o)) || ')';
+  END LOOP;
+  IF NOT is_delta THEN
+    RETURN;
+  END IF;
+  groups := (SELECT string_agg(quote_ident('g' || o), ', ' ORDER BY o)
+               FROM jsonb_array_elements(spec->'groups') WITH ORDINALITY AS x(g, o));
+  -- A rescan reads a group's rows from the key map.
+  IF groups IS NOT NULL AND EXISTS (
+       SELECT 1 FROM jsonb_array_elements(classified->'aggs') a
+        WHERE a->>'kind' IN ('min', 'max')
+           OR (a->>'kind' IN ('sum_numeric', 'avg_numeric') AND a->>'scale' IS NULL)) THEN
+    EXECUTE 'CREATE INDEX ON ' || map_sql || ' (' || groups || ')';
+  END IF;
+  EXECUTE 'CREATE TABLE ' || state_sql || ' (' || (
+    SELECT string_agg(col, ', ' ORDER BY o1, o2) FROM (
+      SELECT 0 AS o1, g.o AS o2, quote_ident(format('g%s', g.o)) || ' ' || (g.v->>'type')
+                            || coalesce(' COLLATE ' || (g.v->>'collation'), '') AS col
+        FROM jsonb_array_elements(spec->'groups') WITH ORDINALITY AS g(v, o)
+      UNION ALL
+      SELECT 1, 0, 'n bigint NOT NULL'
+      UNION ALL
+      SELECT 2, a.o * 10 + p.o, quote_ident(format('a%s_%s', a.o, p.part)) || ' ' || p.type
+        FROM jsonb_array_elements(classified->'aggs') WITH ORDINALITY AS a(v, o)
+        CROSS JOIN LATERAL (
+          SELECT * FROM (VALUES
+            (1, 'c', 'bigint', true),
+            (2, 's', CASE WHEN a.v->>'kind' = 'sum_int' THEN 'bigint' ELSE 'numeric' END,
+                     a.v->>'kind' IN ('sum_int', 'sum_int8', 'avg_int', 'sum_numeric', 'avg_numeric')),
+            (3, 'nan', 'bigint', a.v->>'kind' IN ('sum_numeric', 'avg_numeric')),
+            (4, 'pinf', 'bigint', a.v->>'kind' IN ('sum_numeric', 'avg_numeric')),
+            (5, 'ninf', 'bigint', a.v->>'kind' IN ('sum_numeric', 'avg_numeric')),
+            (6, 'ms', 'int', a.v->>'kind' IN ('sum_numeric', 'avg_numeric') AND a.v->>'scale' IS NULL),
+            (7, 'msc', 'bigint', a.v->>'kind' IN ('sum_numeric', 'avg_numeric') AND a.v->>'scale' IS NULL),
+            (8, 'm', (a.v->>'type') || coalesce(' COLLATE ' || (a.v->>'collation'), ''), a.v->>'kind' IN ('min', 'max')),
+            (9, 'b', 'bigint', a.v->>'kind' IN ('bool_and', 'bool_or'))
+          ) AS parts(o, part, type, used)
+          WHERE used AND (a.v->>'kind' <> 'count' OR part = 'c')) p) c) || ')';
+  EXECUTE 'CREATE UNIQUE INDEX ON ' || state_sql
+    || coalesce(' (' || groups || ') NULLS NOT DISTINCT', ' ((true))');
+END
+$fn$;
+
+-- A join with a WHERE keeps a 'rows' key map only when a LEFT JOIN can turn a row the
+-- WHERE filtered out into a NULL-extended row that passes: an inner join's old rows are
+-- the target's, as without a WHERE. (Maps made before stay, and keep working.)
+CREATE OR REPLACE FUNCTION @schema@._key_map_kind(spec jsonb)
+RETURNS text LANGUAGE sql IMMUTABLE AS $fn$
+  SELECT CASE
+    WHEN jsonb_array_length(coalesce(spec->'groups', '[]')) > 0 THEN 'groups'
+    WHEN jsonb_array_length(spec->'sources') > 1 AND spec->'ast'->>'where' IS NOT NULL
+         AND EXISTS (SELECT 1 FROM jsonb_array_elements(spec->'sources') s WHERE s->>'join_type' = 'left')
+      THEN 'rows'
+  END
+$fn$;
+
+-- A transform's group state table goes with it.
+CREATE FUNCTION @schema@._drop_group_states()
+RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  EXECUTE 'DROP TABLE IF EXISTS ' || quote_ident(@schema_literal@) || '.' || quote_ident('groups_' || OLD.id);
+  RETURN NULL;
+END
+$fn$;
+
+CREATE TRIGGER drop_group_states AFTER DELETE ON @schema@.transforms
+  FOR EACH ROW EXECUTE FUNCTION @schema@._drop_group_states();
+
+
+-- ALTER ... ADD COLUMN: as before (0009), and an aggregating transform's key map and group
+-- states are made again for the new column.
+CREATE OR REPLACE FUNCTION @schema@._alter_add_column(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  t @schema@.transforms := @schema@._transform_named(ast);
+  new_ast jsonb;
+  spec jsonb;
+  col jsonb;
+BEGIN
+  IF EXISTS (SELECT 1 FROM @schema@.transform_columns c WHERE c.transform_id = t.id AND c.name = ast->>'name') THEN
+    PERFORM @schema@._fail('TRV01', format('transform %I already has a column %I', t.target_name, ast->>'name'));
+  END IF;
+  new_ast := jsonb_set(t.spec->'ast', '{select}', (t.spec->'ast'->'select') || jsonb_build_array(
+    jsonb_build_object('expr', ast->>'expr', 'name', ast->>'name', 'bare_label', NULL,
+                       'label_expr', NULL, 'position', NULL)));
+  spec := @schema@._analyze_transform(new_ast);
+  IF (spec->>'aggregates')::boolean <> t.aggregates THEN
+    PERFORM @schema@._fail('TRV01', format(
+      'column %I would make transform %I %s: define a new transform instead', ast->>'name', t.target_name,
+      CASE WHEN t.aggregates THEN 'stop aggregating' ELSE 'aggregate' END));
+  END IF;
+  IF @schema@._check_definition(spec) AND NOT coalesce((t.spec->>'whole_row')::boolean, false) THEN
+    UPDATE @schema@.transforms SET spec = spec || '{"whole_row": true}' WHERE id = t.id;
+  END IF;
+  SELECT c INTO col FROM jsonb_array_elements(spec->'columns') c WHERE c->>'name' = ast->>'name';
+  BEGIN
+    EXECUTE 'ALTER TABLE ' || t.target_oid::regclass::text || ' ADD COLUMN ' || quote_ident(col->>'name')
+      || ' ' || (col->>'type') || coalesce(' COLLATE ' || (col->>'collation'), '');
+  EXCEPTION WHEN program_limit_exceeded THEN
+    -- Tables can have at most 1600 columns.
+    PERFORM @schema@._fail('TRV01', format('column %I cannot be added to %I: %s', col->>'name', t.target_name, SQLERRM));
+  END;
+  INSERT INTO @schema@.transform_columns (transform_id, ordinal, name, expression, type,
+                                          collation_name, is_key, implicit, reads)
+  VALUES (t.id, (SELECT max(ordinal) + 1 FROM @schema@.transform_columns WHERE transform_id = t.id),
+          col->>'name', col->>'expression', col->>'type', col->>'collation', false, false, col->'reads');
+  -- Sources may now be read in more columns.
+  UPDATE @schema@.transform_sources s
+     SET read_columns = ARRAY(SELECT jsonb_array_elements_text(n->'read_columns'))::name[]
+    FROM jsonb_array_elements(spec->'sources') n
+   WHERE s.transform_id = t.id AND s.ordinal = (n->>'ordinal')::int;
+  PERFORM @schema@._record_read_attrs(t.id);
+  PERFORM @schema@._restate(t, new_ast);
+  -- The new column's aggregates may need inputs in the key map, states of their own, or
+  -- another way of maintenance: both are made again (the rebuild fills them).
+  IF t.aggregates THEN
+    EXECUTE 'DROP TABLE IF EXISTS ' || quote_ident(@schema_literal@) || '.' || quote_ident('map_' || t.id);
+    PERFORM @schema@._create_key_map(t.id, spec);
+  END IF;
+  PERFORM @schema@._request_rebuild(t.id);
+  RETURN jsonb_build_object('kind', 'altered', 'target', t.target_name);
+END
+$fn$;
