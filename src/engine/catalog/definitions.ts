@@ -1,4 +1,5 @@
 import type { Session } from '../db/session.js';
+import type { Classification } from '../drain/delta-plan.js';
 import { quoteIdent } from '../identifiers.js';
 
 /** A column of a transform's target. */
@@ -24,6 +25,35 @@ export interface DefinitionSource {
   keyColumns: string[];
 }
 
+/** How one aggregate call of a definition is kept (ADR 0044). */
+export interface AggregateMaintenance {
+  /** The call as written, FILTER included: `sum(amount) FILTER (WHERE paid)`. */
+  call: string;
+  /**
+   * - `delta`: each changed row's contribution is applied to its groups;
+   * - `delta+rescan`: the same, and a group's extreme (min, max, the largest numeric
+   *   scale) is read again from its rows when a change removes it;
+   * - `recompute`: the group is recomputed from all its rows when one of them changes.
+   */
+  how: 'delta' | 'delta+rescan' | 'recompute';
+  /** Why it cannot be kept by delta (null when it is). */
+  why: string | null;
+}
+
+/**
+ * How a transform is kept up to date when its sources change.
+ * - `rows`: a projection, filter or join: each changed key's target rows re-derived;
+ * - `delta`: every aggregate has an exact delta (see `aggregates`);
+ * - `group`: each changed group recomputed from its rows (`reason` says which aggregate
+ *   or expression needs that).
+ */
+export interface Maintenance {
+  mode: 'rows' | 'delta' | 'group';
+  reason: string;
+  /** Each aggregate call (none for `rows`). */
+  aggregates: AggregateMaintenance[];
+}
+
 /** A registered transform definition, as `definitions()` lists it. */
 export interface Definition {
   /** The target table's name (in the target schema). */
@@ -35,12 +65,13 @@ export interface Definition {
   columns: DefinitionColumn[];
   options: { withoutSourceIndex: boolean };
   aggregates: boolean;
+  maintenance: Maintenance;
   createdAt: Date;
   updatedAt: Date;
 }
 
 /** The JSON `<schema>.definitions()` returns a row of: the Definition, times as ISO text. */
-type DefinitionJson = Omit<Definition, 'createdAt' | 'updatedAt'> & {
+type DefinitionJson = Omit<Definition, 'createdAt' | 'updatedAt' | 'maintenance'> & {
   createdAt: string;
   updatedAt: string;
 };
@@ -54,14 +85,48 @@ export async function readDefinitions(
   schema: string,
   target?: string,
 ): Promise<Definition[]> {
-  const rows = await session.query<{ d: DefinitionJson }>(
-    `SELECT d FROM ${quoteIdent(schema)}.definitions() d
+  const s = quoteIdent(schema);
+  const rows = await session.query<{ d: DefinitionJson; delta: Classification | null }>(
+    `SELECT d, t.delta FROM ${s}.definitions() d
+       LEFT JOIN ${s}.transforms t
+         ON t.target_name = d->>'target' AND t.target_schema = d->>'targetSchema'
       WHERE $1::text IS NULL OR d->>'target' = $1`,
     [target ?? null],
   );
-  return rows.map(({ d }) => ({
+  return rows.map(({ d, delta }) => ({
     ...d,
+    maintenance: maintenance(d.aggregates, delta),
     createdAt: new Date(d.createdAt),
     updatedAt: new Date(d.updatedAt),
   }));
+}
+
+/** How a transform is maintained, from the catalog's classification of its aggregates. */
+export function maintenance(aggregates: boolean, delta: Classification | null): Maintenance {
+  if (!aggregates) {
+    return { mode: 'rows', reason: "each changed key's target rows are re-derived", aggregates: [] };
+  }
+  if (!delta) {
+    return {
+      mode: 'group',
+      reason: 'each changed group is recomputed from its rows',
+      aggregates: [],
+    };
+  }
+  const kept = delta.mode === 'delta' && !delta.pending;
+  return {
+    mode: kept ? 'delta' : 'group',
+    reason: delta.pending
+      ? `${delta.reason}: kept by delta from its next build (defined before trellis-pg kept aggregates by delta; requestBackfill() rebuilds it)`
+      : delta.reason,
+    aggregates: delta.aggs.map((a) => ({
+      call: a.call,
+      how: !kept
+        ? 'recompute'
+        : a.kind === 'min' || a.kind === 'max' || (a.kind?.endsWith('_numeric') && a.scale === null)
+          ? 'delta+rescan'
+          : 'delta',
+      why: a.why ?? (kept ? null : `another part of the definition needs the group's rows (${delta.reason})`),
+    })),
+  };
 }

@@ -121,12 +121,17 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
     if (claim.backfill_stage === 'chunks' && (await chunksLeftToFill(session, schema, claim))) {
       return false;
     }
-    const plan = await loadPlan(session, schema, claim.transform_id);
+    let plan = await loadPlan(session, schema, claim.transform_id);
     await enterTransformWork(session, schema, plan);
 
     await session.query('SAVEPOINT trellis_chunk');
     try {
       const starting = claim.backfill_position === null && claim.backfill_stage === 'rows';
+      if (starting && plan.classification?.pending) {
+        // Defined before aggregates were kept by delta: switched now that it is rebuilt.
+        await session.query(`SELECT ${s}._switch_to_delta($1)`, [plan.id]);
+        plan = await loadPlan(session, schema, claim.transform_id);
+      }
       // A build an older version was filling chunk after chunk (its position set) starts
       // over: its chunks are planned from the start.
       const olderBuild = claim.backfill_position !== null && claim.backfill_stage === 'rows';

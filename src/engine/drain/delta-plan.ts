@@ -45,6 +45,11 @@ export interface Classification {
   items: Record<string, string>;
   /** HAVING, the same way; null without one. */
   having: string | null;
+  /**
+   * Classified by the upgrade to delta maintenance, for a transform defined before it: kept
+   * by group recompute until its next build switches it (migration 0024).
+   */
+  pending?: boolean;
 }
 
 /** An aggregate kept by delta (kind known). */
@@ -106,7 +111,7 @@ export function deltaPlan(
   classification: Classification | null,
   statesSql: string,
 ): DeltaPlan | null {
-  if (!classification || classification.mode !== 'delta') return null;
+  if (!classification || classification.mode !== 'delta' || classification.pending) return null;
   return {
     aggregates: classification.aggs.map((a, i) => ({ ...a, kind: a.kind!, n: i + 1 })),
     inputs: classification.inputs,

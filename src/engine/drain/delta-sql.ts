@@ -76,10 +76,10 @@ function partitionBy(cols: string[]): string {
  */
 function foldRows(plan: TransformPlan): string[] {
   return [
-    'count(*)',
+    'count(*) AS n',
     ...delta(plan).aggregates.flatMap((a) => {
       const x = a.input === null ? null : input(a.input);
-      return stateParts(a).map(({ part: p }) => foldPart(a, p, x));
+      return stateParts(a).map(({ part: p }) => `${foldPart(a, p, x)} AS ${part(a, p)}`);
     }),
   ];
 }

@@ -445,11 +445,19 @@ $fn$;
 -- The classification is recorded in transforms.delta (and spec.key_map follows it).
 CREATE OR REPLACE FUNCTION @schema@._create_key_map(transform_id int, spec jsonb)
 RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+  PERFORM @schema@._make_key_map(transform_id, spec, @schema@._classify_aggregates(spec));
+END
+$fn$;
+
+-- The key map (and, kept by delta, the group state table) of a transform, as
+-- `classified` (_classify_aggregates) says; records the classification.
+CREATE FUNCTION @schema@._make_key_map(transform_id int, spec jsonb, classified jsonb)
+RETURNS void LANGUAGE plpgsql AS $fn$
 DECLARE
   map_sql text := quote_ident(@schema_literal@) || '.' || quote_ident('map_' || transform_id);
   state_sql text := quote_ident(@schema_literal@) || '.' || quote_ident('groups_' || transform_id);
   kind text := @schema@._key_map_kind(spec);
-  classified jsonb := @schema@._classify_aggregates(spec);
   is_delta boolean;
   src jsonb;
   groups text;
@@ -608,5 +616,53 @@ BEGIN
   END IF;
   PERFORM @schema@._request_rebuild(t.id);
   RETURN jsonb_build_object('kind', 'altered', 'target', t.target_name);
+END
+$fn$;
+
+-- Transforms defined before this migration keep their key maps and the group recompute
+-- until their next build: their classification is recorded as pending, and the build
+-- switches them (_switch_to_delta) — converting a live target in place would be a
+-- rebuild's work inside this migration. Classified under the search_path each was
+-- defined with.
+DO $migrate$
+DECLARE
+  t record;
+  old_path text := current_setting('search_path');
+  classified jsonb;
+BEGIN
+  FOR t IN SELECT * FROM @schema@.transforms WHERE aggregates LOOP
+    PERFORM set_config('search_path', t.search_path, true);
+    BEGIN
+      -- Analysed again: a spec's columns are not updated by ALTER ... ADD COLUMN.
+      classified := @schema@._classify_aggregates(@schema@._analyze_transform(t.spec->'ast'));
+    EXCEPTION WHEN OTHERS THEN
+      -- A definition its sources no longer hold: it stays as it is (RESUME rebinds it).
+      classified := NULL;
+    END;
+    PERFORM set_config('search_path', old_path, true);
+    IF classified->>'mode' = 'delta' THEN
+      classified := classified || '{"pending": true}';
+    END IF;
+    UPDATE @schema@.transforms SET delta = classified WHERE id = t.id;
+  END LOOP;
+END
+$migrate$;
+
+-- At the start of a build: a transform whose classification is pending (see above) gets
+-- its key map and group state table made for delta maintenance, empty for the build to
+-- fill. Returns whether it switched.
+CREATE FUNCTION @schema@._switch_to_delta(transform_id int)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+DECLARE
+  t @schema@.transforms;
+BEGIN
+  SELECT * INTO t FROM @schema@.transforms x WHERE x.id = transform_id;
+  IF NOT coalesce((t.delta->>'pending')::boolean, false) THEN
+    RETURN false;
+  END IF;
+  EXECUTE 'DROP TABLE IF EXISTS ' || quote_ident(@schema_literal@) || '.' || quote_ident('map_' || t.id);
+  PERFORM @schema@._make_key_map(t.id, t.spec, t.delta - 'pending');
+  UPDATE @schema@.transforms SET updated_at = now() WHERE id = t.id;
+  RETURN true;
 END
 $fn$;
