@@ -104,7 +104,11 @@ export async function readDefinitions(
 /** How a transform is maintained, from the catalog's classification of its aggregates. */
 export function maintenance(aggregates: boolean, delta: Classification | null): Maintenance {
   if (!aggregates) {
-    return { mode: 'rows', reason: "each changed key's target rows are re-derived", aggregates: [] };
+    return {
+      mode: 'rows',
+      reason: "each changed key's target rows are re-derived",
+      aggregates: [],
+    };
   }
   if (!delta) {
     return {
@@ -126,7 +130,9 @@ export function maintenance(aggregates: boolean, delta: Classification | null): 
         : a.kind === 'min' || a.kind === 'max' || (a.kind?.endsWith('_numeric') && a.scale === null)
           ? 'delta+rescan'
           : 'delta',
-      why: a.why ?? (kept ? null : `another part of the definition needs the group's rows (${delta.reason})`),
+      why:
+        a.why ??
+        (kept ? null : `another part of the definition needs the group's rows (${delta.reason})`),
     })),
   };
 }

@@ -3,7 +3,6 @@ import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
 import { groupsFillSql } from './aggregate-sql.js';
-import { deltaFillSql } from './delta-sql.js';
 import { applyKeysBisecting } from './apply-keys.js';
 import { chunkEndSql, drivingRowsAfterSql } from './backfill-sql.js';
 import {
@@ -13,6 +12,7 @@ import {
   nextRepairChunk,
   planChunks,
 } from './build-chunks.js';
+import { deltaFillSql } from './delta-sql.js';
 import { loadPlan, type TransformPlan } from './plan.js';
 import type { PlanCache } from './plan-cache.js';
 import { backoffMs, isRowError } from './row-errors.js';

@@ -111,7 +111,7 @@ export function deltaPlan(
   classification: Classification | null,
   statesSql: string,
 ): DeltaPlan | null {
-  if (!classification || classification.mode !== 'delta' || classification.pending) return null;
+  if (classification?.mode !== 'delta' || classification.pending) return null;
   return {
     aggregates: classification.aggs.map((a, i) => ({ ...a, kind: a.kind!, n: i + 1 })),
     inputs: classification.inputs,

@@ -8,7 +8,16 @@ import {
   tracksScale,
 } from './delta-plan.js';
 import type { TransformPlan } from './plan.js';
-import { keyMatch, list, own, q, requireSourceIds, tuple, upsert, writtenColumns } from './sql-parts.js';
+import {
+  keyMatch,
+  list,
+  own,
+  q,
+  requireSourceIds,
+  tuple,
+  upsert,
+  writtenColumns,
+} from './sql-parts.js';
 
 /**
  * Aggregates kept by delta (ADR 0044). A changed driving key's key-map rows hold each join
@@ -126,7 +135,8 @@ function finalised(a: DeltaAggregate, x: string): string {
     const pinf = `${x}.${part(a, 'pinf')}`;
     const ninf = `${x}.${part(a, 'ninf')}`;
     const scale = a.scale === null ? `${x}.${part(a, 'ms')}` : String(a.scale);
-    const finite = a.kind === 'sum_numeric' ? `round(${s}, ${scale})` : `round(${s}, ${scale}) / ${c}::numeric`;
+    const finite =
+      a.kind === 'sum_numeric' ? `round(${s}, ${scale})` : `round(${s}, ${scale}) / ${c}::numeric`;
     return `CASE WHEN ${c} = 0 THEN NULL
              WHEN ${nan} > 0 OR (${pinf} > 0 AND ${ninf} > 0) THEN 'NaN'::numeric
              WHEN ${pinf} > 0 THEN 'Infinity'::numeric WHEN ${ninf} > 0 THEN '-Infinity'::numeric
@@ -254,7 +264,9 @@ export function deltaApplySql(plan: TransformPlan, changedSql: string): string {
   const drivingInMap = tuple(mapKeys(driving, 'm'));
   const gcols = groupCols(plan);
   const inputs = d.inputs.map((_, i) => input(i + 1));
-  const inputTypes = d.inputs.map((i) => (i.collation ? `${i.type} COLLATE ${i.collation}` : i.type));
+  const inputTypes = d.inputs.map((i) =>
+    i.collation ? `${i.type} COLLATE ${i.collation}` : i.type,
+  );
   const states = stateColumns(plan).filter((c) => !gcols.includes(c.name));
   const rescans = d.aggregates.filter(mayRescan);
   const grandTotal = gcols.length === 0;
@@ -291,11 +303,7 @@ export function deltaApplySql(plan: TransformPlan, changedSql: string): string {
   // Each group's new state (before rescans), and what it needs: per aggregate, what the
   // changes add (`sign` +1 rows), remove (-1), and the current state (the 0 row).
   const newN = 'coalesce(max(n), 0) + coalesce(sum(sign), 0)';
-  const folded: string[] = [
-    ...gcols,
-    `${newN} AS n`,
-    `bool_or(sign = 0) AS existed`,
-  ];
+  const folded: string[] = [...gcols, `${newN} AS n`, `bool_or(sign = 0) AS existed`];
   const flags: string[] = [];
   for (const a of d.aggregates) {
     const x = a.input === null ? null : input(a.input);
@@ -325,7 +333,8 @@ export function deltaApplySql(plan: TransformPlan, changedSql: string): string {
       } else if (p === 'm') {
         const pick = a.kind === 'min' ? 'least' : 'greatest';
         const added = a.kind === 'min' ? `min(${x})` : `max(${x})`;
-        const removesExtreme = a.kind === 'min' ? `${x} <= ${w(`cur_m${a.n}`)}` : `${x} >= ${w(`cur_m${a.n}`)}`;
+        const removesExtreme =
+          a.kind === 'min' ? `${x} <= ${w(`cur_m${a.n}`)}` : `${x} >= ${w(`cur_m${a.n}`)}`;
         // An emptied group (a grand total's stays) has no extreme left.
         folded.push(
           `CASE WHEN ${newN} > 0 THEN ${pick}(${cur('m')}, ${added} FILTER (WHERE sign = 1)) END AS ${part(a, 'm')}`,
@@ -378,7 +387,9 @@ rescanned AS MATERIALIZED (
         SELECT ${list([...gcols.map((c) => `nr.${c}`), ...inputs.map((c) => `nr.${c}`)])}
           FROM new_rows nr
          WHERE nr.passes AND EXISTS (SELECT 1 FROM rescan_groups rg WHERE ${
-           gcols.length ? gcols.map((c) => `rg.${c} IS NOT DISTINCT FROM nr.${c}`).join(' AND ') : 'true'
+           gcols.length
+             ? gcols.map((c) => `rg.${c} IS NOT DISTINCT FROM nr.${c}`).join(' AND ')
+             : 'true'
          }))`,
     )} rows
    ${groupBy(gcols)}${grandTotal ? '\n  HAVING EXISTS (SELECT 1 FROM rescan_groups)' : ''}
@@ -412,14 +423,15 @@ final AS MATERIALIZED (
 final AS MATERIALIZED (SELECT * FROM merged),`;
 
   function rescanned(name: string): boolean {
-    return rescans.some((a) =>
-      [part(a, 'm'), part(a, 'ms'), part(a, 'msc')].includes(name),
-    );
+    return rescans.some((a) => [part(a, 'm'), part(a, 'ms'), part(a, 'msc')].includes(name));
   }
   function rescanParts(a: DeltaAggregate): string[] {
     const x = input(a.input!);
     if (a.kind === 'min' || a.kind === 'max') return [`${foldPart(a, 'm', x)} AS ${part(a, 'm')}`];
-    return [`${foldPart(a, 'ms', x)} AS ${part(a, 'ms')}`, `${foldPart(a, 'msc', x)} AS ${part(a, 'msc')}`];
+    return [
+      `${foldPart(a, 'ms', x)} AS ${part(a, 'ms')}`,
+      `${foldPart(a, 'msc', x)} AS ${part(a, 'msc')}`,
+    ];
   }
 
   const stateNames = states.map((c) => c.name);

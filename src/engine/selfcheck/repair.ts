@@ -1,8 +1,8 @@
 import type { Session } from '../db/session.js';
 import { mapGroup, mapKeys, regroupSql } from '../drain/aggregate-sql.js';
-import { deltaRegroupSql } from '../drain/delta-sql.js';
 import { applyKeysBisecting, type ChangedKey } from '../drain/apply-keys.js';
 import { changedFromList } from '../drain/changed-sql.js';
+import { deltaRegroupSql } from '../drain/delta-sql.js';
 import { loadPlan, type TransformPlan } from '../drain/plan.js';
 import { rederiveSql } from '../drain/rederive-sql.js';
 import { isRowError } from '../drain/row-errors.js';

@@ -375,7 +375,8 @@ BEGIN
           input_expr := CASE WHEN (call->>'filtered')::boolean
                              THEN 'CASE WHEN (' || (call->>'filter') || ') THEN (' || (call->>'args') || ') END'
                              ELSE '(' || (call->>'args') || ')' END;
-          info := @schema@._analyze_query('SELECT ' || input_expr || ' FROM ' || cross_sql,
+          -- Typed as the argument is (numeric(12,2) keeps its scale; a FILTER's CASE would not).
+          info := @schema@._analyze_query('SELECT (' || (call->>'args') || ') FROM ' || cross_sql,
             format('in %s (%s)', part, call->>'args'));
         END IF;
         SELECT o::int INTO input_idx FROM jsonb_array_elements(inputs) WITH ORDINALITY AS x(i, o)
