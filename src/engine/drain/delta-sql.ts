@@ -8,16 +8,7 @@ import {
   tracksScale,
 } from './delta-plan.js';
 import type { TransformPlan } from './plan.js';
-import {
-  keyMatch,
-  list,
-  own,
-  q,
-  requireSourceIds,
-  tuple,
-  upsert,
-  writtenColumns,
-} from './sql-parts.js';
+import { list, own, q, requireSourceIds, tuple, upsert, writtenColumns } from './sql-parts.js';
 
 /**
  * Aggregates kept by delta (ADR 0044). A changed driving key's key-map rows hold each join
@@ -208,10 +199,7 @@ function removedSql(plan: TransformPlan): string {
   EXCEPT
   SELECT ${list(plan.key.map((k) => `dd.${q(k)}`))} FROM derived dd
 ),
-removed AS (
-  DELETE FROM ${plan.targetSql} t USING gone gn WHERE ${keyMatch(plan, 't', 'gn')}
-  RETURNING 1
-)`;
+${nullSafeDelete('removed', plan.targetSql, plan.key.map(q), 'gone', plan.key.map(q))}`;
 }
 
 /** Key-map columns, in the map's order: every source's key, the groups, passes, the inputs. */
@@ -225,30 +213,63 @@ function mapColumns(plan: TransformPlan): string[] {
 }
 
 /**
- * A group's rows found in `table` (alias `t`, group columns g1..gn) for the groups listed
- * in `groups` (a CTE with columns g1..gn): through `IN` (index-friendly) for groups
- * without a NULL, and a null-safe match, run only when such a group is listed, for the
- * rest.
+ * Rows of `table` (alias `t`) whose columns `cols` (qualified by `t`) match a row of CTE
+ * `cte` (columns `cteCols`), null-safe: a plain `IN` for values without a NULL (hashable,
+ * index-friendly), and a second branch for those with one, behind a one-time filter so it
+ * runs only when the CTE holds such a row. `select` is what each branch selects, `extra`
+ * a further condition on `t`. (A null-safe join condition, `IS NOT DISTINCT FROM` or an
+ * OR, would be a nested loop over the whole table.) A grand total (no columns) matches
+ * every row when the CTE has one.
  */
-function inGroups(plan: TransformPlan, t: string, groups: string): string {
-  const cols = groupCols(plan);
-  if (cols.length === 0) return `EXISTS (SELECT 1 FROM ${groups})`;
-  const anyNull = cols.map((c) => `${c} IS NULL`).join(' OR ');
-  const gg = own('gg');
-  return `(${tuple(cols.map((c) => `${t}.${c}`))} IN (SELECT ${list(cols)} FROM ${groups})
-         OR ((SELECT coalesce(bool_or(${anyNull}), false) FROM ${groups})
-             AND EXISTS (SELECT 1 FROM ${groups} ${gg}
-                          WHERE (${cols.map((c) => `${gg}.${c} IS NULL`).join(' OR ')})
-                            AND ${cols.map((c) => `${gg}.${c} IS NOT DISTINCT FROM ${t}.${c}`).join(' AND ')})))`;
+function nullSafeMatch(
+  select: string,
+  table: string,
+  cols: string[],
+  cte: string,
+  cteCols: string[],
+  extra: string | null = null,
+): string {
+  const and = extra ? ` AND ${extra}` : '';
+  if (cols.length === 0) {
+    return `SELECT ${select} FROM ${table} WHERE EXISTS (SELECT 1 FROM ${cte})${and}`;
+  }
+  const x = own('x');
+  const anyNull = (alias: string) => cteCols.map((c) => `${alias}${c} IS NULL`).join(' OR ');
+  return `SELECT ${select} FROM ${table}
+   WHERE ${tuple(cols)} IN (SELECT ${list(cteCols)} FROM ${cte})${and}
+  UNION ALL
+  SELECT ${select} FROM ${table}
+   WHERE (SELECT coalesce(bool_or(${anyNull('')}), false) FROM ${cte})
+     AND EXISTS (SELECT 1 FROM ${cte} ${x}
+                  WHERE (${anyNull(`${x}.`)})
+                    AND ${cteCols.map((c, i) => `${x}.${c} IS NOT DISTINCT FROM ${cols[i]}`).join(' AND ')})${and}`;
 }
 
-/** Matches state rows `st` to rows `f` of the same group, null-safe and index-friendly. */
-function sameGroup(plan: TransformPlan, st: string, f: string): string {
-  const cols = groupCols(plan);
-  if (cols.length === 0) return 'true';
-  return cols
-    .map((c) => `(${st}.${c} = ${f}.${c} OR (${st}.${c} IS NULL AND ${f}.${c} IS NULL))`)
-    .join(' AND ');
+/**
+ * Two CTEs deleting the rows of `table` whose `cols` match a row of `cte` (null-safe, as
+ * nullSafeMatch): `<name>` for values without a NULL, `<name>_null` for the rest.
+ */
+function nullSafeDelete(
+  name: string,
+  table: string,
+  cols: string[],
+  cte: string,
+  cteCols: string[],
+): string {
+  const x = own('x');
+  const anyNull = (alias: string) => cteCols.map((c) => `${alias}${c} IS NULL`).join(' OR ');
+  return `${name} AS (
+  DELETE FROM ${table} t WHERE ${tuple(cols.map((c) => `t.${c}`))} IN (SELECT ${list(cteCols)} FROM ${cte})
+  RETURNING 1
+),
+${name}_null AS (
+  DELETE FROM ${table} t
+   WHERE (SELECT coalesce(bool_or(${anyNull('')}), false) FROM ${cte})
+     AND EXISTS (SELECT 1 FROM ${cte} ${x}
+                  WHERE (${anyNull(`${x}.`)})
+                    AND ${cteCols.map((c, i) => `${x}.${c} IS NOT DISTINCT FROM t.${cols[i]}`).join(' AND ')})
+  RETURNING 1
+)`;
 }
 
 /**
@@ -370,6 +391,9 @@ export function deltaApplySql(plan: TransformPlan, changedSql: string): string {
 
   // Groups whose extreme (or largest scale) was removed: read again from their rows after
   // the change (the key map's, less the affected keys' old rows, plus their new rows).
+  // Every new row is folded (there are only as many as changed), and `final` takes the
+  // result for the flagged groups only: matching two CTEs row by row would be a nested
+  // loop, their row estimates being what they are.
   const rescanSql = rescans.length
     ? `
 rescan_groups AS MATERIALIZED (
@@ -379,18 +403,17 @@ rescanned AS MATERIALIZED (
   SELECT ${list([...gcols, ...rescans.flatMap((a) => rescanParts(a))])}
     FROM ${withScaleWindows(
       plan,
-      `(SELECT ${list([...gcols.map((c) => `m.${c}`), ...inputs.map((c) => `m.${c}`)])}
-          FROM ${mapSql} m
-         WHERE m.passes AND ${inGroups(plan, 'm', 'rescan_groups')}
-           AND ${drivingInMap} NOT IN (SELECT ${list(affectedCols)} FROM affected)
+      `(${nullSafeMatch(
+        list([...gcols.map((c) => `m.${c}`), ...inputs.map((c) => `m.${c}`)]),
+        `${mapSql} m`,
+        gcols.map((c) => `m.${c}`),
+        'rescan_groups',
+        gcols.length ? gcols : [],
+        `m.passes AND ${drivingInMap} NOT IN (SELECT ${list(affectedCols)} FROM affected)`,
+      )}
         UNION ALL
         SELECT ${list([...gcols.map((c) => `nr.${c}`), ...inputs.map((c) => `nr.${c}`)])}
-          FROM new_rows nr
-         WHERE nr.passes AND EXISTS (SELECT 1 FROM rescan_groups rg WHERE ${
-           gcols.length
-             ? gcols.map((c) => `rg.${c} IS NOT DISTINCT FROM nr.${c}`).join(' AND ')
-             : 'true'
-         }))`,
+          FROM new_rows nr WHERE nr.passes)`,
     )} rows
    ${groupBy(gcols)}${grandTotal ? '\n  HAVING EXISTS (SELECT 1 FROM rescan_groups)' : ''}
 ),
@@ -403,15 +426,16 @@ final AS MATERIALIZED (
       .filter((c) => c.name !== 'n')
       .map((c) =>
         rescanned(c.name)
-          ? `CASE WHEN bool_or(src = 'r') THEN max(${c.name}) FILTER (WHERE src = 'r') ELSE max(${c.name}) FILTER (WHERE src = 'm') END AS ${c.name}`
+          ? `CASE WHEN bool_or(src = 'm' AND ${w('rescan')}) THEN max(${c.name}) FILTER (WHERE src = 'r') ELSE max(${c.name}) FILTER (WHERE src = 'm') END AS ${c.name}`
           : `max(${c.name}) AS ${c.name}`,
       ),
   ])}
-    FROM (SELECT 'm' AS src, ${list([...gcols, 'n', 'existed', ...states.filter((c) => c.name !== 'n').map((c) => c.name)])} FROM merged
+    FROM (SELECT 'm' AS src, ${list([...gcols, 'n', 'existed', w('rescan'), ...states.filter((c) => c.name !== 'n').map((c) => c.name)])} FROM merged
           UNION ALL
           SELECT 'r', ${list([
             ...gcols.map((c) => `r.${c}`),
             'NULL::bigint',
+            'NULL::boolean',
             'NULL::boolean',
             ...states
               .filter((c) => c.name !== 'n')
@@ -463,7 +487,17 @@ touched AS MATERIALIZED (
   SELECT DISTINCT ${gcols.length ? list(gcols) : '1 AS one'} FROM signed
 ),
 current_states AS MATERIALIZED (
-  SELECT st.* FROM ${d.statesSql} st${grandTotal ? '' : ` WHERE ${inGroups(plan, 'st', 'touched')}`}
+  ${
+    grandTotal
+      ? `SELECT st.* FROM ${d.statesSql} st`
+      : nullSafeMatch(
+          'st.*',
+          `${d.statesSql} st`,
+          gcols.map((c) => `st.${c}`),
+          'touched',
+          gcols,
+        )
+  }
 ),
 folded AS MATERIALIZED (
   SELECT ${list(folded)}
@@ -482,11 +516,10 @@ states_written AS (
     grandTotal
       ? ''
       : `
-states_removed AS (
-  DELETE FROM ${d.statesSql} st USING final f
-   WHERE f.n = 0 AND f.existed AND ${sameGroup(plan, 'st', 'f')}
-  RETURNING 1
-),`
+emptied AS MATERIALIZED (
+  SELECT ${list(gcols)} FROM final WHERE n = 0 AND existed
+),
+${nullSafeDelete('states_removed', d.statesSql, gcols, 'emptied', gcols)},`
   }
 derived AS MATERIALIZED (
   ${targetRows(plan, 'final', grandTotal ? null : 'x.n > 0')}
@@ -553,7 +586,14 @@ refolded AS MATERIALIZED (
   SELECT ${list([...gcols, ...foldRows(plan)])}
     FROM ${withScaleWindows(
       plan,
-      `(SELECT m.* FROM ${plan.mapSql} m WHERE m.passes AND ${inGroups(plan, 'm', 'asked')})`,
+      `(${nullSafeMatch(
+        'm.*',
+        `${plan.mapSql} m`,
+        gcols.map((c) => `m.${c}`),
+        'asked',
+        gcols,
+        'm.passes',
+      )})`,
     )} rows
    ${groupBy(gcols)}${grandTotal ? '\n  HAVING EXISTS (SELECT 1 FROM rescan_groups)' : ''}
 ),
@@ -563,7 +603,8 @@ final AS MATERIALIZED (
       .filter((c) => !gcols.includes(c.name))
       .map((c) => (c.name === 'n' ? 'coalesce(r.n, 0) AS n' : `r.${c.name}`)),
   )}
-    FROM asked a LEFT JOIN refolded r ON ${sameGroup(plan, 'r', 'a')}
+    FROM asked a LEFT JOIN refolded r
+      ON ${gcols.length ? gcols.map((c) => `r.${c} IS NOT DISTINCT FROM a.${c}`).join(' AND ') : 'true'}
 ),
 states_written AS (
   INSERT INTO ${d.statesSql} AS st (${list([...gcols, ...stateNames])})
@@ -574,10 +615,10 @@ states_written AS (
     grandTotal
       ? ''
       : `
-states_removed AS (
-  DELETE FROM ${d.statesSql} st USING final f WHERE f.n = 0 AND ${sameGroup(plan, 'st', 'f')}
-  RETURNING 1
-),`
+emptied AS MATERIALIZED (
+  SELECT ${list(gcols)} FROM final WHERE n = 0
+),
+${nullSafeDelete('states_removed', d.statesSql, gcols, 'emptied', gcols)},`
   }
 derived AS MATERIALIZED (
   ${targetRows(plan, 'final', grandTotal ? null : 'x.n > 0')}
