@@ -161,6 +161,15 @@ describe('transform(): statements from drizzle tables', () => {
     expect(isTrellisTarget(orders)).toBe(false);
   });
 
+  it('writes the trailing options, WITHOUT SOURCE INDEX and WITHOUT ROW SECURITY', () => {
+    const stmt = statementOf(
+      transform('opted', (t) =>
+        t.from(orders).select({ id: orders.id }).withoutSourceIndex().withoutRowSecurity(),
+      ),
+    );
+    expect(stmt.split('\n').slice(-2)).toEqual(['WITHOUT SOURCE INDEX', 'WITHOUT ROW SECURITY']);
+  });
+
   it('writes each kind of value as a literal of its own', () => {
     const stmt = statementOf(
       transform('values', (t) =>

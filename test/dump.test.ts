@@ -311,3 +311,39 @@ describe('trellis dump arguments', () => {
     );
   });
 });
+
+// Settings a definition depends on (issue #21 item 1, ADR 0033): the dump carries the
+// ones each transform was defined under, and a load records and builds under them, not
+// under the loading session's.
+describe('definitions loaded from a dump', () => {
+  it('keep the settings they were defined under', async () => {
+    const source = await freshDatabase();
+    await source.sql.unsafe(SCHEMA);
+    await using trellis = await migratedTrellis(source);
+    const days: Definition = {
+      target: 'order_days',
+      from: 'orders',
+      select: `(timestamptz '2024-03-01 23:30:00+00' + amount * interval '1 hour')::text AS at, cust`,
+      implicit: 'id',
+    };
+    const settings = { timezone: 'Asia/Tokyo', datestyle: 'SQL, DMY' };
+    await source.sql.begin(async (tx) => {
+      await tx.unsafe(`SET LOCAL timezone = 'Asia/Tokyo'`);
+      await tx.unsafe(`SET LOCAL datestyle = 'SQL, DMY'`);
+      await tx.unsafe('SELECT trellis.apply($1)', [transformStatement(days)]);
+    });
+    const sql = await trellis.dumpDefinitionsSql();
+    expect(sql).toMatch(/restore_definition\('TRANSFORM order_days .*"timezone": ?"Asia\/Tokyo"/);
+
+    const other = await freshDatabase();
+    await other.sql.unsafe(SCHEMA);
+    await writeRows(other, false);
+    await (await migratedTrellis(other)).shutdown();
+    await other.sql.unsafe(sql);
+    await using loaded = await migratedTrellis(other, { staging: true, drainThreads: 1 });
+    const [definition] = (await loaded.definitions()).filter((d) => d.target === days.target);
+    expect(definition?.settings).toMatchObject(settings);
+    await waitForStatus(loaded, days.target, 'live', 30_000);
+    await expectMatchesDefinition(other.sql, days, { settings });
+  });
+});

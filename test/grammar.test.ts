@@ -210,6 +210,50 @@ describe('parse_statement: statement forms', () => {
       transform: 't',
     });
   });
+
+  it('parses WITHOUT ROW SECURITY, on TRANSFORM (either order with WITHOUT SOURCE INDEX) and in ALTER', async () => {
+    expect(
+      await parse('TRANSFORM t FROM s SELECT a WITHOUT ROW SECURITY WITHOUT SOURCE INDEX'),
+    ).toMatchObject({ without_source_index: true, without_row_security: true });
+    expect(await parse('TRANSFORM t FROM s SELECT a without row security')).toMatchObject({
+      without_source_index: false,
+      without_row_security: true,
+    });
+    expect(await parse('ALTER TRANSFORM t SET WITHOUT ROW SECURITY')).toEqual({
+      kind: 'alter_without_row_security',
+      transform: 't',
+      value: true,
+    });
+    expect(await parse('alter transform t reset without row security;')).toEqual({
+      kind: 'alter_without_row_security',
+      transform: 't',
+      value: false,
+    });
+  });
+
+  it('parses ALTER TRANSFORM ... SET (setting = value, ...) and RESET (setting, ...)', async () => {
+    expect(
+      await parse(
+        `ALTER TRANSFORM t SET (TimeZone = 'Europe/Paris', "DateStyle" = 'ISO, DMY', extra_float_digits = -1, intervalstyle = sql_standard, lc_time = E'C')`,
+      ),
+    ).toEqual({
+      kind: 'alter_set_settings',
+      transform: 't',
+      settings: [
+        { name: 'timezone', value: 'Europe/Paris' },
+        { name: 'datestyle', value: 'ISO, DMY' },
+        { name: 'extra_float_digits', value: '-1' },
+        { name: 'intervalstyle', value: 'sql_standard' },
+        { name: 'lc_time', value: 'C' },
+      ],
+    });
+    expect(await parse('ALTER TRANSFORM s.t RESET (timezone, DateStyle);')).toEqual({
+      kind: 'alter_reset_settings',
+      schema: 's',
+      transform: 't',
+      names: ['timezone', 'datestyle'],
+    });
+  });
 });
 
 describe('parse_statement: names', () => {
@@ -638,12 +682,23 @@ describe('parse_statement: refusals', () => {
     ['TRANSFORM t FROM s SELECT a WITHOUT SOURCE', 'expected INDEX after WITHOUT SOURCE', '<end>'],
     [
       'TRANSFORM t FROM s SELECT a WITHOUT SOURCE INDEX WHERE b',
-      'expected end of statement, found "WHERE"',
+      'expected WITHOUT ROW SECURITY or end of statement, found "WHERE"',
       'WHERE',
     ],
     [
+      'TRANSFORM t FROM s SELECT a WITHOUT ROW SECURITY WITHOUT SOURCE INDEX x',
+      'expected end of statement, found "x"',
+      'x',
+    ],
+    ['TRANSFORM t FROM s SELECT a WITHOUT ROW', 'expected SECURITY after WITHOUT ROW', '<end>'],
+    [
+      'TRANSFORM t FROM s SELECT a WITHOUT ROW SECURITY WITHOUT ROW SECURITY',
+      'expected SOURCE INDEX after WITHOUT, found "ROW"',
+      58,
+    ],
+    [
       'TRANSFORM t FROM s SELECT a HAVING b WHERE c',
-      'expected WITHOUT SOURCE INDEX or end of statement',
+      'expected WITHOUT SOURCE INDEX, WITHOUT ROW SECURITY or end of statement',
       'WHERE',
     ],
     ['PAUSE t', 'expected TRANSFORM, found "t"', 't'],
@@ -669,10 +724,28 @@ describe('parse_statement: refusals', () => {
     ['ALTER TRANSFORM t DROP COLUMN', 'expected a column name, found end of statement', '<end>'],
     [
       'ALTER TRANSFORM t SET SOURCE INDEX',
-      'expected WITHOUT SOURCE INDEX, found "SOURCE"',
+      'expected WITHOUT SOURCE INDEX, WITHOUT ROW SECURITY or "(" and settings, found "SOURCE"',
       'SOURCE',
     ],
-    ['ALTER TRANSFORM t RESET WITHOUT INDEX', 'expected SOURCE INDEX, found "INDEX"', 'INDEX'],
+    [
+      'ALTER TRANSFORM t RESET WITHOUT INDEX',
+      'expected SOURCE INDEX or ROW SECURITY, found "INDEX"',
+      'INDEX',
+    ],
+    ['ALTER TRANSFORM t SET WITHOUT ROW', 'expected SECURITY, found end of statement', '<end>'],
+    ['ALTER TRANSFORM t SET (timezone)', 'expected "=" and a value, found ")"', ')'],
+    [
+      'ALTER TRANSFORM t SET (timezone = )',
+      'expected a value (a string, a number or a name), found ")"',
+      ')',
+    ],
+    ['ALTER TRANSFORM t SET ()', 'expected a setting name, found ")"', ')'],
+    [
+      'ALTER TRANSFORM t RESET (timezone datestyle)',
+      'expected "," or ")", found "datestyle"',
+      'datestyle',
+    ],
+    ['ALTER TRANSFORM t RESET (timezone) x', 'expected end of statement, found "x"', 'x'],
   ];
 
   it.each(cases)('%j', async (statement, fragment, where) => {
@@ -724,6 +797,20 @@ describe('render_statement', () => {
       [
         'alter transform t reset without source index',
         'ALTER TRANSFORM t RESET WITHOUT SOURCE INDEX',
+      ],
+      ['alter transform t set without row security', 'ALTER TRANSFORM t SET WITHOUT ROW SECURITY'],
+      [
+        'alter transform t reset without row security',
+        'ALTER TRANSFORM t RESET WITHOUT ROW SECURITY',
+      ],
+      [
+        "alter transform t set (TimeZone = 'UTC', extra_float_digits=-1, DateStyle = german)",
+        "ALTER TRANSFORM t SET (timezone = 'UTC', extra_float_digits = '-1', datestyle = 'german')",
+      ],
+      ['alter transform t reset (TimeZone,lc_time)', 'ALTER TRANSFORM t RESET (timezone, lc_time)'],
+      [
+        'TRANSFORM t FROM s SELECT a without row security without source index',
+        'TRANSFORM t FROM s SELECT a WITHOUT SOURCE INDEX WITHOUT ROW SECURITY',
       ],
       ['TRANSFORM t FROM s SELECT ALL a', 'TRANSFORM t FROM s SELECT a'],
       ['TRANSFORM t FROM s JOIN u ON true SELECT a', 'TRANSFORM t FROM s JOIN u ON true SELECT a'],
@@ -1022,6 +1109,20 @@ describe('properties', () => {
           .constantFrom('SET WITHOUT SOURCE INDEX', 'RESET WITHOUT SOURCE INDEX')
           .chain(keyword)
           .map((text) => ({ text, kind: 'alter_without_source_index' })),
+        fc
+          .constantFrom('SET WITHOUT ROW SECURITY', 'RESET WITHOUT ROW SECURITY')
+          .chain(keyword)
+          .map((text) => ({ text, kind: 'alter_without_row_security' })),
+        fc
+          .constantFrom(
+            "SET (timezone = 'UTC', datestyle = 'ISO, DMY')",
+            'RESET (timezone)',
+            'RESET (datestyle, intervalstyle)',
+          )
+          .map((text) => ({
+            text,
+            kind: text.startsWith('SET') ? 'alter_set_settings' : 'alter_reset_settings',
+          })),
       ),
       end,
     )

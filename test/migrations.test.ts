@@ -2,8 +2,9 @@ import { describe, expect, it } from 'vitest';
 import { Trellis, TrellisError } from '../src/engine/index.js';
 import { installSql, latestVersion } from '../src/engine/schema/install-sql.js';
 import { migrations } from '../src/engine/schema/migrations.generated.js';
-import { freshDatabase } from './support/database.js';
-import { waitFor } from './support/trellis.js';
+import { freshDatabase, sqlClient } from './support/database.js';
+import { expectMatchesDefinition } from './support/oracle.js';
+import { waitFor, waitForStatus } from './support/trellis.js';
 
 const quiet = { logger: { debug() {}, info() {}, warn() {}, error() {} } };
 
@@ -137,6 +138,51 @@ describe('migrate()', () => {
     expect(await plain.definitions()).toEqual([]);
     await using worker = await Trellis.connect({ url: db.url, staging: true, ...quiet });
     await waitFor(() => worker.hasLiveStagingWorker(), 'the staging worker to be elected');
+  });
+
+  it('carries transforms defined before settings were recorded over: the defaults recorded, a source with row level security opted in, nothing paused', async () => {
+    const db = await freshDatabase();
+    // Every migration before the one that records settings (ADRs 0033, 0034).
+    const before = migrations.slice(
+      0,
+      migrations.findIndex((m) => m.name === 'definition_settings'),
+    );
+    await db.sql.unsafe(`ALTER DATABASE "${db.name}" SET timezone = 'Asia/Tokyo'`);
+    // A session opened after the ALTER: the defaults the engine's sessions had.
+    const sql = sqlClient(db.url, { max: 1 });
+    try {
+      await sql.unsafe(
+        installSql({ schema: 'trellis', targetSchema: 'public', migrations: before }),
+      );
+      await sql.unsafe(`
+        CREATE TABLE up_docs (id int PRIMARY KEY, at timestamptz NOT NULL);
+        INSERT INTO up_docs SELECT i, '2024-03-01 00:00:00+00'::timestamptz + i * interval '5 hours'
+          FROM generate_series(1, 40) i;
+        ALTER TABLE up_docs ENABLE ROW LEVEL SECURITY;
+        SELECT trellis.apply('TRANSFORM up_days FROM up_docs SELECT at::date AS day');`);
+      await sql.unsafe(installSql({ schema: 'trellis', targetSchema: 'public' }));
+    } finally {
+      await sql.end();
+    }
+    await using worker = await Trellis.connect({
+      url: db.url,
+      staging: true,
+      drainThreads: 1,
+      ...quiet,
+    });
+    const status = await waitForStatus(worker, 'up_days', 'live');
+    expect(status.rowSecurity).toEqual([
+      { table: 'public.up_docs', forced: false, optedOut: true },
+    ]);
+    const [definition] = await worker.definitions();
+    expect(definition?.settings).toMatchObject({ timezone: 'Asia/Tokyo' });
+    expect(definition?.options.withoutRowSecurity).toBe(true);
+    expect(definition?.statement).toMatch(/ WITHOUT ROW SECURITY$/);
+    await expectMatchesDefinition(
+      db.sql,
+      { target: 'up_days', from: 'up_docs', select: 'at::date AS day', implicit: 'id' },
+      { settings: { timezone: 'Asia/Tokyo' } },
+    );
   });
 
   it('refuses a handle whose targetSchema differs from the instance’s', async () => {

@@ -17,6 +17,7 @@ const ROLES = {
   sqlWriter: `trellis_sqlwriter_${suffix}`,
   ungranted: `trellis_ungranted_${suffix}`,
   reader: `trellis_reader_${suffix}`,
+  stranger: `trellis_stranger_${suffix}`,
 };
 
 const orders: Definition = {
@@ -51,6 +52,7 @@ beforeAll(async () => {
     CREATE ROLE ${ROLES.sqlWriter} LOGIN;
     CREATE ROLE ${ROLES.ungranted} LOGIN;
     CREATE ROLE ${ROLES.reader} LOGIN;
+    CREATE ROLE ${ROLES.stranger} LOGIN;
     GRANT CREATE ON DATABASE "${db.name}" TO ${ROLES.owner};
     GRANT CREATE ON SCHEMA public TO ${ROLES.owner};`);
   ownerSql = clientAs(ROLES.owner);
@@ -190,10 +192,21 @@ describe('privileges', () => {
   it('refuses grant_writer from a role that cannot grant, and grantWriter for a role that does not exist', async () => {
     const sql = clientAs(ROLES.writer);
     try {
+      // Only the owner executes Trellis's functions (ADR 0034)...
+      const denied = await rejection(sql`SELECT trellis.grant_writer(${ROLES.ungranted})`);
+      expect(denied.code).toBe('42501');
+      expect(denied.message).toContain('permission denied for function grant_writer');
+      // ...and a role the owner lets call it still cannot grant what it does not hold.
+      await ownerSql.unsafe(
+        `GRANT EXECUTE ON FUNCTION trellis.grant_writer(regrole) TO ${ROLES.writer}`,
+      );
       const refused = await rejection(sql`SELECT trellis.grant_writer(${ROLES.ungranted})`);
       expect(refused.code).toBe('42501');
       expect(refused.message).toContain('cannot grant');
     } finally {
+      await ownerSql.unsafe(
+        `REVOKE EXECUTE ON FUNCTION trellis.grant_writer(regrole) FROM ${ROLES.writer}`,
+      );
       await sql.end({ timeout: 2 });
     }
     const [row] = await db.sql<{ usage: boolean }[]>`
@@ -202,6 +215,38 @@ describe('privileges', () => {
     const missing = await rejection(owner.grantWriter('no_such_role_anywhere'));
     expect(missing.code).toBe('not_found');
     expect((await rejection(owner.grantWriter(''))).code).toBe('validation');
+  });
+
+  it("lets no role but the owner execute a function of Trellis's schema, not even one with USAGE on it", async () => {
+    await ownerSql.unsafe(`GRANT USAGE ON SCHEMA trellis TO ${ROLES.stranger}`);
+    // Every function, the capture functions the staging worker made at run time included.
+    const executable = await db.sql<{ fn: string; role: string }[]>`
+      SELECT p.oid::regprocedure::text AS fn, r.rolname::text AS role
+        FROM pg_proc p CROSS JOIN pg_roles r
+       WHERE p.pronamespace IN ('trellis'::regnamespace, 'trellis_jobs'::regnamespace)
+         AND r.rolname IN (${ROLES.stranger}, ${ROLES.writer}, ${ROLES.reader})
+         AND has_function_privilege(r.oid, p.oid, 'EXECUTE')`;
+    expect(executable).toEqual([]);
+    const [capture] = await db.sql<{ n: number }[]>`
+      SELECT count(*)::int AS n FROM pg_proc
+       WHERE pronamespace = 'trellis'::regnamespace AND proname LIKE 'capture%'`;
+    if (TEST_CAPTURE !== 'logical') expect(capture!.n).toBeGreaterThan(0);
+
+    const sql = clientAs(ROLES.stranger);
+    try {
+      for (const call of [
+        sql`SELECT trellis.status('order_amounts')`,
+        sql`SELECT trellis.apply('DROP TRANSFORM order_amounts')`,
+        sql`SELECT * FROM trellis.definitions()`,
+      ]) {
+        const error = await rejection(call);
+        expect(error.code).toBe('42501');
+        expect(error.message).toMatch(/permission denied for function/);
+      }
+    } finally {
+      await sql.end({ timeout: 2 });
+    }
+    await waitForStatus(owner, 'order_amounts', 'live');
   });
 
   it('lets a reader SELECT a target, and not write it', async () => {

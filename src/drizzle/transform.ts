@@ -77,12 +77,13 @@ interface Parts {
   groupBy?: Array<AnyColumn | SQL>;
   having?: SQL | undefined;
   withoutSourceIndex: boolean;
+  withoutRowSecurity: boolean;
 }
 
 /** The statement being built: FROM, then any JOINs, then SELECT. */
 export class TransformStart {
   /** @internal */
-  readonly parts: Parts = { joins: [], withoutSourceIndex: false };
+  readonly parts: Parts = { joins: [], withoutSourceIndex: false, withoutRowSecurity: false };
 
   /** `FROM source`: a drizzle table, an aliased table (`alias(t, 'a')`) or another target. */
   from<S extends TransformSource>(source: S): TransformSources<SourceName<S>, never> {
@@ -132,7 +133,7 @@ export class TransformSources<TNames extends string, TNullable extends string> {
   }
 }
 
-/** SELECT given; WHERE, GROUP BY, HAVING and WITHOUT SOURCE INDEX may follow. */
+/** SELECT given; WHERE, GROUP BY, HAVING, WITHOUT SOURCE INDEX and WITHOUT ROW SECURITY may follow. */
 export class TransformSelected<
   TNames extends string,
   TNullable extends string,
@@ -165,6 +166,15 @@ export class TransformSelected<
   /** `WITHOUT SOURCE INDEX`: accept the source index gaps the drain's lookups have. */
   withoutSourceIndex(): this {
     this.parts.withoutSourceIndex = true;
+    return this;
+  }
+
+  /**
+   * `WITHOUT ROW SECURITY`: accept sources with row level security, whose target holds
+   * every row Trellis's role reads, for whoever may read the target (ADR 0034).
+   */
+  withoutRowSecurity(): this {
+    this.parts.withoutRowSecurity = true;
     return this;
   }
 }
@@ -292,6 +302,7 @@ function render(
   }
   if (parts.having !== undefined) lines.push(`HAVING ${renderer.render(parts.having, 'HAVING')}`);
   if (parts.withoutSourceIndex) lines.push('WITHOUT SOURCE INDEX');
+  if (parts.withoutRowSecurity) lines.push('WITHOUT ROW SECURITY');
   return { statement: lines.join('\n'), reads, columns };
 }
 

@@ -60,6 +60,12 @@ export interface OracleOptions {
   /** search_path the definition's query runs with. @defaultValue `'public'` */
   searchPath?: string;
   /**
+   * Other settings the definition's query (and the rendering of both sides as text) runs
+   * under, as the test defined the transform (`{ timezone: 'Pacific/Auckland' }`).
+   * @defaultValue the session's
+   */
+  settings?: Record<string, string>;
+  /**
    * Relative tolerance for float4/float8 columns (aggregates over floats depend on the
    * order rows are summed in). 0 compares floats exactly, as text. @defaultValue `1e-9`
    */
@@ -120,6 +126,9 @@ export async function compareWithDefinition(
                       AND (i.indisprimary OR i.indisunique)) AS has_key`;
   return sql.begin(async (tx) => {
     await tx.unsafe(`SET LOCAL search_path = ${options.searchPath ?? 'public'}`);
+    for (const [name, value] of Object.entries(options.settings ?? {})) {
+      await tx.unsafe('SELECT set_config($1, $2, true)', [name, value]);
+    }
     await tx.unsafe(`CREATE TEMP VIEW trellis_oracle_definition AS ${definitionQuery(d)}`);
     const definitionColumns = await tx<{ name: string }[]>`
       SELECT a.attname AS name FROM pg_attribute a

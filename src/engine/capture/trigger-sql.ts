@@ -180,7 +180,12 @@ function guarded(spec: CaptureSpec, event: CaptureEvent): string {
   ${byGeneration(spec, event)}`;
 }
 
-/** CREATE OR REPLACE of the four trigger functions (no lock on the source). */
+/**
+ * CREATE OR REPLACE of the four trigger functions (no lock on the source), each followed
+ * by the REVOKE of the EXECUTE that Postgres grants PUBLIC on a new function: nothing in
+ * Trellis's schema is PUBLIC-executable (ADR 0034). A trigger fires whatever the writing
+ * role's EXECUTE (it is checked when the trigger is created), so writers need none.
+ */
 export function captureFunctionsSql(spec: CaptureSpec, events = CAPTURE_EVENTS): string[] {
   const pinned = spec.keyTypes.every(settingFree)
     ? ''
@@ -188,8 +193,8 @@ export function captureFunctionsSql(spec: CaptureSpec, events = CAPTURE_EVENTS):
   // The transaction's id and its ledger generation, once per statement; then one static
   // INSERT per generation (each keeps its cached plan).
   const s = quoteIdent(spec.schema);
-  return events.map(
-    (event) => `CREATE OR REPLACE FUNCTION ${functionName(spec, event)}()
+  return events.flatMap((event) => [
+    `CREATE OR REPLACE FUNCTION ${functionName(spec, event)}()
 RETURNS trigger LANGUAGE plpgsql${pinned} AS $trellis_capture$
 DECLARE
   x bigint := pg_current_xact_id()::text::bigint;
@@ -200,7 +205,8 @@ BEGIN
   RETURN NULL;
 END
 $trellis_capture$`,
-  );
+    `REVOKE EXECUTE ON FUNCTION ${functionName(spec, event)}() FROM PUBLIC`,
+  ]);
 }
 
 /**

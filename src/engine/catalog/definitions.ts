@@ -63,7 +63,18 @@ export interface Definition {
   statement: string;
   sources: DefinitionSource[];
   columns: DefinitionColumn[];
-  options: { withoutSourceIndex: boolean };
+  options: {
+    withoutSourceIndex: boolean;
+    /** Defined `WITHOUT ROW SECURITY`: sources with row level security accepted (ADR 0034). */
+    withoutRowSecurity: boolean;
+  };
+  /**
+   * The settings its expressions are evaluated under, recorded when it was defined (those
+   * of the session that defined it) or set by `ALTER TRANSFORM … SET (…)`: lower-case
+   * names (`timezone`, `datestyle`, `intervalstyle`, `extra_float_digits`, `lc_time`…) to
+   * values as Postgres shows them.
+   */
+  settings: Record<string, string>;
   aggregates: boolean;
   maintenance: Maintenance;
   createdAt: Date;

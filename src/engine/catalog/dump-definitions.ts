@@ -7,10 +7,11 @@ import { jobsSchemaFor } from '../jobs/jobs-schema.js';
  * The definitions as SQL for the end of a schema-only dump (ADR 0022). A schema-only
  * pg_dump carries Trellis's schema, the targets and the capture triggers but none of the
  * catalog's rows; this SQL writes back the rows that say what is installed (migrations,
- * config, and the jobs schema's pg-boss version and queues) and registers every transform again, in the order they were defined (a chain's
- * upstream first), with the search_path each was defined under. Runtime state (ledger,
- * progress, pauses, quarantine, claims) is left out: each transform loads as
- * waiting_to_backfill and the worker builds it. Safe to run twice.
+ * config, and the jobs schema's pg-boss version and queues) and registers every transform
+ * again, in the order they were defined (a chain's upstream first), with the search_path
+ * and the settings each was defined under (ADR 0033). Runtime state (ledger, progress,
+ * pauses, quarantine, claims) is left out: each transform loads as waiting_to_backfill and
+ * the worker builds it. Safe to run twice.
  */
 export async function dumpDefinitionsSql(session: Session, schema: string): Promise<string> {
   const s = quoteIdent(schema);
@@ -30,9 +31,11 @@ export async function dumpDefinitionsSql(session: Session, schema: string): Prom
             -- one makes its own, rather than find "its" slot missing (a disruption).
             (SELECT to_jsonb(c) - 'wal_slot' FROM ${s}.config c) AS config`,
   );
-  const definitions = await session.query<{ statement: string; search_path: string }>(
-    `SELECT statement, search_path FROM ${s}.transforms ORDER BY id`,
-  );
+  const definitions = await session.query<{
+    statement: string;
+    search_path: string;
+    settings: Record<string, string>;
+  }>(`SELECT statement, search_path, settings FROM ${s}.transforms ORDER BY id`);
   const lines = [
     '',
     `-- Trellis definitions: catalog schema ${s}, ${definitions.length} transform${definitions.length === 1 ? '' : 's'}.`,
@@ -70,7 +73,7 @@ export async function dumpDefinitionsSql(session: Session, schema: string): Prom
   }
   for (const d of definitions) {
     lines.push(
-      `SELECT ${s}.restore_definition(${quoteLiteral(d.statement)}, ${quoteLiteral(d.search_path)});`,
+      `SELECT ${s}.restore_definition(${quoteLiteral(d.statement)}, ${quoteLiteral(d.search_path)}, ${quoteLiteral(JSON.stringify(d.settings))});`,
     );
   }
   return `${lines.join('\n')}\n`;

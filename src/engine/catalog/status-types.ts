@@ -210,4 +210,21 @@ export interface Status {
   lastApply: LastApply | null;
   lag: Lag;
   capture: CaptureInfo;
+  /**
+   * The sources that have row level security enabled: the target holds every row
+   * Trellis's role reads, and whoever reads the target reads them, whatever the policies
+   * say. Empty for none. A transform is defined over one only `WITHOUT ROW SECURITY`
+   * (`optedOut`); one that gains it later stops (ADR 0034).
+   */
+  rowSecurity: RowSecuritySource[];
+}
+
+/** A source of a transform with row level security enabled (`status().rowSecurity`). */
+export interface RowSecuritySource {
+  /** Schema-qualified, as `schema.table`. */
+  table: string;
+  /** `FORCE ROW LEVEL SECURITY`: the policies apply to the table's owner too. */
+  forced: boolean;
+  /** The transform was defined (or altered) `WITHOUT ROW SECURITY`. */
+  optedOut: boolean;
 }

@@ -37,6 +37,11 @@ export interface TransformPlan {
   /** Quoted, schema-qualified target table. */
   targetSql: string;
   searchPath: string;
+  /**
+   * The settings its expressions are evaluated under (TimeZone, DateStyle...), as recorded
+   * when it was defined: `{ timezone: 'UTC', ... }` (ENGINE.md, I10; ADR 0033).
+   */
+  settings: Record<string, string>;
   aggregates: boolean;
   /** FROM with its joins, tables quoted and qualified, as the definition was validated. */
   fromSql: string;
@@ -81,6 +86,7 @@ interface PlanRow {
   target_name: string;
   target_sql: string;
   search_path: string;
+  settings: Record<string, string>;
   aggregates: boolean;
   delta: Classification | null;
   /** FROM with its joins, naming each source as it is now (a renamed source is followed). */
@@ -118,7 +124,7 @@ export async function loadPlan(
 ): Promise<TransformPlan> {
   const s = quoteIdent(schema);
   const [row] = await session.query<PlanRow>(
-    `SELECT t.id, t.target_name, t.target_oid::regclass::text AS target_sql, t.search_path,
+    `SELECT t.id, t.target_name, t.target_oid::regclass::text AS target_sql, t.search_path, t.settings,
             EXISTS (SELECT 1 FROM ${s}.held_keys h
                      WHERE h.transform_id = t.id AND h.column_name = '') AS has_held_keys,
             ARRAY(SELECT DISTINCT h.column_name::text FROM ${s}.held_keys h
@@ -174,6 +180,7 @@ export async function loadPlan(
     target: row.target_name,
     targetSql: row.target_sql,
     searchPath: row.search_path,
+    settings: row.settings,
     aggregates: row.aggregates,
     fromSql: row.from_sql,
     where: row.spec.ast.where,

@@ -84,9 +84,13 @@ BEGIN
       ${quoteLiteral(options.schema)}, newer USING ERRCODE = 'TRI01';
   END IF;
 ${steps}
+  -- Postgres lets PUBLIC execute a new function: none of Trellis's is (ADR 0034), whichever
+  -- migration made it. Only the owner calls them.
+  REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA ${s} FROM PUBLIC;
   INSERT INTO ${s}.config (target_schema) VALUES (${quoteLiteral(options.targetSchema)})
     ON CONFLICT DO NOTHING;
 ${bossInstallStatements(jobsSchemaFor(options.schema), options.schema)}
+  REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA ${quoteIdent(jobsSchemaFor(options.schema))} FROM PUBLIC;
 END
 $trellis_install$;
 `;

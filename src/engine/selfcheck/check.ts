@@ -1,5 +1,6 @@
 import type { Session } from '../db/session.js';
 import { loadPlan } from '../drain/plan.js';
+import { enterTransformWork } from '../drain/work-settings.js';
 import { compareBatch, Findings } from './compare-batch.js';
 import {
   chunkBoundarySql,
@@ -66,7 +67,12 @@ export async function runCheck(ctx: CheckContext, request: CheckRequest): Promis
     let lo: string[] | null = null;
     for (;;) {
       checkTime(ctx);
-      const rows: Array<{ upto: string[] }> = await session.query(boundary, [lo, CHUNK_KEYS]);
+      // Keys travel as text between the boundary and the batch: both under the
+      // transform's settings (a date key's text depends on DateStyle).
+      const rows = await session.transaction(async () => {
+        await enterTransformWork(session, schema, plan);
+        return session.query<{ upto: string[] }>(boundary, [lo, CHUNK_KEYS]);
+      });
       const hi: string[] | null = rows[0]?.upto ?? null;
       await batch(rangeScope(shape), [lo, hi]);
       if (hi === null) break;

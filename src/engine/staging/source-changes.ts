@@ -8,8 +8,9 @@ import type { Logger } from '../logger.js';
  * - a source renamed or moved to another schema is followed (capture and the drain read it
  *   by OID; the catalog and the statement take its new name);
  * - a read column dropped, renamed or retyped (a rewrite fires no trigger), a source
- *   dropped, its primary key changed, or, for a definition that reads whole rows, a column
- *   added or dropped: the transforms reading it stop (paused, reason `capture_failure`,
+ *   dropped, its primary key changed, row level security enabled on it (unless the
+ *   definition says WITHOUT ROW SECURITY: ADR 0034), or, for a definition that reads whole
+ *   rows, a column added or dropped: the transforms reading it stop (paused, reason `capture_failure`,
  *   with a sentence in `status().captureFailure`). RESUME binds the statement to the
  *   sources as they are then, and rebuilds.
  * Capture itself never fails meanwhile (see trigger-sql.ts): what it records until the
@@ -35,6 +36,8 @@ export async function checkSourceChanges(
        SELECT ts.transform_id, ts.ordinal, ts.source_oid, ts.key_columns, ts.read_attrs,
               quote_ident(ts.source_schema) || '.' || quote_ident(ts.source_name) AS display,
               coalesce((t.spec->>'whole_row')::boolean, false) AS whole_row,
+              coalesce((t.spec->'ast'->>'without_row_security')::boolean, false) AS without_row_security,
+              coalesce(c.relrowsecurity, false) AS row_security,
               c.oid IS NOT NULL AS present
          FROM ${s}.transform_sources ts
          JOIN ${s}.transforms t ON t.id = ts.transform_id
@@ -84,7 +87,16 @@ export async function checkSourceChanges(
              CROSS JOIN LATERAL unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, i)
              JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
             WHERE x.indrelid = src.source_oid AND x.indisprimary) pk ON true
-        WHERE src.present AND pk.cols IS DISTINCT FROM src.key_columns),
+        WHERE src.present AND pk.cols IS DISTINCT FROM src.key_columns
+       UNION ALL
+       -- The definition was refused over it then (ADR 0034): every role that may read the
+       -- target would read every row, whatever the new policies say.
+       SELECT src.transform_id, src.ordinal,
+              format('row level security was enabled on %s: define the transform WITHOUT ROW SECURITY (ALTER TRANSFORM … SET WITHOUT ROW SECURITY) to accept that its target holds every row Trellis''s role reads, then RESUME it',
+                     src.display),
+              NULL
+         FROM sources src
+        WHERE src.present AND src.row_security AND NOT src.without_row_security),
      failures AS (
        SELECT transform_id,
               (array_agg(error ORDER BY ordinal, error))[1]
