@@ -186,6 +186,49 @@ describe('aggregates kept by delta', () => {
     expect((await live.trellis.status('j_tiers')).lastApply?.mode).toBe('delta');
   });
 
+  it('recomputes every group for a burst over most rows, when cheaper, and deltas go on exact after', async () => {
+    await live.db.sql.unsafe(`
+      CREATE TABLE b_items (id int PRIMARY KEY, g int, v numeric, n int);
+      CREATE INDEX ON b_items (g);
+      INSERT INTO b_items SELECT i, i % 2000, i * 0.5, i % 11 FROM generate_series(1, 20000) i;
+      ANALYZE b_items;`);
+    const d: Definition = {
+      target: 'b_totals',
+      from: 'b_items',
+      select: 'g, count(*) AS n, sum(v) AS total, max(n) AS high',
+      groupBy: 'g',
+    };
+    await live.define(d);
+    await live.trellis.apply(`PAUSE TRANSFORM ${d.target}`);
+    await live.db.sql.unsafe(`
+      UPDATE b_items SET v = v + 1, g = g + 1 WHERE id % 5 <> 0;
+      DELETE FROM b_items WHERE id % 7 = 0;
+      INSERT INTO b_items SELECT i, i % 2500, i, i % 3 FROM generate_series(30000, 31000) i;`);
+    await live.trellis.apply(`RESUME TRANSFORM ${d.target}`);
+    await live.converged(d);
+    const burst = (await live.trellis.status(d.target)).lastApply;
+    expect(burst?.mode).toBe('recompute');
+    expect(burst?.estimate?.alternatives.recompute).toBeLessThan(
+      burst?.estimate?.alternatives.delta ?? 0,
+    );
+    // The key map and the group states were made again with the target: deltas after it
+    // start from them.
+    await steps(
+      [d],
+      [
+        'UPDATE b_items SET g = 1 WHERE id BETWEEN 100 AND 120',
+        'DELETE FROM b_items WHERE g = 2',
+        'UPDATE b_items SET n = 50 WHERE id = 3',
+      ],
+    );
+    expect((await live.trellis.status(d.target)).lastApply?.mode).toBe('delta');
+    // What it cost is measured, for the next choices.
+    const [row] = await live.db.sql<{ costs: Record<string, number> | null }[]>`
+      SELECT p.apply_costs AS costs FROM trellis.pipeline p
+        JOIN trellis.transforms t ON t.id = p.transform_id WHERE t.target_name = ${d.target}`;
+    expect(row?.costs?.recompute).toBeGreaterThan(0);
+  });
+
   it('recomputes the changed groups where no exact delta exists, and stays right', async () => {
     await live.db.sql.unsafe(`
       CREATE TABLE r_items (id int PRIMARY KEY, g int, v numeric, f float8, n int);

@@ -1,3 +1,4 @@
+import type { ApplyEstimate } from '../drain/apply-choice.js';
 /** Where a transform is in its lifecycle. */
 export type Lifecycle = 'waiting_to_backfill' | 'backfilling' | 'catching_up' | 'live' | 'paused';
 
@@ -145,6 +146,12 @@ export interface BackfillProgress {
  */
 export interface LastApply {
   mode: 'delta' | 'rederive' | 'recompute';
+  /**
+   * What each way of applying the range was estimated to cost (milliseconds), and whether
+   * from this transform's measured costs; null where there was no choice to make (a
+   * projection or join, a grand total, keys held, sizes not known yet).
+   */
+  estimate: ApplyEstimate | null;
   /** Why, in a sentence. */
   reason: string;
   /** Changed keys in the range (a key changed twice counts twice). */

@@ -567,6 +567,57 @@ SELECT (SELECT count(*) FROM mapped)::int AS rows, (SELECT count(*) FROM filled)
 }
 
 /**
+ * Every group recomputed for a range of changes too big for deltas (apply-choice.ts): the
+ * key map and group states, emptied by the caller (TRUNCATE, in the same transaction),
+ * are filled again from the sources, and the target is merged with what the states give —
+ * rows that differ written, groups gone deleted — so readers see it before or after, never
+ * half (ADR 0029). Over the `changed` CTE like every re-derivation, which it only counts.
+ */
+export function deltaRecomputeSql(plan: TransformPlan, changedSql: string): string {
+  const d = delta(plan);
+  const gcols = groupCols(plan);
+  const states = stateColumns(plan);
+  const gone =
+    plan.groups.length === 0
+      ? `removed AS (
+  DELETE FROM ${plan.targetSql} t WHERE NOT EXISTS (SELECT 1 FROM derived)
+  RETURNING 1
+)`
+      : `gone AS MATERIALIZED (
+  SELECT ${list(plan.key.map((k) => `t.${q(k)}`))} FROM ${plan.targetSql} t
+  EXCEPT
+  SELECT ${list(plan.key.map((k) => `dd.${q(k)}`))} FROM derived dd
+),
+${nullSafeDelete('removed', plan.targetSql, plan.key.map(q), 'gone', plan.key.map(q))}`;
+  return `WITH changed AS MATERIALIZED (
+  ${changedSql}
+),
+mapped AS (
+  INSERT INTO ${plan.mapSql} (${list(mapColumns(plan))})
+  ${mapRows(plan, null)}
+  RETURNING ${list([...gcols, 'passes', ...d.inputs.map((_, i) => input(i + 1))])}
+),
+states AS (
+  INSERT INTO ${d.statesSql} (${list(states.map((c) => c.name))})
+  SELECT ${list([...gcols, ...foldRows(plan)])}
+    FROM ${withScaleWindows(plan, '(SELECT * FROM mapped WHERE passes)')} rows
+   ${groupBy(gcols)}
+  RETURNING *
+),
+derived AS MATERIALIZED (
+  ${targetRows(plan, 'states', gcols.length ? 'x.n > 0' : null)}
+),
+upserted AS (
+  ${upsert(plan, 'derived')}
+  RETURNING 1
+),
+${gone}
+SELECT (SELECT count(*) FROM changed)::int AS keys,
+       (SELECT count(*) FROM upserted)::int AS upserted,
+       (SELECT count(*) FROM removed)::int AS removed`;
+}
+
+/**
  * Folds the groups given as `$1` (a JSON array of text arrays, one per group key) again
  * from their key-map rows, and writes their states and target rows: what a self-check's
  * repair runs once it has re-derived the rows of the groups it found diverged.
