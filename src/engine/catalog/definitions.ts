@@ -1,5 +1,4 @@
 import type { Session } from '../db/session.js';
-import type { Classification } from '../drain/delta-plan.js';
 import { quoteIdent } from '../identifiers.js';
 
 /** A column of a transform's target. */
@@ -82,7 +81,7 @@ export interface Definition {
 }
 
 /** The JSON `<schema>.definitions()` returns a row of: the Definition, times as ISO text. */
-type DefinitionJson = Omit<Definition, 'createdAt' | 'updatedAt' | 'maintenance'> & {
+type DefinitionJson = Omit<Definition, 'createdAt' | 'updatedAt'> & {
   createdAt: string;
   updatedAt: string;
 };
@@ -96,54 +95,14 @@ export async function readDefinitions(
   schema: string,
   target?: string,
 ): Promise<Definition[]> {
-  const s = quoteIdent(schema);
-  const rows = await session.query<{ d: DefinitionJson; delta: Classification | null }>(
-    `SELECT d, t.delta FROM ${s}.definitions() d
-       LEFT JOIN ${s}.transforms t
-         ON t.target_name = d->>'target' AND t.target_schema = d->>'targetSchema'
+  const rows = await session.query<{ d: DefinitionJson }>(
+    `SELECT d FROM ${quoteIdent(schema)}.definitions() d
       WHERE $1::text IS NULL OR d->>'target' = $1`,
     [target ?? null],
   );
-  return rows.map(({ d, delta }) => ({
+  return rows.map(({ d }) => ({
     ...d,
-    maintenance: maintenance(d.aggregates, delta),
     createdAt: new Date(d.createdAt),
     updatedAt: new Date(d.updatedAt),
   }));
-}
-
-/** How a transform is maintained, from the catalog's classification of its aggregates. */
-export function maintenance(aggregates: boolean, delta: Classification | null): Maintenance {
-  if (!aggregates) {
-    return {
-      mode: 'rows',
-      reason: "each changed key's target rows are re-derived",
-      aggregates: [],
-    };
-  }
-  if (!delta) {
-    return {
-      mode: 'group',
-      reason: 'each changed group is recomputed from its rows',
-      aggregates: [],
-    };
-  }
-  const kept = delta.mode === 'delta' && !delta.pending;
-  return {
-    mode: kept ? 'delta' : 'group',
-    reason: delta.pending
-      ? `${delta.reason}: kept by delta from its next build (defined before trellis-pg kept aggregates by delta; requestBackfill() rebuilds it)`
-      : delta.reason,
-    aggregates: delta.aggs.map((a) => ({
-      call: a.call,
-      how: !kept
-        ? 'recompute'
-        : a.kind === 'min' || a.kind === 'max' || (a.kind?.endsWith('_numeric') && a.scale === null)
-          ? 'delta+rescan'
-          : 'delta',
-      why:
-        a.why ??
-        (kept ? null : `another part of the definition needs the group's rows (${delta.reason})`),
-    })),
-  };
 }

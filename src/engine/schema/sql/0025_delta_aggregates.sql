@@ -849,3 +849,69 @@ BEGIN
         'estimate', p.apply_estimate) END);
 END
 $fn$;
+
+-- How a transform is kept up to date when its sources change (the handle's Maintenance):
+--   {mode: 'rows' | 'delta' | 'group', reason,
+--    aggregates: [{call, how: 'delta' | 'delta+rescan' | 'recompute', why}]}
+CREATE FUNCTION @schema@._maintenance(aggregates boolean, delta jsonb)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $fn$
+  SELECT CASE
+    WHEN NOT aggregates THEN jsonb_build_object(
+      'mode', 'rows', 'reason', 'each changed key''s target rows are re-derived', 'aggregates', '[]'::jsonb)
+    WHEN delta IS NULL THEN jsonb_build_object(
+      'mode', 'group', 'reason', 'each changed group is recomputed from its rows', 'aggregates', '[]'::jsonb)
+    ELSE (
+      WITH d AS (
+        SELECT delta->>'mode' = 'delta' AND NOT coalesce((delta->>'pending')::boolean, false) AS kept)
+      SELECT jsonb_build_object(
+        'mode', CASE WHEN d.kept THEN 'delta' ELSE 'group' END,
+        'reason', CASE WHEN coalesce((delta->>'pending')::boolean, false)
+                       THEN (delta->>'reason') || ': kept by delta from its next build (defined before trellis-pg kept aggregates by delta; requestBackfill() rebuilds it)'
+                       ELSE delta->>'reason' END,
+        'aggregates', coalesce((
+          SELECT jsonb_agg(jsonb_build_object(
+                   'call', a->>'call',
+                   'how', CASE WHEN NOT d.kept THEN 'recompute'
+                               WHEN a->>'kind' IN ('min', 'max')
+                                    OR (a->>'kind' IN ('sum_numeric', 'avg_numeric') AND a->>'scale' IS NULL)
+                               THEN 'delta+rescan'
+                               ELSE 'delta' END,
+                   'why', coalesce(a->>'why', CASE WHEN NOT d.kept THEN
+                     format('another part of the definition needs the group''s rows (%s)', delta->>'reason') END))
+                 ORDER BY o)
+            FROM jsonb_array_elements(delta->'aggs') WITH ORDINALITY AS x(a, o)), '[]'))
+        FROM d)
+  END
+$fn$;
+
+-- Every registered transform (the handle's Definition), as in 0024, with how it is kept
+-- (maintenance).
+CREATE OR REPLACE FUNCTION @schema@.definitions()
+RETURNS SETOF jsonb LANGUAGE sql STABLE AS $fn$
+  SELECT jsonb_build_object(
+           'target', t.target_name,
+           'targetSchema', t.target_schema,
+           'statement', t.statement,
+           'sources', coalesce((
+             SELECT jsonb_agg(jsonb_build_object(
+                      'table', s.source_schema || '.' || s.source_name, 'alias', s.alias,
+                      'join', s.join_type, 'keyColumns', to_jsonb(s.key_columns))
+                    ORDER BY s.ordinal)
+               FROM @schema@.transform_sources s WHERE s.transform_id = t.id), '[]'),
+           'columns', coalesce((
+             SELECT jsonb_agg(jsonb_build_object(
+                      'name', c.name, 'type', c.type, 'expression', c.expression,
+                      'key', c.is_key, 'implicit', c.implicit)
+                    ORDER BY c.ordinal)
+               FROM @schema@.transform_columns c WHERE c.transform_id = t.id), '[]'),
+           'options', jsonb_build_object(
+             'withoutSourceIndex', t.without_source_index,
+             'withoutRowSecurity', coalesce((t.spec->'ast'->>'without_row_security')::boolean, false)),
+           'settings', t.settings,
+           'aggregates', t.aggregates,
+           'maintenance', @schema@._maintenance(t.aggregates, t.delta),
+           'createdAt', t.created_at,
+           'updatedAt', t.updated_at)
+    FROM @schema@.transforms t
+   ORDER BY t.target_name
+$fn$;
