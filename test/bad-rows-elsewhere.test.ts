@@ -38,6 +38,14 @@ const D = {
     where: 'a / b > 1',
     groupBy: 'g',
   },
+  // count(DISTINCT …) needs each group's rows: its groups are recomputed, not kept by delta.
+  regrouped: {
+    target: 'br_regrouped',
+    from: 'br_items',
+    select: 'g, count(DISTINCT a) AS kinds',
+    where: 'a / b > 1',
+    groupBy: 'g',
+  },
   joined: {
     target: 'br_joined',
     from: 'br_items i JOIN br_tags t ON t.item_id = i.id',
@@ -55,13 +63,17 @@ async function heldKeys(): Promise<string[][]> {
 
 describe('a bad row elsewhere in a source', () => {
   it('holds only the failing rows, and changes to every other row flow', async () => {
-    await live.define(D.filtered, D.groups, D.joined);
-    // A group is computed from all its rows: the bad row's group cannot be, so every key
-    // of that group is held (its rows' changes wait for the fix); the other groups flow.
+    await live.define(D.filtered, D.groups, D.regrouped, D.joined);
+    // br_groups's aggregates are kept by delta (ADR 0044): each row's contribution is
+    // applied on its own, so only the bad row is held, and the rest of its group flows.
+    // br_regrouped's groups are recomputed from all their rows: the bad row's group cannot
+    // be, so every key of that group is held (its rows' changes wait for the fix); the
+    // other groups flow.
     const group3 = await live.db.sql<{ id: number }[]>`SELECT id FROM br_items WHERE g = 3`;
     const held = [
       ['br_filtered', 'public.br_items', '7'],
-      ...group3.map((r) => ['br_groups', 'public.br_items', String(r.id)]),
+      ['br_groups', 'public.br_items', '7'],
+      ...group3.map((r) => ['br_regrouped', 'public.br_items', String(r.id)]),
       ['br_joined', 'public.br_items', '9'],
     ].sort();
     expect(await heldKeys()).toEqual(held);

@@ -2,7 +2,13 @@
  * trellis-pg: derived tables kept up to date incrementally, in your own Postgres.
  * @packageDocumentation
  */
-export type { Definition, DefinitionColumn, DefinitionSource } from './catalog/definitions.js';
+export type {
+  AggregateMaintenance,
+  Definition,
+  DefinitionColumn,
+  DefinitionSource,
+  Maintenance,
+} from './catalog/definitions.js';
 export type {
   PoisonedRow,
   QuarantineCount,

@@ -88,6 +88,11 @@ interface QueryChoice {
   groups: Array<{ pick: Pick; selected: boolean; name: number }>;
   aggregates: Array<{ pick: Pick; filter: Pick | null; name: number }>;
   having: Pick | null;
+  /**
+   * Aggregates and HAVING only of those kept by delta (ADR 0044), some inside an
+   * expression: otherwise most GROUP BYs mix in one that needs its groups' rows.
+   */
+  delta: boolean;
 }
 
 export interface TransformChoice extends QueryChoice {
@@ -240,6 +245,37 @@ const AGGREGATES: Record<ColumnType, Aggregate[]> = {
   jsonb: [],
 };
 
+/**
+ * Aggregates kept by delta (ADR 0044): counts, sums and averages of integers and numerics,
+ * extremes of integers, dates and text, boolean aggregates.
+ */
+const DELTA_AGGREGATES: Record<ColumnType, Aggregate[]> = {
+  int: [
+    agg('bigint', (c) => `sum(${c})`),
+    agg('same', (c) => `min(${c})`),
+    agg('same', (c) => `max(${c})`),
+    agg('numeric', (c) => `avg(${c})`),
+  ],
+  bigint: [
+    agg('numeric', (c) => `sum(${c})`),
+    agg('same', (c) => `max(${c})`),
+    agg('numeric', (c) => `avg(${c})`),
+  ],
+  numeric: [agg('numeric', (c) => `sum(${c})`), agg('numeric', (c) => `avg(${c})`)],
+  numeric_2: [agg('numeric', (c) => `sum(${c})`), agg('numeric', (c) => `avg(${c})`)],
+  float8: [],
+  text: [agg('same', (c) => `min(${c})`), agg('same', (c) => `max(${c})`)],
+  citext: [],
+  text_ci: [],
+  boolean: [
+    agg('same', (c) => `bool_and(${c})`),
+    agg('same', (c) => `bool_or(${c})`),
+    agg('same', (c) => `every(${c})`),
+  ],
+  date: [agg('same', (c) => `min(${c})`), agg('same', (c) => `max(${c})`)],
+  jsonb: [],
+};
+
 /** Predicates on a column (WHERE, ON, FILTER). */
 const PREDICATES: Record<ColumnType, Array<(c: string) => string>> = {
   int: [(c) => `${c} > ${comparand('int')}`, (c) => `${c} % 2 = 0`],
@@ -298,17 +334,36 @@ function aggregate(
   sources: Source[],
   pick: Pick,
   keys: string,
+  delta = false,
 ): { sql: string; type: ColumnType | null } {
   if (pick.template % 5 === 0) return { sql: 'count(*)', type: 'bigint' };
   const c = column(sources, pick);
+  if (delta) {
+    const a = at([...DELTA_AGGREGATES[c.type], agg('bigint', (x) => `count(${x})`)], pick.template);
+    return { sql: a.sql(col(c), keys), type: a.type === 'same' ? c.type : a.type };
+  }
   const a = at([...AGGREGATES[c.type], ...ANY_AGGREGATES], pick.template);
   return { sql: a.sql(col(c), keys), type: a.type === 'same' ? c.type : a.type };
 }
 
-function having(sources: Source[], pick: Pick): string {
+/**
+ * A kept-by-delta aggregate (with its FILTER) inside an expression over it alone, as
+ * views write them (`coalesce(sum(x), 0)`), for one pick in three of a number.
+ */
+function deltaExpression(sql: string, type: ColumnType | null, template: number): string {
+  const numeric = type === 'int' || type === 'bigint' || type === 'numeric' || type === 'numeric_2';
+  if (!numeric) return sql;
+  if (template % 3 === 1) return `coalesce(${sql}, 0)`;
+  if (template % 3 === 2) return `${sql} * 2`;
+  return sql;
+}
+
+function having(sources: Source[], pick: Pick, delta = false): string {
   const c = column(sources, pick);
-  for (let i = 0; i < HAVINGS.length; i += 1) {
-    const h = at(HAVINGS, pick.template + i)(c);
+  // Kept by delta: not count(DISTINCT ...), the one HAVING here that needs a group's rows.
+  const havings = delta ? HAVINGS.filter((_, i) => i !== 1) : HAVINGS;
+  for (let i = 0; i < havings.length; i += 1) {
+    const h = at(havings, pick.template + i)(c);
     if (h) return h;
   }
   return 'count(*) > 1';
@@ -338,6 +393,8 @@ export interface Transform {
   where: string[];
   groupBy: string[];
   having: string | null;
+  /** Its aggregates are all of those kept by delta (a GROUP BY or grand total). */
+  delta: boolean;
   implicit: string[];
   /** The target's key columns (for a chain reading it), in key order. */
   keys: ScopeColumn[];
@@ -461,9 +518,10 @@ function readQuery(
     });
     choice.aggregates.forEach((a, i) => {
       const filterBy = a.filter ? ` FILTER (WHERE ${predicate(sources, a.filter)})` : '';
-      const made = aggregate(sources, a.pick, keys);
+      const made = aggregate(sources, a.pick, keys, choice.delta);
+      const call = `${made.sql}${filterBy}`;
       select.push({
-        sql: `${made.sql}${filterBy}`,
+        sql: choice.delta ? deltaExpression(call, made.type, a.pick.column) : call,
         type: made.type,
         bare: null,
         name: itemName(`n${i + 1}`, a.name, used),
@@ -497,7 +555,8 @@ function readQuery(
     select,
     where: [...where, ...filter],
     groupBy,
-    having: aggregates && choice.having ? having(sources, choice.having) : null,
+    having: aggregates && choice.having ? having(sources, choice.having, choice.delta) : null,
+    delta: aggregates && choice.delta,
     implicit,
     keys: targetKeys,
     // A target a chain can read has a primary key: every key column NOT NULL (source
@@ -550,6 +609,7 @@ export function transformShape(t: Transform): string {
   if (t.anti) tags.push('anti-join');
   if (t.where.length > (t.anti ? 1 : 0)) tags.push('where');
   if (t.having) tags.push('having');
+  if (t.delta) tags.push('delta aggregates');
   return `${t.name}: ${tags.join(', ')}`;
 }
 
@@ -593,6 +653,7 @@ const queryArb = (kinds: Array<QueryChoice['kind']>): fc.Arbitrary<QueryChoice> 
       { minLength: 1, maxLength: 4 },
     ),
     having: fc.option(pickArb, { freq: 3 }),
+    delta: fc.boolean(),
   });
 
 export const transformChoiceArb: fc.Arbitrary<TransformChoice> = fc

@@ -24,6 +24,35 @@ export interface DefinitionSource {
   keyColumns: string[];
 }
 
+/** How one aggregate call of a definition is kept (ADR 0044). */
+export interface AggregateMaintenance {
+  /** The call as written, FILTER included: `sum(amount) FILTER (WHERE paid)`. */
+  call: string;
+  /**
+   * - `delta`: each changed row's contribution is applied to its groups;
+   * - `delta+rescan`: the same, and a group's extreme (min, max, the largest numeric
+   *   scale) is read again from its rows when a change removes it;
+   * - `recompute`: the group is recomputed from all its rows when one of them changes.
+   */
+  how: 'delta' | 'delta+rescan' | 'recompute';
+  /** Why it cannot be kept by delta (null when it is). */
+  why: string | null;
+}
+
+/**
+ * How a transform is kept up to date when its sources change.
+ * - `rows`: a projection, filter or join: each changed key's target rows re-derived;
+ * - `delta`: every aggregate has an exact delta (see `aggregates`);
+ * - `group`: each changed group recomputed from its rows (`reason` says which aggregate
+ *   or expression needs that).
+ */
+export interface Maintenance {
+  mode: 'rows' | 'delta' | 'group';
+  reason: string;
+  /** Each aggregate call (none for `rows`). */
+  aggregates: AggregateMaintenance[];
+}
+
 /** A registered transform definition, as `definitions()` lists it. */
 export interface Definition {
   /** The target table's name (in the target schema). */
@@ -46,6 +75,7 @@ export interface Definition {
    */
   settings: Record<string, string>;
   aggregates: boolean;
+  maintenance: Maintenance;
   createdAt: Date;
   updatedAt: Date;
 }

@@ -1,3 +1,4 @@
+import type { ApplyEstimate } from '../drain/apply-choice.js';
 /** Where a transform is in its lifecycle. */
 export type Lifecycle = 'waiting_to_backfill' | 'backfilling' | 'catching_up' | 'live' | 'paused';
 
@@ -137,12 +138,20 @@ export interface BackfillProgress {
 }
 
 /**
- * How the drain applied the transform's last range of changes, and why (ADR 0029): each
- * changed key re-derived ('rederive'), or, for a GROUP BY whose range touched a large
- * share of its groups, every group recomputed in one pass and merged in ('recompute').
+ * How the drain applied the transform's last range of changes, and why (ADR 0029, 0044):
+ * each changed row's contribution applied to its groups' states ('delta': aggregates with
+ * an exact delta), each changed key re-derived ('rederive'), or, for a GROUP BY whose range
+ * touched a large share of its groups, every group recomputed in one pass and merged in
+ * ('recompute').
  */
 export interface LastApply {
-  mode: 'rederive' | 'recompute';
+  mode: 'delta' | 'rederive' | 'recompute';
+  /**
+   * What each way of applying the range was estimated to cost (milliseconds), and whether
+   * from this transform's measured costs; null where there was no choice to make (a
+   * projection or join, a grand total, keys held, sizes not known yet).
+   */
+  estimate: ApplyEstimate | null;
   /** Why, in a sentence. */
   reason: string;
   /** Changed keys in the range (a key changed twice counts twice). */

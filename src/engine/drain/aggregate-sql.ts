@@ -59,7 +59,7 @@ function sourceKeys(source: PlanSource): string[] {
 }
 
 /** The driving keys whose join rows a change can touch (columns k1..kn). */
-function affectedDrivingKeys(plan: TransformPlan, mapSql: string): string {
+export function affectedDrivingKeys(plan: TransformPlan, mapSql: string): string {
   const sources = requireSourceIds(plan);
   const driving = sources[0]!;
   const names = driving.keyColumns.map((_, i) => `k${i + 1}`);
@@ -86,26 +86,31 @@ function affectedDrivingKeys(plan: TransformPlan, mapSql: string): string {
 
 /**
  * The key map rows of a GROUP BY transform (columns as in the map), for the driving rows
- * `drivingFilter` selects (all when null). A join keeps every join row, and `passes` says
+ * `drivingFilter` selects (all when null). Groups (and a delta transform's aggregate
+ * inputs) are computed for passing rows only: an expression may fail on rows WHERE is
+ * there to keep out. A join with a LEFT JOIN keeps every join row, and `passes` says
  * whether it passes WHERE: a change to a row WHERE filtered out can still change which
- * rows pass (a LEFT JOIN row that loses its last match). Groups are computed for passing
- * rows only: an expression may fail on rows WHERE is there to keep out. A single table
- * keeps its passing rows only (its own changes find it by key).
+ * rows pass (a LEFT JOIN row that loses its last match turns NULL-extended). Without one,
+ * a row WHERE filters out can only start passing through a change the join finds (its new
+ * state), so only passing rows are kept (issue #22: a self-join's map held every join row
+ * of every nation, where the target read one nation's).
  */
-function mapRows(plan: TransformPlan, drivingFilter: string | null): string {
+export function mapRows(plan: TransformPlan, drivingFilter: string | null): string {
+  const leftJoin = plan.sources.some((s) => s.joinType === 'left');
   const passes = plan.where ? `coalesce((${plan.where}), false)` : 'true';
-  const all = plan.sources.length > 1;
   const keys = plan.sources.flatMap((s) =>
     sourceKeys(s).map((k, i) => `${k} AS ${mapKey(s.ordinal, i + 1)}`),
   );
-  const groups = plan.groups.map(
-    (g, i) =>
-      `${all && plan.where ? `CASE WHEN ${passes} THEN (${g.expression}) END` : `(${g.expression})`} AS ${mapGroup(i + 1)}`,
+  const whenPasses = (expr: string) =>
+    leftJoin && plan.where ? `CASE WHEN ${passes} THEN (${expr}) END` : `(${expr})`;
+  const groups = plan.groups.map((g, i) => `${whenPasses(g.expression)} AS ${mapGroup(i + 1)}`);
+  const inputs = (plan.delta?.inputs ?? []).map(
+    (input, i) => `${whenPasses(input.expr)} AS ${q(`i${i + 1}`)}`,
   );
-  // A single table keeps passing rows only, its WHERE evaluated on the driving rows asked for.
-  const where = all ? null : plan.where;
+  // Without a LEFT JOIN, passing rows only, WHERE evaluated on the driving rows asked for.
+  const where = leftJoin ? null : plan.where;
   const filter = drivingFilter ? restrictedWhere(drivingFilter, where) : where && `(${where})`;
-  return `SELECT ${list([...keys, ...groups, `${all ? passes : 'true'} AS passes`])}
+  return `SELECT ${list([...keys, ...groups, `${leftJoin ? passes : 'true'} AS passes`, ...inputs])}
     FROM ${plan.fromSql}${filter ? `\n   WHERE ${filter}` : ''}`;
 }
 

@@ -12,6 +12,7 @@ import {
   nextRepairChunk,
   planChunks,
 } from './build-chunks.js';
+import { deltaFillSql } from './delta-sql.js';
 import { loadPlan, type TransformPlan } from './plan.js';
 import type { PlanCache } from './plan-cache.js';
 import { backoffMs, isRowError } from './row-errors.js';
@@ -120,18 +121,24 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
     if (claim.backfill_stage === 'chunks' && (await chunksLeftToFill(session, schema, claim))) {
       return false;
     }
-    const plan = await loadPlan(session, schema, claim.transform_id);
+    let plan = await loadPlan(session, schema, claim.transform_id);
     await enterTransformWork(session, schema, plan);
 
     await session.query('SAVEPOINT trellis_chunk');
     try {
       const starting = claim.backfill_position === null && claim.backfill_stage === 'rows';
+      if (starting && plan.classification?.pending) {
+        // Defined before aggregates were kept by delta: switched now that it is rebuilt.
+        await session.query(`SELECT ${s}._switch_to_delta($1)`, [plan.id]);
+        plan = await loadPlan(session, schema, claim.transform_id);
+      }
       // A build an older version was filling chunk after chunk (its position set) starts
       // over: its chunks are planned from the start.
       const olderBuild = claim.backfill_position !== null && claim.backfill_stage === 'rows';
       if ((starting && claim.rebuild) || olderBuild) {
         await session.query(`TRUNCATE ${plan.targetSql}`);
         if (plan.mapSql) await session.query(`TRUNCATE ${plan.mapSql}`);
+        if (plan.delta) await session.query(`TRUNCATE ${plan.delta.statesSql}`);
       }
       if (starting && Number(claim.backfill_done) === 0) {
         await deferIndexes(session, schema, claim.transform_id, plan);
@@ -159,7 +166,9 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
       } else if (stage === 'groups') {
         try {
           await session.query('SAVEPOINT trellis_groups');
-          const [filled] = await session.query<{ rows: number }>(groupsFillSql(plan));
+          const [filled] = await session.query<{ rows: number }>(
+            plan.delta ? deltaFillSql(plan) : groupsFillSql(plan),
+          );
           step = { upto: null, rows: filled?.rows ?? 0 };
           await session.query('RELEASE SAVEPOINT trellis_groups');
           done = true;
@@ -254,7 +263,11 @@ async function deferIndexes(
   transformId: number,
   plan: TransformPlan,
 ): Promise<void> {
-  const tables = [plan.targetSql, ...(plan.mapSql ? [plan.mapSql] : [])];
+  const tables = [
+    plan.targetSql,
+    ...(plan.mapSql ? [plan.mapSql] : []),
+    ...(plan.delta ? [plan.delta.statesSql] : []),
+  ];
   // A target another transform reads keeps its key: that transform's drain looks its rows
   // up by it while this build runs (a define over it later puts the key back first). The
   // check is made again under the lock the key's drop takes anyway: a define over this
@@ -324,6 +337,7 @@ async function restoreIndexes(
 async function analyzeBuilt(session: Session, plan: TransformPlan): Promise<void> {
   await session.query(`ANALYZE ${plan.targetSql}`);
   if (plan.mapSql) await session.query(`ANALYZE ${plan.mapSql}`);
+  if (plan.delta) await session.query(`ANALYZE ${plan.delta.statesSql}`);
 }
 
 /** Stage 'repair': re-derives one chunk of driving keys through the bisecting path. */

@@ -2,7 +2,7 @@ import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
-import type { ApplyMode } from './apply-choice.js';
+import { type ApplyMode, recordCost } from './apply-choice.js';
 import { applyKeysBisecting, type ChangedKey } from './apply-keys.js';
 import { changedFromLedger } from './changed-sql.js';
 import { advanceCursor } from './cursor.js';
@@ -86,7 +86,16 @@ export async function applyPage(
     if (left && left.pages_left <= 0) {
       await advanceCursor(session, schema, claim.transform_id, left.open_hi);
     }
-    return appliedWork(plan.target, tally, started, false);
+    const applied = appliedWork(plan.target, tally, started, false);
+    await recordCost(
+      session,
+      schema,
+      plan,
+      plan.delta ? 'delta' : 'rederive',
+      tally.keys,
+      applied.seconds * 1000,
+    );
+    return applied;
   });
 }
 
@@ -110,6 +119,10 @@ export async function applyChanged(
   await session.query('SAVEPOINT trellis_page');
   const tally = emptyTally();
   try {
+    if (mode === 'recompute' && plan.delta) {
+      // Refilled whole by the recompute (deltaRecomputeSql); rolled back with it on failure.
+      await session.query(`TRUNCATE ${plan.mapSql}, ${plan.delta.statesSql}`);
+    }
     await rederiveCounted(session, rederiveSql(plan, changed, '$1', mode), params, tally);
     await session.query('RELEASE SAVEPOINT trellis_page');
     return { failure: null, tally };

@@ -1,6 +1,7 @@
 import type { Session } from '../db/session.js';
 import { TrellisError } from '../errors.js';
 import { quoteIdent } from '../identifiers.js';
+import { type Classification, type DeltaPlan, deltaPlan } from './delta-plan.js';
 
 /** A table a transform reads, as the drain needs it. */
 export interface PlanSource {
@@ -68,6 +69,14 @@ export interface TransformPlan {
    */
   mapSql: string | null;
   mapKind: 'groups' | 'rows' | null;
+  /**
+   * How its aggregates are kept by delta (delta-sql.ts), with the group state table; null
+   * when they are not (a transform that does not aggregate, or one whose groups are
+   * recomputed from their rows: see `classification`).
+   */
+  delta: DeltaPlan | null;
+  /** An aggregating transform's classification (transforms.delta), null otherwise. */
+  classification: Classification | null;
 }
 
 interface PlanRow {
@@ -79,6 +88,7 @@ interface PlanRow {
   search_path: string;
   settings: Record<string, string>;
   aggregates: boolean;
+  delta: Classification | null;
   /** FROM with its joins, naming each source as it is now (a renamed source is followed). */
   from_sql: string;
   spec: {
@@ -119,7 +129,7 @@ export async function loadPlan(
                      WHERE h.transform_id = t.id AND h.column_name = '') AS has_held_keys,
             ARRAY(SELECT DISTINCT h.column_name::text FROM ${s}.held_keys h
                    WHERE h.transform_id = t.id AND h.column_name <> '' ORDER BY 1) AS held_columns,
-            t.aggregates, t.spec,
+            t.aggregates, t.spec, t.delta,
             (SELECT string_agg(
                       CASE WHEN ts.ordinal = 0 THEN '' WHEN ts.join_type = 'left' THEN ' LEFT JOIN '
                            ELSE ' JOIN ' END
@@ -199,5 +209,7 @@ export async function loadPlan(
     groups: (row.spec.groups ?? []).map((g) => ({ expression: g.expr, type: g.type })),
     mapSql: keyMap ? `${quoteIdent(schema)}.${quoteIdent(`map_${row.id}`)}` : null,
     mapKind: keyMap,
+    delta: deltaPlan(row.delta, `${quoteIdent(schema)}.${quoteIdent(`groups_${row.id}`)}`),
+    classification: row.delta,
   };
 }

@@ -1,7 +1,7 @@
 import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
-import { chooseApply, recordChoice } from './apply-choice.js';
+import { chooseApply, recordChoice, recordCost } from './apply-choice.js';
 import { changedFromLedger, inRange } from './changed-sql.js';
 import { advanceCursor } from './cursor.js';
 import { applyChanged } from './pages.js';
@@ -91,7 +91,7 @@ export async function openRange(
       return 'advanced';
     }
     const plan = await plans.load(session, c.transform_id);
-    const choice = await chooseApply(session, plan, rows);
+    const choice = await chooseApply(session, schema, plan, rows);
     await recordChoice(session, schema, plan, choice, log);
     if (rows <= PAGE_ROWS || choice.mode === 'recompute') {
       // A small range (the common case when live), or one recomputing every group, is
@@ -111,6 +111,7 @@ export async function openRange(
       );
       applied = appliedWork(plan.target, tally, started, failure !== null);
       if (failure === null) {
+        await recordCost(session, schema, plan, choice.mode, tally.keys, applied.seconds * 1000);
         await advanceCursor(session, schema, c.transform_id, c.hi_seq);
         return 'opened';
       }
@@ -124,7 +125,9 @@ export async function openRange(
     // with later ranges, opened once every page is done); their upserts take the groups
     // in key order. A join's driving keys are found through the other tables' changes,
     // which hash apart from them: one bucket.
-    const buckets = rows > PAGE_ROWS && c.single_table ? BUCKETS : 1;
+    // Delta ranges go one page at a time: a page computes its groups' new states from the
+    // states it reads (delta-sql.ts), so two pages of one group at once would lose one.
+    const buckets = rows > PAGE_ROWS && c.single_table && !plan.delta ? BUCKETS : 1;
     if (rows <= PAGE_ROWS) {
       pages = [{ gen: null, lo: null, hi: null }];
     } else {

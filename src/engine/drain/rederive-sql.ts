@@ -1,6 +1,7 @@
 import { aggregateRederiveSql, mapKeys } from './aggregate-sql.js';
 import type { ApplyMode } from './apply-choice.js';
 import { changedFromList } from './changed-sql.js';
+import { deltaApplySql, deltaRecomputeSql } from './delta-sql.js';
 import type { TransformPlan } from './plan.js';
 import {
   col,
@@ -128,6 +129,11 @@ export function rederiveSql(
   /** 'recompute' (a GROUP BY only): every group recomputed and merged; see aggregateRederiveSql. */
   mode: ApplyMode = 'rederive',
 ): string {
+  if (plan.delta) {
+    return mode === 'recompute'
+      ? deltaRecomputeSql(plan, changedSql)
+      : deltaApplySql(plan, changedSql);
+  }
   if (plan.aggregates) return aggregateRederiveSql(plan, changedSql, since, mode);
   const driving = plan.sources[0]!;
   const drivingKeys = tuple(driving.keyColumns.map((k) => col(driving.alias, k)));

@@ -2,6 +2,7 @@ import type { Session } from '../db/session.js';
 import { mapGroup, mapKeys, regroupSql } from '../drain/aggregate-sql.js';
 import { applyKeysBisecting, type ChangedKey } from '../drain/apply-keys.js';
 import { changedFromList } from '../drain/changed-sql.js';
+import { deltaRegroupSql } from '../drain/delta-sql.js';
 import { loadPlan, type TransformPlan } from '../drain/plan.js';
 import { rederiveSql } from '../drain/rederive-sql.js';
 import { isRowError } from '../drain/row-errors.js';
@@ -69,7 +70,9 @@ export async function repairFindings(
         rows.map((r) => ({ s: drivingId, k: r.k })),
         log,
       );
-      await tolerateRowErrors(session, () => session.query(regroupSql(plan), [keys]), log);
+      // Kept by delta: the groups' states are folded again from their key-map rows.
+      const regroup = plan.delta ? deltaRegroupSql(plan) : regroupSql(plan);
+      await tolerateRowErrors(session, () => session.query(regroup, [keys]), log);
     } else {
       await tolerateRowErrors(
         session,
