@@ -69,6 +69,12 @@ describe('capture setting', () => {
     await db.sql.unsafe(
       `GRANT USAGE ON SCHEMA trellis TO ${role}; GRANT SELECT ON ALL TABLES IN SCHEMA trellis TO ${role}`,
     );
+    // EXECUTE is not PUBLIC's (ADR 0034): the role is granted what the call needs, so that
+    // what refuses it is its missing REPLICATION, not a missing grant.
+    await db.sql.unsafe(
+      `GRANT EXECUTE ON FUNCTION trellis.set_capture(text, bigint), trellis._check_logical_capture(),
+         trellis._fail(text, text, text) TO ${role}`,
+    );
     const url = new URL(db.url);
     url.username = role;
     url.password = '';
