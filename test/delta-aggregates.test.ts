@@ -48,8 +48,16 @@ describe('aggregates kept by delta', () => {
     await live.trellis.apply(
       "TRANSFORM m_outside FROM m_items SELECT g, g || ':' || count(*) AS label GROUP BY g",
     );
+    // 1.0 = 1.00: a group shows how its rows write its key, which only its rows can say.
+    await live.trellis.apply(
+      'TRANSFORM m_by_amount FROM m_items SELECT v, count(*) AS n GROUP BY v',
+    );
     const byTarget = Object.fromEntries(
       (await live.trellis.definitions()).map((d) => [d.target, d.maintenance]),
+    );
+    expect(byTarget.m_by_amount?.mode).toBe('group');
+    expect(byTarget.m_by_amount?.reason).toBe(
+      'GROUP BY v (numeric): equal values of it can be written differently, and a group shows how its rows write it',
     );
     expect(byTarget.m_delta).toEqual({
       mode: 'delta',
@@ -266,6 +274,12 @@ describe('aggregates kept by delta', () => {
         select: 'g, sum(v) AS total',
         groupBy: 'g',
         having: 'count(DISTINCT n) > 3',
+      },
+      {
+        target: 'r_by_value',
+        from: 'r_items',
+        select: 'v, count(*) AS n, sum(g) AS groups',
+        groupBy: 'v',
       },
       {
         target: 'r_minmax',

@@ -310,6 +310,35 @@ EXCEPTION
 END
 $fn$;
 
+-- Whether two equal values of a GROUP BY item's type (and collation) are always written
+-- the same way. Delta maintenance keeps a group's key as the group was first written: where
+-- equal values can be written differently (numeric 1.0 and 1.00, float -0 and 0, citext,
+-- a case-blind collation, intervals, jsonb), the group a recompute shows takes the image of
+-- its rows, which only a group recompute reads. Allowed: the types below, their domains
+-- and enums, with a deterministic collation.
+CREATE FUNCTION @schema@._equal_means_identical(type_name text, collation_name text)
+RETURNS boolean LANGUAGE sql STABLE AS $fn$
+  WITH RECURSIVE t(oid, typtype, typbasetype, depth) AS (
+    SELECT ty.oid, ty.typtype, ty.typbasetype, 0 FROM pg_type ty WHERE ty.oid = to_regtype(type_name)
+    UNION ALL
+    SELECT ty.oid, ty.typtype, ty.typbasetype, t.depth + 1
+      FROM pg_type ty JOIN t ON ty.oid = t.typbasetype WHERE t.typtype = 'd'),
+  base AS (SELECT oid, typtype FROM t ORDER BY depth DESC LIMIT 1)
+  SELECT coalesce((SELECT base.typtype = 'e'
+                       OR base.oid IN ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype,
+                                       'boolean'::regtype, 'text'::regtype, 'character varying'::regtype,
+                                       'name'::regtype, '"char"'::regtype, 'date'::regtype,
+                                       'timestamp'::regtype, 'timestamptz'::regtype,
+                                       'time'::regtype, 'uuid'::regtype, 'bytea'::regtype, 'oid'::regtype)
+                     FROM base), false)
+     AND (collation_name IS NULL
+          OR coalesce((SELECT co.collisdeterministic FROM pg_collation co
+                         JOIN pg_namespace cn ON cn.oid = co.collnamespace
+                        WHERE quote_ident(cn.nspname) || '.' || quote_ident(co.collname) = collation_name
+                           OR co.collname = collation_name
+                        LIMIT 1), false))
+$fn$;
+
 -- How a transform's aggregates are maintained: by delta, or by recomputing each changed
 -- group (ADR 0006). Returns null for a transform that does not aggregate, else
 --   {mode: 'delta' | 'group', reason,
@@ -422,6 +451,14 @@ BEGIN
       having_expr := rewritten;
     END IF;
   END LOOP;
+  IF reason IS NULL THEN
+    SELECT format('GROUP BY %s (%s): equal values of it can be written differently, and a group shows how its rows write it',
+                  g->>'expr', concat_ws(' COLLATE ', g->>'type', g->>'collation'))
+      INTO reason
+      FROM jsonb_array_elements(coalesce(spec->'groups', '[]')) WITH ORDINALITY AS x(g, o)
+     WHERE NOT @schema@._equal_means_identical(g->>'type', g->>'collation')
+     ORDER BY o LIMIT 1;
+  END IF;
   IF reason IS NULL THEN
     placeholders := coalesce((SELECT jsonb_agg(jsonb_build_object('name', 'trellis#a' || o, 'type', a->>'type'))
                                 FROM jsonb_array_elements(aggs) WITH ORDINALITY AS x(a, o)), '[]');
