@@ -6621,133 +6621,126 @@ END
 $fn$;
 
 -- The aggregate calls in `expr`, one of the SELECT items (or the HAVING) of a definition
--- reading `from_sql` grouped by `grouping`, as Postgres resolved them (the query tree of
--- a temporary view), each with where it is written in `expr`:
+-- reading `from_sql` grouped by `grouping`, as Postgres resolves them, each with where it
+-- is written in `expr`:
 --   [{fn (regprocedure text), name, aggtype (format_type), collation (of its input, or
 --     null), star, distinct, ordered, filtered, kind ('n' normal, 'o' ordered-set, 'h'),
 --     outer (an outer query's aggregate), first, last (1-based character positions of the
 --     call in expr, FILTER included), args (text of its arguments), filter (text of its
 --     FILTER condition, or null)}]
+-- Each call written in expr (a name, its parenthesised arguments, then FILTER or WITHIN
+-- GROUP) is asked of Postgres on its own: a temporary view of that call alone, grouped as
+-- the definition is, whose column is an Aggref node when the call is an aggregate. Stored
+-- query trees carry no text locations from Postgres 17 on (every :location is -1), so the
+-- calls are found in the text and Postgres says what each is. A call that is not an
+-- aggregate (coalesce(...), a cast) is looked into for the aggregates it holds.
 CREATE FUNCTION "trellis"._aggregate_calls(expr text, from_sql text, group_list text)
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
-  prefix text := 'CREATE TEMP VIEW trellis_aggregates AS SELECT ';
-  stmt text := prefix || expr || ' FROM ' || from_sql || ' GROUP BY ' || group_list;
-  enc text := current_setting('server_encoding');
-  action text;
-  at int := 1;
-  hit int;
+  toks "trellis".grammar_token[] := "trellis".grammar_tokenize(expr);
+  n int := coalesce(array_length(toks, 1), 0);
+  t int := 1;
+  s int;
   depth int;
-  i int;
-  node text;
-  own text;
-  m text[];
-  loc int;
-  pos int;
-  toks "trellis".grammar_token[];
-  t int;
   open_at int;
   close_at int;
+  end_at int;
   filter_open int;
   filter_close int;
+  call_text text;
+  action text;
+  node text;
+  own text;
   args text;
   filter_text text;
   calls jsonb := '[]';
   coll oid;
+  fn oid;
 BEGIN
-  DROP VIEW IF EXISTS pg_temp.trellis_aggregates;
-  EXECUTE stmt;
-  SELECT r.ev_action::text INTO action
-    FROM pg_rewrite r WHERE r.ev_class = 'pg_temp.trellis_aggregates'::regclass;
-  DROP VIEW pg_temp.trellis_aggregates;
-  toks := "trellis".grammar_tokenize(expr);
-  LOOP
-    hit := strpos(substr(action, at), '{AGGREF ');
-    EXIT WHEN hit = 0;
-    at := at + hit - 1;
-    -- The node, up to its closing brace.
-    depth := 0;
-    i := at;
-    LOOP
-      IF substr(action, i, 1) = '\' THEN
-        i := i + 2;
-        CONTINUE;
-      END IF;
-      IF substr(action, i, 1) = '{' THEN
-        depth := depth + 1;
-      ELSIF substr(action, i, 1) = '}' THEN
-        depth := depth - 1;
-        EXIT WHEN depth = 0;
-      END IF;
-      i := i + 1;
-    END LOOP;
-    node := substr(action, at, i - at + 1);
-    at := at + 1;
-    own := "trellis"._node_own_fields(node);
-    m := regexp_match(own, ':location (-?\d+)\}$');
-    loc := m[1]::int;
-    -- Byte offset in the statement -> character position in expr (1-based).
-    pos := length(convert_from(substring(convert_to(stmt, enc) FROM 1 FOR loc), enc))
-           - length(prefix) + 1;
-    IF pos < 1 OR pos > length(expr) THEN
-      -- Not one of expr's own calls (a GROUP BY item's): nothing to rewrite there.
+  WHILE t <= n LOOP
+    -- A call starts at a name (possibly qualified) followed by an opening parenthesis.
+    IF NOT (toks[t].kind IN ('word', 'ident', 'uident')
+            AND (t = 1 OR NOT (toks[t - 1].kind = 'punct' AND toks[t - 1].text = '.'))) THEN
+      t := t + 1;
       CONTINUE;
     END IF;
-    -- The call as written: a (qualified) name, its parenthesised arguments, then FILTER.
-    t := NULL;
-    FOR i IN 1 .. coalesce(array_length(toks, 1), 0) LOOP
-      IF toks[i].pos = pos THEN
-        t := i;
-        EXIT;
-      END IF;
+    s := t;
+    WHILE s + 2 <= n AND toks[s + 1].kind = 'punct' AND toks[s + 1].text = '.'
+          AND toks[s + 2].kind IN ('word', 'ident', 'uident') LOOP
+      s := s + 2;
     END LOOP;
-    CONTINUE WHEN t IS NULL;
-    WHILE toks[t].kind IN ('word', 'ident', 'uident') OR (toks[t].kind = 'punct' AND toks[t].text = '.') LOOP
-      t := t + 1;
-    END LOOP;
-    CONTINUE WHEN NOT (toks[t].kind = 'punct' AND toks[t].text = '(');
-    open_at := t;
+    IF NOT (s + 1 <= n AND toks[s + 1].kind = 'punct' AND toks[s + 1].text = '(') THEN
+      t := s + 1;
+      CONTINUE;
+    END IF;
+    open_at := s + 1;
+    close_at := open_at;
     depth := 0;
     LOOP
-      IF toks[t].kind = 'punct' AND toks[t].text IN ('(', '[') THEN
+      EXIT WHEN close_at > n;
+      IF toks[close_at].kind = 'punct' AND toks[close_at].text IN ('(', '[') THEN
         depth := depth + 1;
-      ELSIF toks[t].kind = 'punct' AND toks[t].text IN (')', ']') THEN
+      ELSIF toks[close_at].kind = 'punct' AND toks[close_at].text IN (')', ']') THEN
         depth := depth - 1;
         EXIT WHEN depth = 0;
       END IF;
-      t := t + 1;
+      close_at := close_at + 1;
     END LOOP;
-    close_at := t;
+    IF close_at > n THEN
+      EXIT;
+    END IF;
+    end_at := close_at;
+    filter_text := NULL;
+    -- WITHIN GROUP (...) and FILTER (...) belong to the call.
+    IF end_at + 2 <= n AND toks[end_at + 1].kind = 'word' AND toks[end_at + 1].value = 'within'
+       AND toks[end_at + 2].kind = 'word' AND toks[end_at + 2].value = 'group' THEN
+      end_at := "trellis"._closing_token(toks, end_at + 3);
+    END IF;
+    IF end_at IS NOT NULL AND end_at + 1 <= n AND toks[end_at + 1].kind = 'word'
+       AND toks[end_at + 1].value = 'filter' THEN
+      filter_open := end_at + 2;
+      filter_close := "trellis"._closing_token(toks, filter_open);
+      IF filter_close IS NOT NULL THEN
+        -- (WHERE condition)
+        filter_text := btrim(substr(expr, toks[filter_open + 2].pos,
+                               toks[filter_close].pos - toks[filter_open + 2].pos));
+      END IF;
+      end_at := filter_close;
+    END IF;
+    IF end_at IS NULL THEN
+      t := open_at + 1;
+      CONTINUE;
+    END IF;
+    call_text := substr(expr, toks[t].pos, toks[end_at].pos - toks[t].pos + 1);
+    action := NULL;
+    BEGIN
+      DROP VIEW IF EXISTS pg_temp.trellis_aggregates;
+      EXECUTE 'CREATE TEMP VIEW trellis_aggregates AS SELECT ' || call_text
+        || ' FROM ' || from_sql || ' GROUP BY ' || group_list;
+      SELECT r.ev_action::text INTO action
+        FROM pg_rewrite r WHERE r.ev_class = 'pg_temp.trellis_aggregates'::regclass;
+      DROP VIEW pg_temp.trellis_aggregates;
+    EXCEPTION WHEN OTHERS THEN
+      -- Not a call Postgres takes alone (it reads an ungrouped column, say): its
+      -- arguments may still hold aggregates.
+      action := NULL;
+    END;
+    node := substring(action FROM ':targetList \(\{TARGETENTRY :expr (\{AGGREF .*)$');
+    IF node IS NULL THEN
+      t := open_at + 1;
+      CONTINUE;
+    END IF;
+    own := "trellis"._node_own_fields(node);
     args := btrim(substr(expr, toks[open_at].pos + 1, toks[close_at].pos - toks[open_at].pos - 1));
-    IF toks[open_at + 1].kind = 'word' AND lower(toks[open_at + 1].text) = 'all' THEN
+    IF toks[open_at + 1].kind = 'word' AND toks[open_at + 1].value = 'all' THEN
       args := btrim(substr(expr, toks[open_at + 2].pos, toks[close_at].pos - toks[open_at + 2].pos));
     END IF;
-    filter_text := NULL;
-    IF toks[close_at + 1].kind = 'word' AND lower(toks[close_at + 1].text) = 'filter' THEN
-      filter_open := close_at + 2;
-      t := filter_open;
-      depth := 0;
-      LOOP
-        IF toks[t].kind = 'punct' AND toks[t].text IN ('(', '[') THEN
-          depth := depth + 1;
-        ELSIF toks[t].kind = 'punct' AND toks[t].text IN (')', ']') THEN
-          depth := depth - 1;
-          EXIT WHEN depth = 0;
-        END IF;
-        t := t + 1;
-      END LOOP;
-      filter_close := t;
-      -- (WHERE condition)
-      filter_text := btrim(substr(expr, toks[filter_open + 2].pos,
-                             toks[filter_close].pos - toks[filter_open + 2].pos));
-      close_at := filter_close;
-    END IF;
     coll := nullif((regexp_match(own, ':inputcollid (\d+)'))[1]::oid, 0);
+    fn := (regexp_match(own, ':aggfnoid (\d+)'))[1]::oid;
     calls := calls || jsonb_build_array(jsonb_build_object(
-      'fn', ((regexp_match(own, ':aggfnoid (\d+)'))[1]::oid)::regprocedure::text,
-      'name', (SELECT p.proname FROM pg_proc p WHERE p.oid = (regexp_match(own, ':aggfnoid (\d+)'))[1]::oid),
-      'builtin', (SELECT p.pronamespace = 'pg_catalog'::regnamespace FROM pg_proc p
-                   WHERE p.oid = (regexp_match(own, ':aggfnoid (\d+)'))[1]::oid),
+      'fn', fn::regprocedure::text,
+      'name', (SELECT p.proname FROM pg_proc p WHERE p.oid = fn),
+      'builtin', (SELECT p.pronamespace = 'pg_catalog'::regnamespace FROM pg_proc p WHERE p.oid = fn),
       'aggtype', format_type((regexp_match(own, ':aggtype (\d+)'))[1]::oid, NULL),
       'argtype', format_type(nullif((regexp_match(node, ':aggargtypes \(o ?(\d*)'))[1], '')::oid, NULL),
       'collation', (SELECT quote_ident(cn.nspname) || '.' || quote_ident(co.collname)
@@ -6761,12 +6754,41 @@ BEGIN
       'variadic', own ~ ':aggvariadic true',
       'kind', (regexp_match(own, ':aggkind (\w)'))[1],
       'outer', (regexp_match(own, ':agglevelsup (\d+)'))[1]::int > 0,
-      'first', pos,
-      'last', toks[close_at].pos,
+      'first', toks[t].pos,
+      'last', toks[end_at].pos,
       'args', args,
       'filter', filter_text));
+    -- An aggregate holds no other (Postgres refuses nested aggregates).
+    t := end_at + 1;
   END LOOP;
   RETURN calls;
+END
+$fn$;
+
+-- The index of the token closing the bracket opened at toks[open_at] (which must be an
+-- opening parenthesis), or null when there is none.
+CREATE FUNCTION "trellis"._closing_token(toks "trellis".grammar_token[], open_at int)
+RETURNS int LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  n int := coalesce(array_length(toks, 1), 0);
+  t int := open_at;
+  depth int := 0;
+BEGIN
+  IF open_at > n OR NOT (toks[open_at].kind = 'punct' AND toks[open_at].text = '(') THEN
+    RETURN NULL;
+  END IF;
+  WHILE t <= n LOOP
+    IF toks[t].kind = 'punct' AND toks[t].text IN ('(', '[') THEN
+      depth := depth + 1;
+    ELSIF toks[t].kind = 'punct' AND toks[t].text IN (')', ']') THEN
+      depth := depth - 1;
+      IF depth = 0 THEN
+        RETURN t;
+      END IF;
+    END IF;
+    t := t + 1;
+  END LOOP;
+  RETURN NULL;
 END
 $fn$;
 
