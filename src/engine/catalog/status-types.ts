@@ -132,8 +132,14 @@ export interface SourceIndexGap {
 
 /** Backfill progress: keys done and (an estimate of) keys in all. */
 export interface BackfillProgress {
+  /** Driving keys built, the ones whose rows failed and are held included. */
   keysDone: number;
   keysTotal: number | null;
+  /**
+   * Keys held so far (their rows failed to derive: see quarantined()), as they are found;
+   * the build pauses at quarantineThreshold (ADR 0040).
+   */
+  keysHeld: number;
   startedAt: Date;
 }
 
