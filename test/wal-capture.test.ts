@@ -72,7 +72,7 @@ describe('WAL capture', () => {
     const status = await live.trellis.status('item_prices');
     expect(status.capture.setting).toBe('logical');
     expect(status.capture.sources).toEqual([
-      { table: 'public.items', mode: 'logical', reason: null },
+      { table: 'public.items', mode: 'logical', reason: null, subscribed: false },
     ]);
     expect(status.capture.slot?.retainedBytes).toBeGreaterThanOrEqual(0);
     expect(status.capture.slot?.limitBytes).toBe(4 * 1024 ** 3);

@@ -82,7 +82,7 @@ describe('WAL capture disruptions and slot safety', { timeout: 300_000 }, () => 
     const status = await live.trellis.status('item_names');
     expect(status.capture.setting).toBe('logical');
     expect(status.capture.sources).toEqual([
-      { table: 'public.items', mode: 'logical', reason: null },
+      { table: 'public.items', mode: 'logical', reason: null, subscribed: false },
     ]);
     expect(status.capture.slot?.name).toBe(await slotName(live.db.sql));
     expect(status.capture.slot?.limitBytes).toBe(4 * 1024 ** 3);
@@ -93,6 +93,7 @@ describe('WAL capture disruptions and slot safety', { timeout: 300_000 }, () => 
         table: 'public.notes',
         mode: 'trigger',
         reason: 'public.notes has REPLICA IDENTITY NOTHING',
+        subscribed: false,
       },
     ]);
     await live.db.sql`UPDATE notes SET body = 'changed' WHERE id < 5`;

@@ -46,7 +46,7 @@ export function exitCodeFor(code: TrellisErrorCode | 'unknown'): number {
 /** The table of exit statuses, for `trellis --help`. */
 export const EXIT_CODES_HELP = `Exit status:
   0  done
-  1  failed (database, shutdown, unknown)
+  1  failed (database, transient, shutdown, unknown)
   2  bad arguments, or a statement refused (parse, validation)
   3  not found (a transform, address or key)
   4  cannot connect (connection, transaction_pooling)

@@ -27,6 +27,12 @@ export const TRELLIS_ERROR_CODES = [
   'not_migrated',
   /** The catalog schema holds a breaking migration newer than this version of trellis-pg. */
   'incompatible_schema',
+  /**
+   * The call met concurrent work (a deadlock or serialization failure with the app's
+   * writers or the engine's workers) on every attempt it made; nothing was changed, and
+   * the same call can be made again.
+   */
+  'transient',
   /** Postgres reported an error the engine did not expect; `cause` keeps it. */
   'database',
   /** Anything else; `cause` keeps the original error. */

@@ -9,6 +9,7 @@ export const SQLSTATE = {
   trellisNotFound: 'TRN01',
   trellisConflict: 'TRC01',
   trellisIncompatibleSchema: 'TRI01',
+  trellisTransient: 'TRT01',
 
   queryCanceled: '57014',
   lockNotAvailable: '55P03',

@@ -33,7 +33,10 @@ function bar(fraction: number): string {
 function progressText(status: Status): string {
   const p = progressOf(status);
   if (!p) return '';
-  const keys = `${p.done.toLocaleString('en-US')}/${p.total === null ? '?' : p.total.toLocaleString('en-US')} keys`;
+  const held = status.backfill?.keysHeld
+    ? `, ${status.backfill.keysHeld.toLocaleString('en-US')} held`
+    : '';
+  const keys = `${p.done.toLocaleString('en-US')}/${p.total === null ? '?' : p.total.toLocaleString('en-US')} keys${held}`;
   if (p.fraction === null) return keys;
   return `${Math.floor(p.fraction * 100)}% ${keys}`;
 }

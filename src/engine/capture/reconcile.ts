@@ -8,7 +8,11 @@ import {
   captureFunctionsSql,
   captureTriggersSql,
   dropFunctionsSql,
+  dropRowTriggerSql,
   dropTriggersSql,
+  rowCaptureFunctionSql,
+  rowTriggerName,
+  rowTriggerSql,
   triggerName,
 } from './trigger-sql.js';
 import {
@@ -48,6 +52,10 @@ interface DesiredRow {
   uncaptured: string[];
   /** Why the table cannot be captured from the WAL (null when it can). */
   ineligible: string | null;
+  /** A logical replication subscription writes it (pg_subscription_rel). */
+  subscribed: boolean;
+  /** It has the row-level capture trigger such a table needs under trigger capture. */
+  row_captured: boolean;
 }
 
 interface InstalledRow {
@@ -117,7 +125,10 @@ export class CaptureReconciler {
                       JOIN pg_namespace pn ON pn.oid = pc.relnamespace
                      WHERE NOT EXISTS (SELECT 1 FROM pg_trigger tg
                                         WHERE tg.tgrelid = dt.relid AND tg.tgname = $1)) AS uncaptured,
-              CASE WHEN c.oid IS NOT NULL THEN ${s}._wal_ineligible(d.source_oid) END AS ineligible
+              CASE WHEN c.oid IS NOT NULL THEN ${s}._wal_ineligible(d.source_oid) END AS ineligible,
+              ${s}._subscribed(d.source_oid) AS subscribed,
+              EXISTS (SELECT 1 FROM pg_trigger tg
+                       WHERE tg.tgrelid = d.source_oid AND tg.tgname = $2) AS row_captured
          FROM (SELECT DISTINCT source_oid FROM ${s}.transform_sources) d
          LEFT JOIN pg_class c ON c.oid = d.source_oid
          LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -128,7 +139,7 @@ export class CaptureReconciler {
              CROSS JOIN LATERAL unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, i)
              JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
             WHERE x.indrelid = d.source_oid AND x.indisprimary) pk ON true`,
-      [triggerName(this.schema, 'insert')],
+      [triggerName(this.schema, 'insert'), rowTriggerName(this.schema)],
     );
     const installed = await session.query<InstalledRow>(
       `SELECT src.id, src.source_oid::text AS oid, src.qualified, src.key_columns, src.key_types,
@@ -175,8 +186,13 @@ export class CaptureReconciler {
             for (const sql of dropTriggersSql({ ...spec, table })) await session.query(sql);
             for (const sql of captureTriggersSql({ ...spec, table })) await session.query(sql);
           }
+          // Nothing was captured before: the backfill (or RESUME's rebuild) reads every row.
+          if (want.subscribed) for (const sql of rowTriggerSql(spec)) await session.query(sql);
+          else await session.query(dropRowTriggerSql(spec));
         });
-      } else if (want.uncaptured.length > 0) {
+        continue;
+      }
+      if (want.uncaptured.length > 0) {
         await this.change(
           session,
           row,
@@ -207,6 +223,8 @@ export class CaptureReconciler {
           if (added.length > 0) await markWidened(session, this.schema, row.id, added);
         });
       }
+      if (want.subscribed !== want.row_captured)
+        await this.followSubscription(session, row, spec, want.subscribed);
     }
 
     const wantedOids = new Set(desired.map((d) => d.oid));
@@ -272,6 +290,45 @@ export class CaptureReconciler {
   }
 
   /**
+   * A captured source that became a logical replication subscription's target (or stopped
+   * being one) gets (or loses) the row trigger the subscription's apply worker fires (ADR
+   * 0039). The rows the apply worker wrote before the trigger was there reached no ledger:
+   * the same transaction records that any row of the table may have changed (as a
+   * TRUNCATE does), so its readers are rebuilt rather than left stale. The source's lock
+   * waits out the apply worker's transaction in flight.
+   */
+  private async followSubscription(
+    session: Session,
+    row: InstalledRow,
+    spec: CaptureSpec,
+    subscribed: boolean,
+  ): Promise<void> {
+    const s = quoteIdent(this.schema);
+    const done = await this.locked(session, row, 'install', async () => {
+      await session.query(`LOCK TABLE ${spec.table} IN ${CAPTURE_LOCK_MODE} MODE`);
+      if (!subscribed) {
+        await session.query(dropRowTriggerSql(spec));
+        return;
+      }
+      for (const sql of rowCaptureFunctionSql(spec)) await session.query(sql);
+      for (const sql of rowTriggerSql(spec)) await session.query(sql);
+      await session.query(
+        `INSERT INTO ${s}.ledger (gen, source_id, xid, keys)
+         SELECT ${s}.ledger_generation(x.xid), $1, x.xid, NULL
+           FROM (SELECT pg_current_xact_id()::text::bigint AS xid) x`,
+        [row.id],
+      );
+    });
+    if (!done) return;
+    this.log.warn(
+      { table: row.qualified },
+      subscribed
+        ? `capture: ${row.qualified} is a logical replication subscription's target: its rows are captured row by row from now on, and its readers are rebuilt for the rows applied before`
+        : `capture: ${row.qualified} is no longer a subscription's target: row capture removed`,
+    );
+  }
+
+  /**
    * Moves a source toward the capture the instance asks for (ADR 0023). Returns true when
    * the source needs nothing more in this pass; false when its triggers are still its
    * capture (or one of two) and the trigger branches should keep them right.
@@ -316,6 +373,8 @@ export class CaptureReconciler {
           for (const t of [table, ...want.partitions]) {
             for (const sql of dropTriggersSql({ ...spec, table: t })) await session.query(sql);
           }
+          // WAL capture decodes what a subscription applies too (ADR 0039).
+          await session.query(dropRowTriggerSql(spec));
           for (const sql of dropFunctionsSql(spec)) await session.query(sql);
           await session.query(
             `UPDATE ${quoteIdent(this.schema)}.sources
@@ -417,6 +476,7 @@ export class CaptureReconciler {
           for (const table of tables) {
             for (const sql of dropTriggersSql({ ...spec, table })) await session.query(sql);
           }
+          await session.query(dropRowTriggerSql({ ...spec, table: row.table_sql }));
         }
         for (const sql of dropFunctionsSql(spec)) await session.query(sql);
         if (row.wal_state !== null) {

@@ -60,6 +60,19 @@ export function functionName(spec: Pick<CaptureSpec, 'schema' | 'sourceId'>, eve
   return `${quoteIdent(spec.schema)}.${quoteIdent(`capture_${spec.sourceId}_${event}`)}`;
 }
 
+/**
+ * The row-level capture trigger of a table that is a logical replication subscription's
+ * target (issue #21 item 2, ADR 0039): Postgres's apply worker fires row triggers only,
+ * never the statement triggers above.
+ */
+export function rowTriggerName(schema: string): string {
+  return triggerName(schema, 'insert').replace('_insert', '_row');
+}
+
+export function rowFunctionName(spec: Pick<CaptureSpec, 'schema' | 'sourceId'>): string {
+  return `${quoteIdent(spec.schema)}.${quoteIdent(`capture_${spec.sourceId}_row`)}`;
+}
+
 function keyArray(spec: CaptureSpec, alias: string): string {
   return `ARRAY[${spec.keyColumns.map((k) => `${alias}.${quoteIdent(k)}::text`).join(', ')}]`;
 }
@@ -187,14 +200,16 @@ function guarded(spec: CaptureSpec, event: CaptureEvent): string {
  * role's EXECUTE (it is checked when the trigger is created), so writers need none.
  */
 export function captureFunctionsSql(spec: CaptureSpec, events = CAPTURE_EVENTS): string[] {
-  const pinned = spec.keyTypes.every(settingFree)
-    ? ''
-    : `\nSET datestyle = 'ISO, YMD' SET intervalstyle = 'postgres' SET extra_float_digits = 3 SET bytea_output = 'hex'`;
+  const pinned = pinnedSettings(spec);
   // The transaction's id and its ledger generation, once per statement; then one static
-  // INSERT per generation (each keeps its cached plan).
+  // INSERT per generation (each keeps its cached plan). The row function (for a
+  // subscription's target) names the same columns: it follows every change of the UPDATE
+  // function's.
   const s = quoteIdent(spec.schema);
-  return events.flatMap((event) => [
-    `CREATE OR REPLACE FUNCTION ${functionName(spec, event)}()
+  const row = events.includes('update') ? rowCaptureFunctionSql(spec) : [];
+  return events
+    .flatMap((event) => [
+      `CREATE OR REPLACE FUNCTION ${functionName(spec, event)}()
 RETURNS trigger LANGUAGE plpgsql${pinned} AS $trellis_capture$
 DECLARE
   x bigint := pg_current_xact_id()::text::bigint;
@@ -205,8 +220,93 @@ BEGIN
   RETURN NULL;
 END
 $trellis_capture$`,
-    `REVOKE EXECUTE ON FUNCTION ${functionName(spec, event)}() FROM PUBLIC`,
-  ]);
+      `REVOKE EXECUTE ON FUNCTION ${functionName(spec, event)}() FROM PUBLIC`,
+    ])
+    .concat(row);
+}
+
+/** The settings a capture function pins, when a key type's text form depends on them. */
+function pinnedSettings(spec: CaptureSpec): string {
+  return spec.keyTypes.every(settingFree)
+    ? ''
+    : `\nSET datestyle = 'ISO, YMD' SET intervalstyle = 'postgres' SET extra_float_digits = 3 SET bytea_output = 'hex'`;
+}
+
+/**
+ * The row-level capture function (one for INSERT, UPDATE and DELETE): one ledger row per
+ * source row, with its key (both keys when an UPDATE moved it to another), none for an
+ * UPDATE that changed no captured column's image. Guarded as the statement functions are:
+ * a column renamed or dropped records that any row may have changed. Only the apply worker
+ * of a subscription fires it (ENABLE REPLICA): the app's own writes are captured once, by
+ * the statement triggers.
+ */
+export function rowCaptureFunctionSql(spec: CaptureSpec): string[] {
+  const s = quoteIdent(spec.schema);
+  const names = [...spec.keyColumns, ...spec.captured];
+  const list = names.map(quoteLiteral).join(', ');
+  const keyMoved = spec.keyColumns
+    .map(
+      (k) =>
+        `NEW.${quoteIdent(k)}::text COLLATE "C" IS DISTINCT FROM OLD.${quoteIdent(k)}::text COLLATE "C"`,
+    )
+    .join(' OR ');
+  const changed = spec.captured.length
+    ? `record_image_ne(ROW(${spec.captured.map((c) => `OLD.${quoteIdent(c)}`).join(', ')}), ROW(${spec.captured.map((c) => `NEW.${quoteIdent(c)}`).join(', ')}))`
+    : 'false';
+  const insert = Array.from(
+    { length: GENERATIONS },
+    (_, gen) =>
+      `${gen === 0 ? 'IF' : 'ELSIF'} g = ${gen} THEN\n    INSERT INTO ${s}.${quoteIdent(`ledger_${gen}`)} (gen, source_id, xid, keys) VALUES (g, ${spec.sourceId}, x, k);`,
+  ).join('\n  ');
+  return [
+    `CREATE OR REPLACE FUNCTION ${rowFunctionName(spec)}()
+RETURNS trigger LANGUAGE plpgsql${pinnedSettings(spec)} AS $trellis_capture$
+DECLARE
+  x bigint := pg_current_xact_id()::text::bigint;
+  g smallint := ((x >> ${EPOCH_BITS}) % ${GENERATIONS})::smallint;
+  k text[];
+BEGIN
+  IF (SELECT count(*) FROM pg_catalog.pg_attribute
+       WHERE attrelid = TG_RELID AND attnum > 0 AND NOT attisdropped
+         AND attname = ANY (ARRAY[${list}]::name[])) <> ${new Set(names).size} THEN
+    k := NULL;
+  ELSIF TG_OP = 'INSERT' THEN
+    k := ARRAY[${encodedKey(spec, 'NEW')}];
+  ELSIF TG_OP = 'DELETE' THEN
+    k := ARRAY[${encodedKey(spec, 'OLD')}];
+  ELSIF ${keyMoved} THEN
+    k := ARRAY[${encodedKey(spec, 'OLD')}, ${encodedKey(spec, 'NEW')}];
+  ELSIF ${changed} THEN
+    k := ARRAY[${encodedKey(spec, 'NEW')}];
+  ELSE
+    RETURN NULL;
+  END IF;
+  ${insert}
+  END IF;
+  RETURN NULL;
+END
+$trellis_capture$`,
+    `REVOKE EXECUTE ON FUNCTION ${rowFunctionName(spec)}() FROM PUBLIC`,
+  ];
+}
+
+/**
+ * The row trigger on a subscription's target, ENABLE REPLICA: it fires in sessions with
+ * session_replication_role = replica (the apply worker's), where the statement triggers
+ * (ENABLE ALWAYS) fire too for any statement but the apply worker's. Such a session other
+ * than the apply worker captures its rows twice: harmless, they are re-derived twice.
+ */
+export function rowTriggerSql(spec: Pick<CaptureSpec, 'schema' | 'sourceId' | 'table'>): string[] {
+  const name = quoteIdent(rowTriggerName(spec.schema));
+  return [
+    `DROP TRIGGER IF EXISTS ${name} ON ${spec.table}`,
+    `CREATE TRIGGER ${name} AFTER INSERT OR UPDATE OR DELETE ON ${spec.table} FOR EACH ROW EXECUTE FUNCTION ${rowFunctionName(spec)}()`,
+    `ALTER TABLE ${spec.table} ENABLE REPLICA TRIGGER ${name}`,
+  ];
+}
+
+export function dropRowTriggerSql(spec: Pick<CaptureSpec, 'schema' | 'table'>): string {
+  return `DROP TRIGGER IF EXISTS ${quoteIdent(rowTriggerName(spec.schema))} ON ${spec.table}`;
 }
 
 /**
@@ -240,6 +340,9 @@ export function dropTriggersSql(spec: Pick<CaptureSpec, 'schema' | 'table'>): st
   );
 }
 
+/** Drops the capture functions; the row trigger (if any) must be gone first. */
 export function dropFunctionsSql(spec: Pick<CaptureSpec, 'schema' | 'sourceId'>): string[] {
-  return CAPTURE_EVENTS.map((event) => `DROP FUNCTION IF EXISTS ${functionName(spec, event)}()`);
+  return CAPTURE_EVENTS.map(
+    (event) => `DROP FUNCTION IF EXISTS ${functionName(spec, event)}()`,
+  ).concat(`DROP FUNCTION IF EXISTS ${rowFunctionName(spec)}()`);
 }

@@ -132,8 +132,14 @@ export interface SourceIndexGap {
 
 /** Backfill progress: keys done and (an estimate of) keys in all. */
 export interface BackfillProgress {
+  /** Driving keys built, the ones whose rows failed and are held included. */
   keysDone: number;
   keysTotal: number | null;
+  /**
+   * Keys held so far (their rows failed to derive: see quarantined()), as they are found;
+   * the build pauses at quarantineThreshold (ADR 0040).
+   */
+  keysHeld: number;
   startedAt: Date;
 }
 
@@ -175,12 +181,15 @@ export interface CaptureInfo {
   /**
    * Each source: `trigger`, `logical` (the replication slot alone), or `switching` (both,
    * or in the publication and not trusted yet). `reason` says why a source stays on
-   * triggers under `logical` (null otherwise).
+   * triggers under `logical` (null otherwise). `subscribed`: a logical replication
+   * subscription writes the table (pg_subscription_rel); under trigger capture its rows
+   * are then captured row by row as well (ADR 0039).
    */
   sources: Array<{
     table: string;
     mode: 'trigger' | 'logical' | 'switching';
     reason: string | null;
+    subscribed: boolean;
   }>;
   /**
    * The instance's replication slot, while it has one: the WAL it holds back (bytes, null

@@ -148,6 +148,8 @@ export function classifyError(error: unknown, context: ClassifyContext = {}): Tr
         return new TrellisError('conflict', message, opts);
       case SQLSTATE.trellisIncompatibleSchema:
         return new TrellisError('incompatible_schema', message, opts);
+      case SQLSTATE.trellisTransient:
+        return new TrellisError('transient', message, opts);
       case SQLSTATE.adminShutdown:
       case SQLSTATE.crashShutdown:
       case SQLSTATE.cannotConnectNow:

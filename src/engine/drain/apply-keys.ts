@@ -3,7 +3,7 @@ import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
 import { changedFromList } from './changed-sql.js';
-import type { TransformPlan } from './plan.js';
+import { loadPlan, type TransformPlan } from './plan.js';
 import { affectedDrivingKeysSql, rederiveSql } from './rederive-sql.js';
 import { isRowError } from './row-errors.js';
 import { writtenColumns } from './sql-parts.js';
@@ -15,12 +15,57 @@ export interface ChangedKey {
   k: string[];
 }
 
+/** Held-key warnings logged one by one in a bisection; the rest go into one summary line. */
+export const HELD_KEY_LOG_LINES = 10;
+
+/**
+ * One bisection's state, shared by its recursion (issue #21 item 12, ADR 0040): the keys
+ * it held so far, by address; whether holding them paused the transform (the bisection
+ * then stops: the keys it did not try wait for RESUME, which retries the range); and the
+ * plan it applies, which loses a column once that column pauses (the rest of the keys
+ * then go through without it, instead of each being held there).
+ */
+export interface Bisection {
+  plan: TransformPlan;
+  held: number;
+  /** Keys held per address (`t`, `t.column`), for the summary. */
+  byAddress: Map<string, number>;
+  /** Warning lines logged for single keys (at most HELD_KEY_LOG_LINES). */
+  logged: number;
+  /** Addresses that paused themselves during this bisection. */
+  paused: string[];
+  /** The transform paused (its address reached quarantineThreshold): nothing more is tried. */
+  stopped: boolean;
+  /** Keys left untried when it stopped. */
+  untried: number;
+  /** Nested calls running (a joined row's key is bisected again as driving keys). */
+  depth: number;
+}
+
+export function newBisection(plan: TransformPlan): Bisection {
+  return {
+    plan,
+    held: 0,
+    byAddress: new Map(),
+    logged: 0,
+    paused: [],
+    stopped: false,
+    untried: 0,
+    depth: 0,
+  };
+}
+
 /**
  * Re-derives `keys` in the current transaction, finding by bisection the keys whose
  * re-derivation fails with a row error: those are held back from this transform (and
  * only from it), at the narrowest address that explains the failure (`holdNarrowest`);
  * everything else is applied. Errors that no row explains propagate. Returns how many
- * keys were held.
+ * keys were held; `run` (when given) says whether the transform paused meanwhile.
+ *
+ * Each held key counts at once toward its address's quarantineThreshold (_hold_key counts
+ * this transaction's holds too): a column that pauses is left out of the rest of the keys,
+ * and a transform that pauses stops the bisection there. Only the first
+ * HELD_KEY_LOG_LINES held keys are logged one by one; one line then sums up the rest.
  */
 export async function applyKeysBisecting(
   session: Session,
@@ -29,18 +74,56 @@ export async function applyKeysBisecting(
   keys: ChangedKey[],
   log: Logger,
   tally?: Tally,
+  run: Bisection = newBisection(plan),
 ): Promise<number> {
   const attempt = async (part: ChangedKey[]): Promise<number> => {
     if (part.length === 0) return 0;
-    const error = await tryRederive(session, plan, part, true, tally);
+    if (run.stopped) {
+      run.untried += part.length;
+      return 0;
+    }
+    const error = await tryRederive(session, run.plan, part, true, tally);
     if (error === null) return 0;
     if (part.length === 1) {
-      return holdNarrowest(session, schema, plan, part[0]!, error, log, tally);
+      return holdNarrowest(session, schema, run, part[0]!, error, log, tally);
     }
     const middle = part.length >> 1;
     return (await attempt(part.slice(0, middle))) + (await attempt(part.slice(middle)));
   };
-  return attempt(keys);
+  run.depth += 1;
+  let held: number;
+  try {
+    held = await attempt(keys);
+  } finally {
+    run.depth -= 1;
+  }
+  // Summed up once, by the outermost call (an error rolls the holds back: nothing to say).
+  if (run.depth === 0) summarize(run, log);
+  return held;
+}
+
+/** The one line that sums up a bisection whose held keys were not all logged, or that paused. */
+function summarize(run: Bisection, log: Logger): void {
+  if (run.held <= run.logged && run.paused.length === 0) return;
+  const addresses = Object.fromEntries(run.byAddress);
+  const counts = [...run.byAddress].map(([a, n]) => `${n} at ${a}`).join(', ');
+  const paused =
+    run.paused.length === 0
+      ? ''
+      : run.stopped
+        ? `; ${run.paused.join(', ')} paused at quarantineThreshold, ${run.untried} keys left untried until RESUME`
+        : `; ${run.paused.join(', ')} paused at quarantineThreshold (the other keys went on without it)`;
+  log.warn(
+    {
+      target: run.plan.target,
+      held: run.held,
+      logged: run.logged,
+      addresses,
+      paused: run.paused,
+      untried: run.untried,
+    },
+    `${run.held} keys held in one pass (${counts}), ${run.held - run.logged} of them not logged one by one${paused}: see quarantined()`,
+  );
 }
 
 /**
@@ -100,17 +183,18 @@ function without(plan: TransformPlan, columns: Iterable<string>): TransformPlan 
 async function holdNarrowest(
   session: Session,
   schema: string,
-  plan: TransformPlan,
+  run: Bisection,
   key: ChangedKey,
   error: unknown,
   log: Logger,
   tally?: Tally,
 ): Promise<number> {
+  const plan = run.plan;
   const driving = plan.sources[0]!;
   if (!plan.aggregates && key.s !== driving.sourceId) {
     const rows = await session.query<{ k: string[] }>(affectedDrivingKeysSql(plan), [[key]]);
     const keys = rows.map((r) => ({ s: driving.sourceId!, k: r.k }));
-    if (keys.length > 0) return applyKeysBisecting(session, schema, plan, keys, log, tally);
+    if (keys.length > 0) return applyKeysBisecting(session, schema, plan, keys, log, tally, run);
   }
   if (!plan.aggregates && key.s === driving.sourceId) {
     const candidates = writtenColumns(plan)
@@ -135,25 +219,26 @@ async function holdNarrowest(
         (await tryRederive(session, without(plan, culprits.keys()), [key], true, tally)) === null
       ) {
         for (const [column, failure] of culprits) {
-          await hold(session, schema, plan, key, column, failure, log);
+          await hold(session, schema, run, key, column, failure, log);
         }
         return 1;
       }
     }
   }
-  await hold(session, schema, plan, key, '', error, log);
+  await hold(session, schema, run, key, '', error, log);
   return 1;
 }
 
 async function hold(
   session: Session,
   schema: string,
-  plan: TransformPlan,
+  run: Bisection,
   key: ChangedKey,
   column: string,
   error: unknown,
   log: Logger,
 ): Promise<void> {
+  const plan = run.plan;
   const message = error instanceof Error ? error.message : String(error);
   const sqlstate = sqlstateOf(error) ?? null;
   const [row] = await session.query<{ paused: boolean }>(
@@ -161,6 +246,18 @@ async function hold(
     [plan.id, key.s, key.k, column, message, sqlstate],
   );
   const address = column ? `${plan.target}.${column}` : plan.target;
+  run.held += 1;
+  run.byAddress.set(address, (run.byAddress.get(address) ?? 0) + 1);
+  if (row?.paused) {
+    run.paused.push(address);
+    // The transform stops here; a paused column is left out of the rest of the keys.
+    if (column === '') run.stopped = true;
+    else run.plan = await loadPlan(session, schema, plan.id);
+    // The pause itself is logged once, as a state change, by the catalog watch.
+    log.debug({ target: plan.target, address }, `${address} paused: it holds too many keys`);
+  }
+  if (run.logged >= HELD_KEY_LOG_LINES) return;
+  run.logged += 1;
   log.warn(
     {
       target: plan.target,
@@ -172,10 +269,6 @@ async function hold(
     },
     `key held at ${address}: re-deriving it failed: ${message}`,
   );
-  if (row?.paused) {
-    // The pause itself is logged once, as a state change, by the catalog watch.
-    log.debug({ target: plan.target, address }, `${address} paused: it holds too many keys`);
-  }
 }
 
 /** A key as Trellis renders it everywhere (as `<schema>.render_key` in SQL does). */

@@ -3,7 +3,7 @@ import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
 import { groupsFillSql } from './aggregate-sql.js';
-import { applyKeysBisecting } from './apply-keys.js';
+import { applyKeysBisecting, newBisection } from './apply-keys.js';
 import { chunkEndSql, drivingRowsAfterSql } from './backfill-sql.js';
 import {
   ChunkFailure,
@@ -11,6 +11,7 @@ import {
   fillChunk,
   nextRepairChunk,
   planChunks,
+  shrinkChunk,
 } from './build-chunks.js';
 import { deltaFillSql } from './delta-sql.js';
 import { loadPlan, type TransformPlan } from './plan.js';
@@ -21,6 +22,13 @@ import { enterTransformWork } from './work-settings.js';
 
 /** Driving keys per chunk of a GROUP BY build's repair (one transaction each). */
 export const REPAIR_ROWS = 50_000;
+
+/**
+ * Driving keys a step of a chunk's repair re-derives key by key (one transaction each):
+ * the keys it holds and the rows it fills then show in status() as they are found, not
+ * once the whole chunk is through.
+ */
+export const REPAIR_STEP_KEYS = 250;
 
 /** A build failing this many times in a row for no row's fault pauses the transform. */
 export const BUILD_ATTEMPTS_BEFORE_PAUSE = 5;
@@ -149,6 +157,9 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
       let step: Step = { upto: null, rows: 0 };
       let next: Claim['backfill_stage'] = stage;
       let done = false;
+      // The transform paused at quarantineThreshold during this step: its progress stays
+      // where it was (RESUME takes the build up again), with the keys held so far.
+      let stopped = false;
       let total: number | null = null;
       if (stage === 'rows') {
         total = await planChunks(session, schema, plan);
@@ -158,8 +169,34 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
         if (repair) {
           // Re-derivation upserts: it needs the key back.
           await restoreIndexes(session, schema, claim.transform_id);
-          await applyChunkBisecting(session, schema, plan, repair.lo, repair.hi, log);
-          await deleteChunk(session, schema, plan.id, repair.chunk);
+          const repaired = await applyChunkBisecting(
+            session,
+            schema,
+            plan,
+            repair.lo,
+            repair.hi,
+            log,
+            REPAIR_STEP_KEYS,
+          );
+          stopped = repaired.stopped;
+          if (!stopped) {
+            if (repaired.last) {
+              // The rest of the chunk is the next step's: it starts after the last key.
+              await shrinkChunk(
+                session,
+                schema,
+                plan.id,
+                repair.chunk,
+                repaired.last,
+                repaired.keys,
+              );
+            } else {
+              await deleteChunk(session, schema, plan.id, repair.chunk);
+            }
+            // Its rows count as done, the held ones included (they are found: status()
+            // shows them as backfill.keysHeld).
+            step = { upto: null, rows: repaired.keys };
+          }
         } else {
           done = true;
         }
@@ -184,8 +221,14 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
       } else {
         // Re-derivation upserts: it needs the key back.
         await restoreIndexes(session, schema, claim.transform_id);
-        step = await repairChunk(session, schema, plan, claim.backfill_position, log);
-        done = !step.upto;
+        const repaired = await repairChunk(session, schema, plan, claim.backfill_position, log);
+        stopped = repaired.stopped;
+        step = repaired.step;
+        done = !stopped && !step.upto;
+      }
+      if (stopped) {
+        log.debug({ target: plan.target }, 'build stopped: the transform paused (quarantine)');
+        return true;
       }
       if (done) {
         await restoreIndexes(session, schema, claim.transform_id);
@@ -347,15 +390,17 @@ async function repairChunk(
   plan: TransformPlan,
   position: string[] | null,
   log: Logger,
-): Promise<Step> {
+): Promise<{ step: Step; stopped: boolean }> {
   const step = await nextChunk(session, plan, position);
-  await applyChunkBisecting(session, schema, plan, position, step.upto, log);
-  return step;
+  const { stopped } = await applyChunkBisecting(session, schema, plan, position, step.upto, log);
+  return { step, stopped };
 }
 
 /**
  * A chunk with a row that fails: every driving key of the chunk is re-derived through
- * the drain's bisecting path, so the failing rows are held and the rest filled.
+ * the drain's bisecting path, so the failing rows are held and the rest filled. Returns
+ * how many driving keys the chunk has, and whether the transform paused partway (at
+ * quarantineThreshold: the bisection stops there).
  */
 async function applyChunkBisecting(
   session: Session,
@@ -364,7 +409,9 @@ async function applyChunkBisecting(
   position: string[] | null,
   upto: string[] | null,
   log: Logger,
-): Promise<void> {
+  /** At most this many keys (the first, in key order); `last` is then the last one. */
+  limit?: number,
+): Promise<{ keys: number; stopped: boolean; last: string[] | null }> {
   const driving = plan.sources[0]!;
   const keys = driving.keyColumns.map((k) => `d.${quoteIdent(k)}`);
   const tuple = (items: string[]) => (items.length === 1 ? items[0]! : `(${items.join(', ')})`);
@@ -372,16 +419,21 @@ async function applyChunkBisecting(
     `SELECT ARRAY[${keys.map((k) => `${k}::text`).join(', ')}] AS k FROM ${driving.table} d
       WHERE ($1::text[] IS NULL OR ${tuple(keys)} > ${typedParam(driving, '$1')})
         AND ($2::text[] IS NULL OR ${tuple(keys)} <= ${typedParam(driving, '$2')})
-      ORDER BY ${keys.join(', ')}`,
+      ORDER BY ${keys.join(', ')}${limit === undefined ? '' : ` LIMIT ${limit}`}`,
     [position, upto],
   );
+  const run = newBisection(plan);
   await applyKeysBisecting(
     session,
     schema,
     plan,
     rows.map((r) => ({ s: driving.sourceId!, k: r.k })),
     log,
+    undefined,
+    run,
   );
+  const last = limit !== undefined && rows.length === limit ? rows[rows.length - 1]!.k : null;
+  return { keys: rows.length, stopped: run.stopped, last };
 }
 
 async function recordBuildFailure(

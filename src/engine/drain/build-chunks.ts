@@ -202,3 +202,23 @@ export async function deleteChunk(
     [transformId, chunk],
   );
 }
+
+/**
+ * A chunk whose first `done` rows, up to key `after`, were repaired: it now starts after
+ * that key, and holds that many rows fewer (its rows are progress: status() counts the
+ * chunks left).
+ */
+export async function shrinkChunk(
+  session: Session,
+  schema: string,
+  transformId: number,
+  chunk: number,
+  after: string[],
+  done: number,
+): Promise<void> {
+  await session.query(
+    `UPDATE ${quoteIdent(schema)}.build_chunks SET lo = $3::text[], rows = greatest(rows - $4, 0)
+      WHERE transform_id = $1 AND chunk = $2`,
+    [transformId, chunk, after, done],
+  );
+}

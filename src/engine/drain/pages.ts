@@ -3,7 +3,7 @@ import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
 import { type ApplyMode, recordCost } from './apply-choice.js';
-import { applyKeysBisecting, type ChangedKey } from './apply-keys.js';
+import { applyKeysBisecting, type ChangedKey, newBisection } from './apply-keys.js';
 import { changedFromLedger } from './changed-sql.js';
 import { advanceCursor } from './cursor.js';
 import type { TransformPlan } from './plan.js';
@@ -68,11 +68,21 @@ export async function applyPage(
     if (claim.gen !== null) params.push(`(${claim.blk_lo},0)`, `(${claim.blk_hi},0)`);
     if (claim.buckets > 1) params.push(claim.bucket);
 
-    const { failure, tally } = await applyChanged(session, schema, plan, changed, params, log);
+    const { failure, tally, paused } = await applyChanged(
+      session,
+      schema,
+      plan,
+      changed,
+      params,
+      log,
+    );
     if (failure !== null) {
       await recordPageFailure(session, schema, claim, failure, log, plan.target);
       return appliedWork(plan.target, tally, started, true);
     }
+    // The transform paused at quarantineThreshold partway: the page stays, with the keys
+    // held so far, and is applied again (idempotently) after RESUME.
+    if (paused) return appliedWork(plan.target, tally, started, false);
 
     await session.query(`DELETE FROM ${s}.pages WHERE transform_id = $1 AND page = $2`, [
       claim.transform_id,
@@ -115,7 +125,7 @@ export async function applyChanged(
   log: Logger,
   /** How the changes are applied (see apply-choice.ts); a row error bisects key by key either way. */
   mode: ApplyMode = 'rederive',
-): Promise<{ failure: unknown | null; tally: Tally }> {
+): Promise<{ failure: unknown | null; tally: Tally; paused: boolean }> {
   await session.query('SAVEPOINT trellis_page');
   const tally = emptyTally();
   try {
@@ -125,22 +135,23 @@ export async function applyChanged(
     }
     await rederiveCounted(session, rederiveSql(plan, changed, '$1', mode), params, tally);
     await session.query('RELEASE SAVEPOINT trellis_page');
-    return { failure: null, tally };
+    return { failure: null, tally, paused: false };
   } catch (error) {
     await session.query('ROLLBACK TO SAVEPOINT trellis_page');
     Object.assign(tally, emptyTally());
-    if (!isRowError(error)) return { failure: error, tally };
+    if (!isRowError(error)) return { failure: error, tally, paused: false };
     try {
       const keys = await session.query<{ s: number; k: string[] }>(
         `SELECT DISTINCT source_id AS s, key AS k FROM (${changed}) c ORDER BY 1, 2`,
         params,
       );
-      await applyKeysBisecting(session, schema, plan, keys as ChangedKey[], log, tally);
+      const run = newBisection(plan);
+      await applyKeysBisecting(session, schema, plan, keys as ChangedKey[], log, tally, run);
       await session.query('RELEASE SAVEPOINT trellis_page');
-      return { failure: null, tally };
+      return { failure: null, tally, paused: run.stopped };
     } catch (bisectError) {
       await session.query('ROLLBACK TO SAVEPOINT trellis_page');
-      return { failure: bisectError, tally: emptyTally() };
+      return { failure: bisectError, tally: emptyTally(), paused: false };
     }
   }
 }

@@ -100,7 +100,7 @@ export async function openRange(
       // retried with backoff and reported.
       const started = performance.now();
       await enterTransformWork(session, schema, plan);
-      const { failure, tally } = await applyChanged(
+      const { failure, tally, paused } = await applyChanged(
         session,
         schema,
         plan,
@@ -110,7 +110,9 @@ export async function openRange(
         choice.mode,
       );
       applied = appliedWork(plan.target, tally, started, failure !== null);
-      if (failure === null) {
+      // Paused at quarantineThreshold partway: the range becomes pages (below), applied
+      // again after RESUME; what it held and applied so far is kept.
+      if (failure === null && !paused) {
         await recordCost(session, schema, plan, choice.mode, tally.keys, applied.seconds * 1000);
         await advanceCursor(session, schema, c.transform_id, c.hi_seq);
         return 'opened';

@@ -1,6 +1,7 @@
 import type { Session } from '../db/session.js';
 import { TrellisError } from '../errors.js';
 import { quoteIdent } from '../identifiers.js';
+import { SQLSTATE, sqlstateOf } from '../sqlstate.js';
 
 /** What `apply()` did, one shape per statement form. */
 export type ApplyResult =
@@ -55,9 +56,24 @@ export async function applyStatement(
     );
   }
   const fn = transformOnly ? 'define' : 'apply';
-  const [row] = await session.query<{ result: unknown }>(
-    `SELECT ${quoteIdent(schema)}.${fn}($1) AS result`,
-    [statement],
-  );
-  return toApplyResult(row?.result);
+  try {
+    const [row] = await session.query<{ result: unknown }>(
+      `SELECT ${quoteIdent(schema)}.${fn}($1) AS result`,
+      [statement],
+    );
+    return toApplyResult(row?.result);
+  } catch (error) {
+    // <schema>.apply() retries a deadlock itself (migration 0027) and says TRT01 when it gives up; a
+    // deadlock or serialization failure that still reaches here (outside its retries) is
+    // the same condition, and nothing was changed.
+    const state = sqlstateOf(error);
+    if (state === SQLSTATE.deadlockDetected || state === SQLSTATE.serializationFailure) {
+      throw new TrellisError(
+        'transient',
+        `the statement met concurrent work (${(error as Error).message}): try it again`,
+        { cause: error, sqlstate: state },
+      );
+    }
+    throw error;
+  }
 }
