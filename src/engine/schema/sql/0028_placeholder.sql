@@ -1,0 +1,2 @@
+-- Placeholder for a migration number another branch holds (the lead drops it at merge).
+SELECT 1;
