@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { TrellisError } from '../src/engine/index.js';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
+import { waitFor, waitForStatus } from './support/trellis.js';
 
 // A view's SQL as Postgres writes it: TRANSFORM name AS <select> (issue #26, ADR 0049).
 // Each target is compared with its SELECT recomputed by Postgres (the oracle), after
@@ -149,6 +150,68 @@ describe('TRANSFORM name AS <select>', () => {
       UPDATE customers SET name = 'ann2' WHERE id = 1;
       DELETE FROM orders WHERE id = 7;`);
     await live.converged(def);
+  });
+});
+
+describe('a view defined with AS, like any transform', () => {
+  it('stops on a renamed column and RESUME binds it again; ALTER … ADD COLUMN extends it (refused for DISTINCT)', async () => {
+    await live.db.sql.unsafe(`
+      CREATE TABLE items (id int PRIMARY KEY, kind text, size int);
+      INSERT INTO items VALUES (1, 'a', 1), (2, 'a', 4), (3, 'b', NULL), (4, NULL, 2), (5, 'a', 1);`);
+    const rows: Definition = {
+      form: 'as',
+      target: 'as_items_rows',
+      from: 'items i',
+      select: 'i.kind, i.size',
+      where: 'i.size IS NOT NULL',
+      implicit: 'i.id AS id',
+    };
+    const kinds: Definition = {
+      form: 'as',
+      target: 'as_items_kinds',
+      distinct: true,
+      from: 'items',
+      select: 'kind, size % 3 AS bucket',
+    };
+    await live.define(rows, kinds);
+    await live.converged([rows, kinds]);
+
+    await live.db.sql`ALTER TABLE items RENAME COLUMN size TO sz`;
+    for (const d of [rows, kinds]) {
+      await waitFor(
+        async () => (await live.trellis.status(d.target)).captureFailure !== null,
+        `${d.target} to stop on the renamed column`,
+      );
+    }
+    await live.db.sql.unsafe(`
+      UPDATE items SET sz = 7 WHERE id = 3;
+      ALTER TABLE items RENAME COLUMN sz TO size;
+      INSERT INTO items VALUES (6, 'c', 9);`);
+    for (const d of [rows, kinds]) {
+      await live.trellis.apply(`RESUME TRANSFORM ${d.target}`);
+      await waitForStatus(live.trellis, d.target, 'live');
+    }
+    await live.converged([rows, kinds]);
+
+    await live.trellis.apply('ALTER TRANSFORM as_items_rows ADD COLUMN i.size * 2 AS twice');
+    const wider = { ...rows, select: 'i.kind, i.size, i.size * 2 AS twice' };
+    await waitForStatus(live.trellis, wider.target, 'live');
+    // SELECT DISTINCT is keyed by every column: a column more would be another key.
+    const refused = await live.trellis
+      .apply('ALTER TRANSFORM as_items_kinds ADD COLUMN id % 2 AS odd')
+      .catch((e: unknown) => e as TrellisError);
+    expect(refused).toMatchObject({ code: 'validation' });
+    expect((refused as TrellisError).message).toContain('SELECT DISTINCT, keyed by every column');
+    await live.db.sql.unsafe(`
+      UPDATE items SET size = 3, id = 10 WHERE id = 1;
+      DELETE FROM items WHERE id = 4;`);
+    await live.converged([wider, kinds]);
+    const [statement] = (await live.trellis.definitions())
+      .filter((d) => d.target === 'as_items_rows')
+      .map((d) => d.statement);
+    expect(statement).toMatch(
+      /^TRANSFORM as_items_rows AS SELECT .* AS twice FROM public\.items AS i WHERE /,
+    );
   });
 });
 

@@ -595,8 +595,16 @@ BEGIN
   IF ast ->> 'form' = 'as' OR coalesce((ast ->> 'distinct')::boolean, false) THEN
     PERFORM @schema@._refuse_view_sql(ast);
   END IF;
+  -- A statement as parsed has no GROUP BY with its DISTINCT; a stored one has its items'
+  -- (RESUME, ALTER): an item more or less there is a column added or dropped.
   IF coalesce((ast ->> 'distinct')::boolean, false) THEN
-    ast := jsonb_set(ast, '{group_by}', @schema@._distinct_groups(ast));
+    IF jsonb_array_length(ast -> 'group_by') = 0 THEN
+      ast := jsonb_set(ast, '{group_by}', @schema@._distinct_groups(ast));
+    ELSIF jsonb_array_length(ast -> 'group_by') <> jsonb_array_length(ast -> 'select') THEN
+      PERFORM @schema@._fail('TRV01', format(
+        'transform %I is a SELECT DISTINCT, keyed by every column: adding or dropping one would change its key. DROP TRANSFORM it and define it again',
+        ast -> 'target' ->> 'name'));
+    END IF;
   END IF;
   RETURN @schema@._analyze_from_first(ast);
 END
