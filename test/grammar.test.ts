@@ -1137,7 +1137,11 @@ describe('properties', () => {
       alias,
       joins: fc.array(join, { maxLength: 3 }),
       select: keyword('SELECT'),
-      all: fc.constantFrom('', 'ALL '),
+      all: fc.constantFrom('', 'ALL ', 'DISTINCT '),
+      // The AS form (ADR 0049): the same parts, SELECT first, with an ORDER BY it drops.
+      view: fc.boolean(),
+      as: keyword('AS'),
+      order: clause('ORDER BY', list(expr)),
       items: fc.array(selectItem, { minLength: 1, maxLength: 4 }),
       comma: fc.constantFrom(',', ', ', ' ,', ' , '),
       where: clause('WHERE', expr),
@@ -1147,14 +1151,20 @@ describe('properties', () => {
       g: gap,
       end,
     })
-    .map((r) => ({
-      sql:
-        `${r.t} ${r.target.text} ${r.from} ${r.source.text}${r.alias}${r.joins.join('')}${r.g}` +
-        `${r.select} ${r.all}${r.items.join(r.comma)}${r.where}${r.group}${r.having}${r.wsi}${r.end}`,
-      kind: 'transform',
-      transform: r.target.name,
-      items: r.items.length,
-    }));
+    .map((r) => {
+      // SELECT DISTINCT takes no GROUP BY or HAVING.
+      const grouping = r.all === 'DISTINCT ' ? '' : `${r.group}${r.having}`;
+      const select = `${r.select} ${r.all}${r.items.join(r.comma)}`;
+      const from = `${r.from} ${r.source.text}${r.alias}${r.joins.join('')}`;
+      return {
+        sql: r.view
+          ? `${r.t} ${r.target.text} ${r.as} ${select}${r.g} ${from}${r.where}${grouping}${r.order}${r.wsi}${r.end}`
+          : `${r.t} ${r.target.text} ${from}${r.g}${select}${r.where}${grouping}${r.wsi}${r.end}`,
+        kind: 'transform',
+        transform: r.target.name,
+        items: r.items.length,
+      };
+    });
   const pauseResume: fc.Arbitrary<Generated> = fc
     .tuple(fc.constantFrom('PAUSE TRANSFORM', 'RESUME TRANSFORM'), name, fc.option(name), end)
     .chain(([phrase, t, c, e]) =>
