@@ -71,7 +71,15 @@ const loudNames: Definition = {
   select: 'upper(name) AS loud',
   implicit: 'id',
 };
-const ALL = [orderTotals, bigOrders, ratios, names, loudNames];
+// A view's SQL (the AS form) with SELECT DISTINCT: restored from its statement as shown.
+const custList: Definition = {
+  form: 'as',
+  target: 'cust_list',
+  distinct: true,
+  from: 'orders o JOIN customers c ON c.id = o.cust',
+  select: 'c.name, o.amount > 20 AS big',
+};
+const ALL = [orderTotals, bigOrders, ratios, names, loudNames, custList];
 
 const SCHEMA = `
   CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL);

@@ -188,6 +188,18 @@ describe('trellis generate', () => {
     );
     expect(misspelt.code).toBe(2);
     expect(misspelt.err).toMatch(/amuont.*\(validation\)\n$/);
+    // A view's SQL (the AS form) is checked the same way: what it may not hold, by name.
+    const union = await inProcess(
+      [
+        'generate',
+        'transform',
+        'TRANSFORM t AS SELECT amount FROM orders UNION ALL SELECT amount FROM orders',
+        ...config,
+      ],
+      env,
+    );
+    expect(union.code).toBe(2);
+    expect(union.err).toMatch(/UNION ALL is not supported yet.*\(validation\)\n$/);
     const noUrl = await inProcess(
       ['generate', 'transform', 'DROP TRANSFORM t', '--out', join(dir, 'migrations')],
       {},

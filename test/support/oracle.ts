@@ -27,12 +27,31 @@ export interface Definition {
   implicit?: string;
   /** Trailing options of the statement (`WITHOUT SOURCE INDEX`). */
   options?: string;
+  /**
+   * `'as'`: the statement is the view's SQL, `TRANSFORM target AS SELECT …` (ADR 0049),
+   * the same SELECT the oracle runs, without the implicit columns.
+   */
+  form?: 'as';
+  /** `SELECT DISTINCT` (either form). */
+  distinct?: boolean;
+  /** A trailing ORDER BY of the AS form's statement: the engine drops it, the oracle too. */
+  orderBy?: string;
 }
 
 /** The TRANSFORM statement for a definition. */
 export function transformStatement(d: Definition): string {
+  if (d.form === 'as') {
+    return [
+      `TRANSFORM ${d.target} AS`,
+      selectQuery(d, false),
+      d.orderBy ? `ORDER BY ${d.orderBy}` : '',
+      d.options ?? '',
+    ]
+      .filter(Boolean)
+      .join(' ');
+  }
   return [
-    `TRANSFORM ${d.target} FROM ${d.from} SELECT ${d.select}`,
+    `TRANSFORM ${d.target} FROM ${d.from} SELECT ${d.distinct ? 'DISTINCT ' : ''}${d.select}`,
     d.where ? `WHERE ${d.where}` : '',
     d.groupBy ? `GROUP BY ${d.groupBy}` : '',
     d.having ? `HAVING ${d.having}` : '',
@@ -44,8 +63,12 @@ export function transformStatement(d: Definition): string {
 
 /** The definition as a plain SELECT, with the target's implicit key columns. */
 export function definitionQuery(d: Definition): string {
+  return selectQuery(d, true);
+}
+
+function selectQuery(d: Definition, implicit: boolean): string {
   return [
-    `SELECT ${d.select}${d.implicit ? `, ${d.implicit}` : ''} FROM ${d.from}`,
+    `SELECT ${d.distinct ? 'DISTINCT ' : ''}${d.select}${implicit && d.implicit ? `, ${d.implicit}` : ''} FROM ${d.from}`,
     d.where ? `WHERE ${d.where}` : '',
     d.groupBy ? `GROUP BY ${d.groupBy}` : '',
     d.having ? `HAVING ${d.having}` : '',

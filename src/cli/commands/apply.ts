@@ -32,6 +32,7 @@ A refused statement exits 2 with the part refused (and, for a parse error, the p
   },
   epilog: `Examples:
   trellis apply "TRANSFORM widget_prices FROM widgets SELECT price AS price"
+  trellis apply "TRANSFORM widget_prices AS SELECT price FROM widgets"
   trellis apply "PAUSE TRANSFORM widget_prices.price"
   trellis apply --json "RESUME TRANSFORM widget_prices"   # {"kind": "resumed", "addresses": [...]}`,
   async run({ operands, options, io }) {
