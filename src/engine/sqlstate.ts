@@ -11,6 +11,7 @@ export const SQLSTATE = {
   trellisIncompatibleSchema: 'TRI01',
 
   queryCanceled: '57014',
+  readOnlySqlTransaction: '25006',
   lockNotAvailable: '55P03',
   deadlockDetected: '40P01',
   serializationFailure: '40001',
