@@ -96,7 +96,10 @@ async function restoreInto(adminUrl: string, file: string, name: string): Promis
 }
 
 /** What a restored database does: unverified, then rebound, rebuilt, live and following writes. */
-async function expectBroughtBack(url: string): Promise<void> {
+async function expectBroughtBack(
+  url: string,
+  reason: RegExp = /restored or (cloned|copied)/,
+): Promise<void> {
   const sql = sqlClient(url);
   // A handle without workers (a deploy's web process) before any staging worker ran.
   const calls = await Trellis.connect({ url, logger: quietLogger });
@@ -104,7 +107,7 @@ async function expectBroughtBack(url: string): Promise<void> {
     for (const d of definitions) {
       const before = await calls.status(d.target);
       expect(before.status, d.target).toBe('unverified');
-      expect(before.restored?.reason).toMatch(/restored or (cloned|copied)/);
+      expect(before.restored?.reason).toMatch(reason);
       expect(before.restored?.detectedAt).toBeNull();
       expect(before.waitingOn?.kind).toBe('staging_worker');
     }
@@ -164,6 +167,19 @@ describe('a database restored from pg_dump', () => {
     dump = await dumpOfLiveInstance();
     const url = await restoreInto(serverInfo().adminUrl, dump, `rs_same_${process.pid}`);
     await expectBroughtBack(url);
+  }, 180_000);
+
+  it('is recognised by its tables where the system identifier cannot be read', async () => {
+    dump ??= await dumpOfLiveInstance();
+    const url = await restoreInto(serverInfo().adminUrl, dump, `rs_blind_${process.pid}`);
+    // As recorded by a role that may not read pg_control_system(), with the database OID
+    // a fresh cluster could hand out again: only the tables' OIDs tell.
+    const sql = sqlClient(url, { max: 1 });
+    await sql.unsafe(`UPDATE trellis.config
+                         SET database_identity = jsonb_set(trellis._database_identity(),
+                                                           '{systemIdentifier}', 'null')`);
+    await sql.end({ timeout: 2 });
+    await expectBroughtBack(url, /no table Trellis made has the OID it recorded/);
   }, 180_000);
 
   it('is brought back in another cluster', async () => {

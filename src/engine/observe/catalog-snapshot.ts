@@ -182,7 +182,7 @@ SELECT
   (SELECT coalesce(jsonb_agg(jsonb_build_object(
             'target', t.target_name, 'paused', t.paused_at IS NOT NULL,
             'pause_reason', t.pause_reason, 'phase', p.phase,
-            'restored', ${s}._restore_reason() IS NOT NULL,
+            'restored', (SELECT ${s}._restore_reason()) IS NOT NULL,
             'has_cursor', p.cursor_tick IS NOT NULL,
             'lag_segments', lag.segments, 'lag_seconds', lag.seconds,
             'has_backfill', p.backfill_started_at IS NOT NULL

@@ -54,6 +54,16 @@ RETURNS text LANGUAGE sql STABLE AS $fn$
       THEN format('the database %s was restored or cloned from %s (database OID %s, now %s)',
                   now_id->>'database', c.database_identity->>'database',
                   c.database_identity->>'databaseOid', now_id->>'databaseOid')
+    -- Where the role may not read the system identifier, two fresh clusters can hand out
+    -- the same database OID: tables that all have other OIDs than recorded, while their
+    -- names are there, tell a restore.
+    WHEN (c.database_identity->>'systemIdentifier' IS NULL OR now_id->>'systemIdentifier' IS NULL)
+     AND EXISTS (SELECT 1 FROM @schema@.transforms t
+                  WHERE to_regclass(format('%I.%I', t.target_schema, t.target_name)) IS NOT NULL)
+     AND NOT EXISTS (SELECT 1 FROM @schema@.transforms t
+                      JOIN pg_class k ON k.oid = t.target_oid AND k.relname = t.target_name)
+      THEN format('the database %s was restored from a dump: no table Trellis made has the OID it recorded',
+                  now_id->>'database')
     END
     FROM @schema@.config c, @schema@._database_identity() now_id
 $fn$;
