@@ -136,11 +136,14 @@ describe('worker health', () => {
       const stopped = await worker.status('wh_amounts');
       // The lifecycle is the catalog's, and still says live: the failure says the rest.
       expect(stopped.status).toBe('live');
-      expect(stopped.workerFailure?.error).toContain('the staging worker fails');
+      // A read-only session is refused before it takes the lock that elects the worker
+      // (ADR 0036): nobody is elected, and the failure says why.
+      expect(stopped.workerFailure?.error).toContain('the staging worker');
+      expect(stopped.workerFailure?.error).toContain('fails');
       expect(stopped.workerFailure?.error).toContain('read-only');
       expect(stopped.workerFailure?.sqlstate).toBe('25006');
       expect(stopped.workerFailure?.since).toBeInstanceOf(Date);
-      expect(stopped.workers.staging).toMatchObject({ elected: true, passing: false });
+      expect(stopped.workers.staging).toMatchObject({ elected: false, passing: false });
       expect(stopped.workers.staging.lastError?.sqlstate).toBe('25006');
       const table = await worker.workers();
       expect(table.staging.problem).toContain('read-only');

@@ -30,6 +30,7 @@ export function exitCodeFor(code: TrellisErrorCode | 'unknown'): number {
       return EXIT_CODES.notFound;
     case 'connection':
     case 'transaction_pooling':
+    case 'read_only':
       return EXIT_CODES.connection;
     case 'not_migrated':
     case 'incompatible_schema':
@@ -49,7 +50,7 @@ export const EXIT_CODES_HELP = `Exit status:
   1  failed (database, transient, shutdown, unknown)
   2  bad arguments, or a statement refused (parse, validation)
   3  not found (a transform, address or key)
-  4  cannot connect (connection, transaction_pooling)
+  4  cannot connect (connection, transaction_pooling, read_only)
   5  Trellis's schema not installed, or newer than this trellis-pg
   6  conflict with the current state
   7  timeout

@@ -23,6 +23,13 @@ export const TRELLIS_ERROR_CODES = [
    * through session pooling (README, "Connection poolers").
    */
   'transaction_pooling',
+  /**
+   * The server session is read-only (`default_transaction_read_only` is on for the database
+   * or role, or the server is a standby): the engine cannot write its catalog or targets
+   * there. Its workers retry on fresh sessions and recover once the server takes writes
+   * (README, "Read-only sessions").
+   */
+  'read_only',
   /** Trellis's catalog schema is not installed yet: run `migrate()` first. */
   'not_migrated',
   /** The catalog schema holds a breaking migration newer than this version of trellis-pg. */

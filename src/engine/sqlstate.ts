@@ -12,6 +12,7 @@ export const SQLSTATE = {
   trellisTransient: 'TRT01',
 
   queryCanceled: '57014',
+  readOnlySqlTransaction: '25006',
   lockNotAvailable: '55P03',
   deadlockDetected: '40P01',
   serializationFailure: '40001',

@@ -238,6 +238,8 @@ export class LocalCluster {
         'host all +trellis_password_auth 127.0.0.1/32 scram-sha-256',
         'host all all 127.0.0.1/32 trust',
         'host all all ::1/128 trust',
+        // A standby made with pg_basebackup (test/support/standby.ts) streams from here.
+        'host replication all 127.0.0.1/32 trust',
         '',
       ].join('\n'),
     );

@@ -1,6 +1,16 @@
 import type { ApplyEstimate } from '../drain/apply-choice.js';
-/** Where a transform is in its lifecycle. */
-export type Lifecycle = 'waiting_to_backfill' | 'backfilling' | 'catching_up' | 'live' | 'paused';
+/**
+ * Where a transform is in its lifecycle. `unverified`: the database was restored from a
+ * logical dump or cloned, and the staging worker has not rebound and rebuilt it yet
+ * (ADR 0035); never live until it has.
+ */
+export type Lifecycle =
+  | 'waiting_to_backfill'
+  | 'backfilling'
+  | 'catching_up'
+  | 'live'
+  | 'paused'
+  | 'unverified';
 
 /** Every lifecycle, in the order a transform goes through them. */
 export const LIFECYCLES: readonly Lifecycle[] = [
@@ -9,7 +19,15 @@ export const LIFECYCLES: readonly Lifecycle[] = [
   'catching_up',
   'live',
   'paused',
+  'unverified',
 ];
+
+/** A restore (or clone) of the database that the instance recognised (ADR 0035). */
+export interface Restored {
+  /** What told it: the cluster or the database is not the one it was installed in. */
+  reason: string;
+  detectedAt: Date | null;
+}
 
 /** A build (backfill) that keeps failing: it retries with backoff, and pauses after a few. */
 export interface BuildFailure {
@@ -335,6 +353,12 @@ export interface Status {
   backfill: BackfillProgress | null;
   /** How the last range of changes was applied (null until one with changes was). */
   lastApply: LastApply | null;
+  /**
+   * The database was restored from a logical dump or cloned (ADR 0035): `detectedAt` null
+   * while the staging worker has not rebound it yet (status `unverified`), else when it
+   * did and asked every transform for a rebuild. Null when it never was.
+   */
+  restored: Restored | null;
   lag: Lag;
   capture: CaptureInfo;
   /**

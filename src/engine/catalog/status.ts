@@ -31,6 +31,7 @@ type StatusJson = Omit<
   | 'drainFailure'
   | 'backfill'
   | 'lastApply'
+  | 'restored'
   | 'workers'
   | 'workerFailure'
 > & {
@@ -56,6 +57,7 @@ type StatusJson = Omit<
     | null;
   backfill: (Omit<BackfillProgress, 'startedAt'> & { startedAt: string }) | null;
   lastApply: (Omit<LastApply, 'at' | 'keys'> & { at: string; keys: number | string }) | null;
+  restored: { reason: string; detectedAt: string | null } | null;
 };
 
 const date = (text: string): Date => new Date(text);
@@ -108,6 +110,7 @@ export async function readStatus(
     lastApply: s.lastApply
       ? { ...s.lastApply, keys: Number(s.lastApply.keys), at: date(s.lastApply.at) }
       : null,
+    restored: s.restored ? { ...s.restored, detectedAt: maybeDate(s.restored.detectedAt) } : null,
     workers: workerHealthOf(s.workers),
     workerFailure: workerFailureOf(s.workerFailure),
   };
@@ -120,7 +123,9 @@ export async function readStatus(
  */
 export function deriveLifecycle(facts: {
   paused: boolean;
-  phase: Exclude<Lifecycle, 'paused'>;
+  phase: Exclude<Lifecycle, 'paused' | 'unverified'>;
+  /** The catalog is another database's (restored or cloned), not rebound yet. */
+  restored?: boolean;
   /** Partitions of a source are being corrected for it. */
   correcting: boolean;
   /** It reads a column that is paused upstream. */
@@ -138,5 +143,7 @@ export function deriveLifecycle(facts: {
   if (status === 'live' && (facts.upstreamPausedColumns || facts.upstreamBehind)) {
     status = 'catching_up';
   }
+  // A target of a database restored or cloned is not live until rebuilt here (ADR 0035).
+  if (facts.restored && status !== 'paused') status = 'unverified';
   return status;
 }

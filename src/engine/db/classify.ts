@@ -150,6 +150,13 @@ export function classifyError(error: unknown, context: ClassifyContext = {}): Tr
         return new TrellisError('incompatible_schema', message, opts);
       case SQLSTATE.trellisTransient:
         return new TrellisError('transient', message, opts);
+      case SQLSTATE.readOnlySqlTransaction:
+        // The session cannot write (ADR 0036): it is replaced, and the next one checked.
+        return new TrellisError(
+          'read_only',
+          `${prefix}${message}: the session is read-only (default_transaction_read_only is on for the database or role, or the server is a standby); Trellis retries on new sessions until the server takes writes`,
+          opts,
+        );
       case SQLSTATE.adminShutdown:
       case SQLSTATE.crashShutdown:
       case SQLSTATE.cannotConnectNow:

@@ -33,6 +33,31 @@ export interface ServerSession {
   pooled: boolean;
   /** `user@host:port/database` of the URL, for messages. */
   description: string;
+  /**
+   * Why the session cannot write, when it cannot: its transactions are read-only
+   * (`default_transaction_read_only` on for the database or role, or the server is a
+   * standby). Found when the connection opens; the workers refuse to work on it, and it is
+   * never handed out again (a fresh one is opened and checked), so the engine recovers on
+   * its own once the server takes writes (ADR 0036).
+   */
+  readOnly: 'standby' | 'default_transaction_read_only' | null;
+}
+
+/** The error a worker fails with on a session that cannot write (ADR 0036). */
+export function readOnlyError(
+  description: string,
+  why: 'standby' | 'default_transaction_read_only',
+): TrellisError {
+  const cause =
+    why === 'standby'
+      ? 'the server is a standby (in recovery): point Trellis at the primary'
+      : 'default_transaction_read_only is on for the database or role (ALTER DATABASE … RESET default_transaction_read_only)';
+  return new TrellisError(
+    'read_only',
+    `the session on ${description} is read-only: ${cause}; Trellis retries on new sessions until the server takes writes`,
+    // The SQLSTATE a write on it would fail with (read_only_sql_transaction).
+    { sqlstate: '25006' },
+  );
 }
 
 /**
@@ -136,10 +161,19 @@ export async function setUpSession(
   const names = Object.keys(options.settings);
   const values = names.map((n) => options.settings[n]!);
   const token = pooled ? randomUUID() : '';
-  await sql.unsafe(
-    `SELECT count(set_config(s.name, s.value, false)) FROM unnest($1::text[], $2::text[]) AS s(name, value)`,
+  // In the same statement: whether the session can write (a database whose default is
+  // read-only, or a standby after a failover, opens sessions that cannot).
+  const [state] = await sql.unsafe<Array<{ read_only: string; standby: boolean }>>(
+    `SELECT count(set_config(s.name, s.value, false)) AS n,
+            current_setting('transaction_read_only') AS read_only, pg_is_in_recovery() AS standby
+       FROM unnest($1::text[], $2::text[]) AS s(name, value)`,
     [pooled ? [...names, MARKER] : names, pooled ? [...values, token] : values] as never[],
   );
+  const readOnly = state?.standby
+    ? 'standby'
+    : state?.read_only === 'on'
+      ? 'default_transaction_read_only'
+      : null;
   if (pooled) {
     const after = await sessionIdentity(sql);
     if (after.pid !== serverPid || after.marker !== token) {
@@ -149,5 +183,5 @@ export async function setUpSession(
       );
     }
   }
-  return { serverPid, pooled, description: config.description };
+  return { serverPid, pooled, description: config.description, readOnly };
 }

@@ -1,4 +1,5 @@
 import { TrellisError, type TrellisErrorCode } from '../errors.js';
+import { SQLSTATE, sqlstateOf } from '../sqlstate.js';
 import type { PooledClient } from './pooled-client.js';
 import type { ServerSession } from './session-setup.js';
 
@@ -45,6 +46,12 @@ export class Session {
    * backend runs next: the connection is discarded, never handed to another holder.
    */
   private cancelSent = false;
+  /**
+   * A statement failed because the session is read-only (25006): a database whose default
+   * became read-only, or a failover onto a standby. The connection is discarded on
+   * release, never reused: the next one is opened afresh and checked (ADR 0036).
+   */
+  private readOnlyHit = false;
 
   constructor(
     private readonly client: PooledClient,
@@ -96,6 +103,7 @@ export class Session {
       return rows as unknown as T[];
     } catch (error) {
       if (isConnectionLoss(error)) this.broken = true;
+      if (sqlstateOf(error) === SQLSTATE.readOnlySqlTransaction) this.readOnlyHit = true;
       throw this.abortedWith ?? error;
     } finally {
       if (this.current === pending) this.current = undefined;
@@ -200,7 +208,9 @@ export class Session {
   async release(discard = false): Promise<void> {
     if (this.released) return;
     this.released = true;
-    if (discard || this.cancelSent) {
+    // A read-only session (found when it opened, or by a write it refused) is closed: its
+    // connection would stay read-only after the server takes writes again.
+    if (discard || this.cancelSent || this.readOnlyHit || this.client.server?.readOnly) {
       this.onRelease(true);
       return;
     }

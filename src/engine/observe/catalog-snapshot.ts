@@ -88,7 +88,9 @@ interface Row {
     target: string;
     paused: boolean;
     pause_reason: string | null;
-    phase: Exclude<Lifecycle, 'paused'>;
+    phase: Exclude<Lifecycle, 'paused' | 'unverified'>;
+    /** The catalog is another database's, not rebound yet (ADR 0035). */
+    restored: boolean;
     has_cursor: boolean;
     lag_segments: number;
     lag_seconds: number | null;
@@ -180,6 +182,7 @@ SELECT
   (SELECT coalesce(jsonb_agg(jsonb_build_object(
             'target', t.target_name, 'paused', t.paused_at IS NOT NULL,
             'pause_reason', t.pause_reason, 'phase', p.phase,
+            'restored', (SELECT ${s}._restore_reason()) IS NOT NULL,
             'has_cursor', p.cursor_tick IS NOT NULL,
             'lag_segments', lag.segments, 'lag_seconds', lag.seconds,
             'has_backfill', p.backfill_started_at IS NOT NULL
@@ -275,6 +278,7 @@ export async function readSnapshot(session: Session, schema: string): Promise<In
       status: deriveLifecycle({
         paused: t.paused,
         phase: t.phase,
+        restored: t.restored,
         correcting: t.correcting,
         upstreamPausedColumns: t.upstream_paused,
         upstreamBehind: t.upstream_behind,

@@ -22,6 +22,13 @@ export async function detectDisruptions(
 ): Promise<string[]> {
   const s = quoteIdent(schema);
   const names = CAPTURE_EVENTS.map((event) => triggerName(schema, event));
+  // A source captured before its digest was recorded (by a trellis-pg older than migration
+  // 0012, or one still running against a newer schema) has none: the functions as they
+  // are now are recorded, not taken for a disruption (issue #21 item 4, ADR 0036).
+  await session.query(
+    `UPDATE ${s}.sources SET capture_digest = ${s}._capture_digest(id)
+      WHERE installed_at IS NOT NULL AND capture_digest IS NULL`,
+  );
   const rows = await session.query<{ source_id: number; tables: string[]; error: string }>(
     `WITH captured AS (
        SELECT src.id, src.source_oid, src.capture_digest,

@@ -97,6 +97,8 @@ export class StagingWorker {
   private lastTickAt = 0;
   /** The last step took a tick: writes are coming, try the next without waiting. */
   private ticking = false;
+  /** Whether this election checked for a restored database (ADR 0035). */
+  private restoreChecked = false;
   /** While ticking: when the tick next checks what capture depends on. */
   private nextCaptureCheck = 0;
   /** What capture depended on when it was last reconciled (`_capture_fingerprint()`). */
@@ -156,6 +158,22 @@ export class StagingWorker {
       this.fingerprint = null;
       this.ticking = false;
       this.log.info({ pid: row.pid }, 'staging worker elected');
+      this.restoreChecked = false;
+    }
+    if (!this.restoreChecked) {
+      // A database restored from a logical dump or cloned holds another database's
+      // catalog: rebound by name and every transform rebuilt before anything else runs
+      // on it (ADR 0035).
+      const [restore] = await session.query<{ reason: string | null }>(
+        `SELECT ${quoteIdent(this.schema)}._recognise_restore() AS reason`,
+      );
+      if (restore?.reason) {
+        this.log.warn(
+          { reason: restore.reason },
+          `${restore.reason}: tables rebound by name, every transform is rebuilt`,
+        );
+      }
+      this.restoreChecked = true;
     }
     const sinceTick = Date.now() - this.lastTickAt;
     if (sinceTick < this.timings.tickMs) return this.timings.tickMs - sinceTick;

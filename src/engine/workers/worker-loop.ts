@@ -1,7 +1,7 @@
 import { classifyError } from '../db/classify.js';
 import type { ConnectionPool } from '../db/pool.js';
 import type { Session } from '../db/session.js';
-import { transactionPoolingError } from '../db/session-setup.js';
+import { readOnlyError, transactionPoolingError } from '../db/session-setup.js';
 import type { Logger } from '../logger.js';
 import type { LoopError, LoopHealth } from './health.js';
 import { sleep } from './sleep.js';
@@ -117,7 +117,8 @@ export class WorkerLoop {
         if (
           this.session?.lost ||
           this.session?.aborted ||
-          classified.code === 'transaction_pooling'
+          classified.code === 'transaction_pooling' ||
+          classified.code === 'read_only'
         ) {
           await this.dropSession();
         }
@@ -136,11 +137,14 @@ export class WorkerLoop {
    * not hold there, so the loop stops working and says why (ADR 0037).
    */
   private async checkSession(session: Session): Promise<void> {
+    // A session that cannot write is refused before any lock is taken (ADR 0036): the
+    // loop fails, says why in its health, and tries a fresh session after its backoff.
+    const server = session.server;
+    if (server?.readOnly) throw readOnlyError(server.description, server.readOnly);
     const now = Date.now();
     if (this.backendPid !== undefined && now < this.nextSessionCheck) return;
     this.nextSessionCheck = now + SESSION_CHECK_MS;
     const [row] = await session.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
-    const server = session.server;
     if (server?.pooled && row?.pid !== server.serverPid) {
       throw transactionPoolingError(
         server.description,

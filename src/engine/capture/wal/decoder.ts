@@ -143,7 +143,7 @@ export class WalDecoder {
     if (!state.slot_exists || state.wal_status === 'lost') {
       const reason = state.slot_exists
         ? `replication slot ${state.wal_slot} was invalidated by Postgres (wal_status lost: it held more WAL than max_slot_wal_keep_size allows): changes it had not delivered are lost`
-        : `replication slot ${state.wal_slot} was dropped outside Trellis: changes it had not delivered are lost`;
+        : `replication slot ${state.wal_slot} does not exist on this server (a promoted standby or a restored backup?), or was dropped outside Trellis: changes it had not delivered are lost`;
       const stopped = await session.query<{ target: string }>(
         `SELECT t AS target FROM ${s}._wal_lost($1, $2) t`,
         [state.wal_slot, reason],

@@ -123,7 +123,7 @@ export async function checkSlot(session: Session, schema: string, log: Logger): 
   if (!slot) return [];
   let reason: string | undefined;
   if (!slot.present) {
-    reason = `replication slot ${slot.name} was dropped outside Trellis: changes it had not delivered are lost`;
+    reason = `replication slot ${slot.name} does not exist on this server (a promoted standby or a restored backup?), or was dropped outside Trellis: changes it had not delivered are lost`;
   } else if (slot.status === 'lost') {
     reason = `replication slot ${slot.name} was invalidated by Postgres (wal_status lost: it held more WAL than max_slot_wal_keep_size allows): changes it had not delivered are lost`;
   } else if (slot.retained !== null && BigInt(slot.retained) > BigInt(slot.limit)) {
