@@ -102,8 +102,12 @@ export async function applyKeysBisecting(
   return held;
 }
 
-/** The one line that sums up a bisection whose held keys were not all logged, or that paused. */
-function summarize(run: Bisection, log: Logger): void {
+/**
+ * The one line that sums up a bisection whose held keys were not all logged, or that
+ * paused. Said by the outermost applyKeysBisecting; a caller that bisects in slices with
+ * one Bisection raises `depth` around them and says it once at the end.
+ */
+export function summarize(run: Bisection, log: Logger): void {
   if (run.held <= run.logged && run.paused.length === 0) return;
   const addresses = Object.fromEntries(run.byAddress);
   const counts = [...run.byAddress].map(([a, n]) => `${n} at ${a}`).join(', ');

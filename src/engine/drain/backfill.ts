@@ -3,7 +3,7 @@ import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
 import { groupsFillSql } from './aggregate-sql.js';
-import { applyKeysBisecting, newBisection } from './apply-keys.js';
+import { applyKeysBisecting, newBisection, summarize } from './apply-keys.js';
 import { chunkEndSql, drivingRowsAfterSql } from './backfill-sql.js';
 import {
   ChunkFailure,
@@ -24,11 +24,15 @@ import { enterTransformWork } from './work-settings.js';
 export const REPAIR_ROWS = 50_000;
 
 /**
- * Driving keys a step of a chunk's repair re-derives key by key (one transaction each):
- * the keys it holds and the rows it fills then show in status() as they are found, not
- * once the whole chunk is through.
+ * A chunk's repair re-derives its keys in slices of this many, in one transaction while
+ * few of them fail; once a step has held REPAIR_STEP_HELD keys (or run REPAIR_STEP_MS) it
+ * commits, and the next step takes the rest of the chunk. A flood of failing rows then
+ * shows in status() (held keys, progress) as it is found, and a chunk with a bad row or
+ * two is still repaired in one go.
  */
-export const REPAIR_STEP_KEYS = 250;
+export const REPAIR_SLICE_KEYS = 250;
+const REPAIR_STEP_HELD = 25;
+const REPAIR_STEP_MS = 2_000;
 
 /** A build failing this many times in a row for no row's fault pauses the transform. */
 export const BUILD_ATTEMPTS_BEFORE_PAUSE = 5;
@@ -176,7 +180,7 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
             repair.lo,
             repair.hi,
             log,
-            REPAIR_STEP_KEYS,
+            true,
           );
           stopped = repaired.stopped;
           if (!stopped) {
@@ -409,8 +413,11 @@ async function applyChunkBisecting(
   position: string[] | null,
   upto: string[] | null,
   log: Logger,
-  /** At most this many keys (the first, in key order); `last` is then the last one. */
-  limit?: number,
+  /**
+   * Stop after the slice in which the step held REPAIR_STEP_HELD keys or ran REPAIR_STEP_MS;
+   * `last` is then the last key it went through (the rest is the next step's).
+   */
+  stepwise = false,
 ): Promise<{ keys: number; stopped: boolean; last: string[] | null }> {
   const driving = plan.sources[0]!;
   const keys = driving.keyColumns.map((k) => `d.${quoteIdent(k)}`);
@@ -419,21 +426,33 @@ async function applyChunkBisecting(
     `SELECT ARRAY[${keys.map((k) => `${k}::text`).join(', ')}] AS k FROM ${driving.table} d
       WHERE ($1::text[] IS NULL OR ${tuple(keys)} > ${typedParam(driving, '$1')})
         AND ($2::text[] IS NULL OR ${tuple(keys)} <= ${typedParam(driving, '$2')})
-      ORDER BY ${keys.join(', ')}${limit === undefined ? '' : ` LIMIT ${limit}`}`,
+      ORDER BY ${keys.join(', ')}`,
     [position, upto],
   );
   const run = newBisection(plan);
-  await applyKeysBisecting(
-    session,
-    schema,
-    plan,
-    rows.map((r) => ({ s: driving.sourceId!, k: r.k })),
-    log,
-    undefined,
-    run,
-  );
-  const last = limit !== undefined && rows.length === limit ? rows[rows.length - 1]!.k : null;
-  return { keys: rows.length, stopped: run.stopped, last };
+  const started = performance.now();
+  const all = rows.map((r) => ({ s: driving.sourceId!, k: r.k }));
+  const slice = stepwise ? REPAIR_SLICE_KEYS : Math.max(1, all.length);
+  let done = all.length;
+  let last: string[] | null = null;
+  run.depth += 1; // one summary line for the whole step, said below
+  try {
+    for (let at = 0; at < all.length; at += slice) {
+      const part = all.slice(at, at + slice);
+      await applyKeysBisecting(session, schema, plan, part, log, undefined, run);
+      if (run.stopped) break;
+      const more = at + slice < all.length;
+      if (more && (run.held >= REPAIR_STEP_HELD || performance.now() - started >= REPAIR_STEP_MS)) {
+        done = at + part.length;
+        last = part[part.length - 1]!.k;
+        break;
+      }
+    }
+  } finally {
+    run.depth -= 1;
+  }
+  summarize(run, log);
+  return { keys: done, stopped: run.stopped, last };
 }
 
 async function recordBuildFailure(
