@@ -30,6 +30,16 @@ export async function checkSourceChanges(
     `SELECT ${s}._follow_source_renames() AS target`,
   );
   for (const { target } of renamed) log.info({ target }, 'a source was renamed: followed');
+  // Read columns renamed or retyped while the definition still holds: followed (ADR 0047);
+  // the target is re-derived by refillFollowed once capture is reconciled. What cannot be
+  // followed is stopped just below, as before.
+  const followed = await session.query<{ target: string; refused: string | null }>(
+    `SELECT target, refused FROM ${s}._follow_source_columns()`,
+  );
+  for (const { target, refused } of followed) {
+    if (refused === null) log.info({ target }, 'a source column was renamed or retyped: followed');
+    else log.info({ target, refused }, 'a source column change cannot be followed');
+  }
 
   const stopped = await session.query<{ target: string; error: string }>(
     `WITH sources AS (
