@@ -247,6 +247,56 @@ describe('source DDL on a live transform, with writers running', () => {
     }
   });
 
+  it('a joined column renamed and a join column retyped are followed, and a chain reading the target goes on', async () => {
+    await makeSource('ddl_j');
+    await live.db.sql.unsafe(`
+      CREATE TABLE ddl_j_cats (id int PRIMARY KEY, label text NOT NULL);
+      INSERT INTO ddl_j_cats SELECT i, 'cat ' || i FROM generate_series(0, 9) i;`);
+    const joined: Definition = {
+      target: 'ddl_j_t',
+      from: 'ddl_j i JOIN ddl_j_cats c ON c.id = i.qty',
+      select: 'i.name, c.label, i.price',
+      where: "c.label <> 'cat 3'",
+      implicit: 'i.id AS id, c.id AS c_id',
+    };
+    const chain: Definition = {
+      target: 'ddl_j_chain',
+      from: 'ddl_j_t',
+      select: 'label, count(*) AS n, sum(price) AS total',
+      groupBy: 'label',
+    };
+    await live.define(joined);
+    await live.define(chain);
+    const writer = new Writer(() => 'ddl_j', churn);
+    await live.db.sql.begin(async (tx) => {
+      await tx`ALTER TABLE ddl_j_cats RENAME COLUMN label TO title`;
+      await tx`ALTER TABLE ddl_j ALTER COLUMN qty TYPE bigint`;
+    });
+    await waitFor(
+      async () =>
+        (await live.trellis.definitions()).some(
+          (x) => x.target === joined.target && x.statement.includes('title'),
+        ),
+      'the definition to follow the rename',
+    );
+    await live.db.sql`UPDATE ddl_j_cats SET title = 'renamed ' || id WHERE id < 5`;
+    await writer.wroteMore(10);
+    await writer.stop();
+    if (writer.errors.length) console.log('WRITER', writer.errors.slice(0, 3));
+    expect(writer.errors).toEqual([]);
+    await live.converged([
+      {
+        ...joined,
+        select: 'i.name, c.title AS label, i.price',
+        where: "c.title <> 'cat 3'",
+      },
+      chain,
+    ]);
+    for (const t of [joined.target, chain.target]) {
+      expect((await live.trellis.status(t)).captureFailure).toBeNull();
+    }
+  });
+
   it('a read column dropped and written in the same transaction (a migration) never fails the write', async () => {
     await makeSource('ddl_drop');
     const d: Definition = {
