@@ -433,7 +433,9 @@ describe('source DDL on a live transform, with writers running', () => {
     }
     // A numeric target column cannot hold json (no cast): stopped, as before.
     const failure = await stoppedBy(raw.target);
-    expect(failure.error).toBe('column price of public.ddl_type changed type from numeric to json');
+    expect(failure.error).toBe(
+      'column price of public.ddl_type changed type from numeric to json; not followed: cannot cast type numeric to json',
+    );
     await writer.wroteMore(10);
     await writer.stop();
     if (writer.errors.length) console.log('WRITER', writer.errors.slice(0, 3));

@@ -117,12 +117,17 @@ export async function checkSourceChanges(
         SET paused_at = coalesce(t.paused_at, now()),
             -- An operator's pause stays theirs; RESUME rebinds whatever the reason.
             pause_reason = CASE WHEN t.paused_at IS NULL THEN 'capture_failure' ELSE t.pause_reason END,
-            capture_failure = jsonb_build_object('kind', 'capture', 'error', f.error,
+            -- Why it was not followed, beside what changed (when that was tried).
+            capture_failure = jsonb_build_object('kind', 'capture', 'error', f.error || coalesce(
+                                (SELECT '; not followed: ' || r.refused
+                                   FROM unnest($1::text[], $2::text[]) AS r(target, refused)
+                                  WHERE r.target = t.target_name AND r.refused IS NOT NULL), ''),
                                                  'columns', to_jsonb(f.columns), 'detected_at', now()),
             updated_at = now()
        FROM failures f
       WHERE t.id = f.transform_id
      RETURNING t.target_name AS target, f.error`,
+    [followed.map((f) => f.target), followed.map((f) => f.refused)],
   );
   // The targets: changed outside Trellis so the drain cannot keep them (a halt).
   const halted = await session.query<{ target: string; error: string }>(
