@@ -60,6 +60,42 @@ export default defineConfig({
 });
 `;
 
+const BUILDER = join(repo, 'src', 'drizzle', 'index.ts');
+const BIG_ORDERS =
+  'TRANSFORM "big_orders"\nFROM "orders"\nSELECT "orders"."id" AS "id", "orders"."amount" AS "amount"\nWHERE "orders"."amount" > \'100\'';
+const customerSpend = (minimum: number) =>
+  `TRANSFORM "customer_spend"\nFROM "orders"\nSELECT "orders"."customer_id" AS "customerId", sum("orders"."amount") AS "spent"\nWHERE "orders"."amount" > '${minimum}'\nGROUP BY "orders"."customer_id"`;
+const SPEND_TIERS =
+  'TRANSFORM "spend_tiers"\nFROM "customer_spend"\nSELECT "customer_spend"."customerId" AS "customerId", "customer_spend"."spent" > 1000 AS "big"';
+
+/** The module `--from` reads: three targets, one a chain, as the app changes them. */
+function transforms(o: { extraColumn: boolean; minimum: number; withoutBigOrders?: boolean }) {
+  return `
+import { gt, sql } from 'drizzle-orm';
+import { transform } from ${JSON.stringify(BUILDER)};
+import { orders } from './schema.ts';
+${
+  o.withoutBigOrders
+    ? ''
+    : `export const bigOrders = transform('big_orders', (t) =>
+  t.from(orders)
+    .select({ id: orders.id, amount: orders.amount${o.extraColumn ? ', customerId: orders.customerId' : ''} })
+    .where(gt(orders.amount, '100')),
+);`
+}
+export const customerSpend = transform('customer_spend', (t) =>
+  t.from(orders)
+    .select({ customerId: orders.customerId, spent: sql<string>\`sum(\${orders.amount})\` })
+    .where(gt(orders.amount, '${o.minimum}'))
+    .groupBy(orders.customerId),
+);
+export const spendTiers = transform('spend_tiers', (t) =>
+  t.from(customerSpend)
+    .select({ customerId: customerSpend.customerId, big: sql<boolean>\`\${customerSpend.spent} > 1000\` }),
+);
+`;
+}
+
 const dirs: string[] = [];
 let db: TestDatabase;
 
@@ -157,6 +193,124 @@ describe('trellis generate', () => {
   });
 
   // Child processes are slow on a loaded machine: a longer timeout than the suite's.
+  it('--from writes what changed since the migrations: new, altered, defined again with its chain, dropped; nothing when nothing changed', {
+    timeout: 240_000,
+  }, async () => {
+    const dir = await project();
+    // A database of its own: the test below expects one with none of this.
+    const own = await freshDatabase();
+    const env = { DATABASE_URL: own.url };
+    const kit = (cwd: string, args: string[]) => exec(cwd, [drizzleKit, ...args], env);
+    const out = join(dir, 'migrations');
+    expect((await trellis(dir, ['generate', 'install'])).code).toBe(0);
+    expect((await kit(dir, ['generate', '--name', 'tables'])).code).toBe(0);
+    const generate = (...args: string[]) =>
+      trellis(dir, ['generate', 'transform', '--from', 'transforms.ts', ...args], env);
+    const sqlFiles = async () => (await readdir(out)).filter((f) => f.endsWith('.sql')).sort();
+    // The file, byte for byte: the two header lines, then each statement's line.
+    const header = (await readFile(join(repo, 'package.json'), 'utf8')).match(
+      /"version": "([^"]+)"/,
+    )?.[1];
+    const body = async (file: string) =>
+      (await readFile(join(out, file), 'utf8')).split('--> statement-breakpoint\n');
+    const first0 = (line: string) =>
+      `-- Written by \`trellis generate transform\` (trellis-pg ${header}): Trellis statements,\n-- applied in drizzle-kit migrate's transaction. Install Trellis's schema in an earlier migration.\n${line}`;
+    const apply = (statement: string) =>
+      `SELECT "trellis".apply('${statement.replaceAll("'", "''")}');`;
+
+    await writeFile(join(dir, 'transforms.ts'), transforms({ extraColumn: false, minimum: 0 }));
+    const first = await generate();
+    expect(first).toMatchObject({ code: 0, err: '' });
+    expect(first.out).toBe(
+      'Wrote migrations/0002_trellis_transform_big_orders_and_2_more.sql: drizzle-kit migrate applies it\n+ big_orders\n+ customer_spend\n+ spend_tiers\n',
+    );
+    expect(await body('0002_trellis_transform_big_orders_and_2_more.sql')).toEqual([
+      first0(apply(BIG_ORDERS)),
+      apply(customerSpend(0)),
+      apply(SPEND_TIERS),
+    ]);
+    // The snapshot beside drizzle-kit's: drizzle-kit still finds nothing to do.
+    expect(JSON.parse(await readFile(join(out, 'meta', '_trellis_snapshot.json'), 'utf8'))).toEqual(
+      {
+        version: 1,
+        schema: 'trellis',
+        transforms: {
+          big_orders: { statement: BIG_ORDERS, reads: [] },
+          customer_spend: { statement: customerSpend(0), reads: [] },
+          spend_tiers: { statement: SPEND_TIERS, reads: ['customer_spend'] },
+        },
+      },
+    );
+    expect((await kit(dir, ['generate', '--name', 'nothing'])).out).toContain('No schema changes');
+
+    // Unchanged: nothing written; --check agrees.
+    const journal = () => readFile(join(out, 'meta', '_journal.json'), 'utf8');
+    const before = await journal();
+    expect(await generate()).toMatchObject({
+      code: 0,
+      out: 'No transform changes: nothing written\n',
+    });
+    expect(await journal()).toBe(before);
+    expect((await generate('--check')).code).toBe(0);
+    expect((await kit(dir, ['migrate'])).code).toBe(0);
+
+    // A column added (ALTER), a filter changed (defined again, and the chain reading it).
+    await writeFile(join(dir, 'transforms.ts'), transforms({ extraColumn: true, minimum: 10 }));
+    const check = await generate('--check');
+    expect(check).toMatchObject({
+      code: 1,
+      err: 'trellis: transforms.ts and the migrations disagree on big_orders, customer_spend: run trellis generate transform --from transforms.ts\n',
+    });
+    const second = await generate();
+    expect(second).toMatchObject({ code: 0, err: '' });
+    expect(second.out).toBe(
+      'Wrote migrations/0003_trellis_drop_spend_tiers_and_4_more.sql: drizzle-kit migrate applies it\n~ big_orders\n± customer_spend\n± spend_tiers\n',
+    );
+    expect(await body('0003_trellis_drop_spend_tiers_and_4_more.sql')).toEqual([
+      first0(apply('DROP TRANSFORM "spend_tiers"')),
+      apply('DROP TRANSFORM "customer_spend"'),
+      apply(`ALTER TRANSFORM "big_orders" ADD COLUMN "orders"."customer_id" AS "customerId"`),
+      apply(customerSpend(10)),
+      apply(SPEND_TIERS),
+    ]);
+    expect((await kit(dir, ['migrate'])).code).toBe(0);
+    const columns = await own.sql`
+      SELECT c.name FROM trellis.transform_columns c JOIN trellis.transforms t ON t.id = c.transform_id
+       WHERE t.target_name = 'big_orders' ORDER BY c.ordinal`;
+    expect(columns.map((c) => c.name)).toEqual(['id', 'amount', 'customerId']);
+    const [spend] = await own.sql`
+      SELECT statement FROM trellis.transforms WHERE target_name = 'customer_spend'`;
+    expect(spend?.statement).toContain(`"orders"."amount" > '10'`);
+
+    // Removed: refused without --allow-drop (nothing written), dropped with it.
+    await writeFile(
+      join(dir, 'transforms.ts'),
+      transforms({ extraColumn: true, minimum: 10, withoutBigOrders: true }),
+    );
+    const refused = await generate();
+    expect(refused.code).toBe(2);
+    expect(refused.err).toBe(
+      'trellis: the schema file no longer declares big_orders: pass --allow-drop to write DROP TRANSFORM for it (the target is dropped, rows and all) (validation)\n',
+    );
+    expect(await sqlFiles()).toHaveLength(4);
+    const dropped = await generate('--allow-drop');
+    expect(dropped.code).toBe(0);
+    expect(await body('0004_trellis_drop_big_orders.sql')).toEqual([
+      first0(apply('DROP TRANSFORM "big_orders"')),
+    ]);
+    expect((await kit(dir, ['migrate'])).code).toBe(0);
+    const left = await own.sql`SELECT target_name FROM trellis.transforms ORDER BY 1`;
+    expect(left.map((r) => r.target_name)).toEqual(['customer_spend', 'spend_tiers']);
+
+    // A folder whose migrations predate the snapshot: it is made from them.
+    await rm(join(out, 'meta', '_trellis_snapshot.json'));
+    expect(await generate('--check')).toMatchObject({ code: 0 });
+    expect(await generate()).toMatchObject({
+      code: 0,
+      out: 'No transform changes: nothing written\n',
+    });
+  });
+
   it('checks statements first, then writes migrations drizzle-kit migrate applies', {
     timeout: 150_000,
   }, async () => {

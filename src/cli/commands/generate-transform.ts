@@ -1,18 +1,35 @@
 import { parseArgs } from 'node:util';
 import { applyStatementSql } from '../../drizzle/apply-sql.js';
 import { TrellisError } from '../../engine/errors.js';
-import { type Command, parseCommandArgs } from '../command.js';
+import { type CliIo, type Command, parseCommandArgs } from '../command.js';
 import { targetsFromModule } from '../generate/builder-module.js';
-import { checkStatements, type ParsedStatement } from '../generate/check-statements.js';
+import {
+  checkStatements,
+  type ParsedStatement,
+  parseStatements,
+} from '../generate/check-statements.js';
 import {
   GENERATE_HELP,
   GENERATE_OPTIONS,
+  type GenerateContext,
   generateContext,
   writeAndReport,
 } from '../generate/common.js';
+import { type Ast, diffTransforms } from '../generate/transform-diff.js';
+import {
+  previousTransforms,
+  type TransformSnapshot,
+  writeSnapshot,
+} from '../generate/transform-snapshot.js';
 import { packageVersion } from '../version.js';
 
-const OPTIONS = { ...GENERATE_OPTIONS, url: { type: 'string' }, from: { type: 'string' } } as const;
+const OPTIONS = {
+  ...GENERATE_OPTIONS,
+  url: { type: 'string' },
+  from: { type: 'string' },
+  check: { type: 'boolean' },
+  'allow-drop': { type: 'boolean' },
+} as const;
 
 /** `trellis_transform_customer_totals`, `trellis_drop_x_and_2_more`. */
 function defaultName(parsed: ParsedStatement[]): string {
@@ -30,9 +47,16 @@ export const generateTransform: Command = {
 
 Writes a drizzle-kit custom migration that applies each statement (TRANSFORM, DROP,
 ALTER, PAUSE, RESUME) with SELECT <schema>.apply('…'), in drizzle-kit migrate's
-transaction. With --from, the statements are those of the targets the module exports
-(made with transform() from trellis-pg/drizzle): the targets named, or all of them,
-a chain's upstream target first. A .ts module is read with tsx.
+transaction.
+
+With --from, the migration holds what changed between the targets the module exports
+(made with transform() from trellis-pg/drizzle; the targets named, or all of them) and
+what the folder's migrations define (meta/_trellis_snapshot.json, kept beside
+drizzle-kit's snapshots and written with the migration): new targets defined, changed
+ones altered (ALTER … ADD | DROP COLUMN where that is the whole change, else DROP
+TRANSFORM and defined again, with the chains reading them), removed ones dropped (with
+--allow-drop only); a chain's upstream target first. Nothing is written when nothing
+changed. A .ts module is read with tsx.
 
 Each statement is checked before anything is written, in a transaction on the database
 that is rolled back: the folder's migrations not applied there yet run first, then each
@@ -43,19 +67,20 @@ only the grammar is checked, and a note says so.
 Options:
   --url <url>             database to check on (default: $DATABASE_URL, else the
                           config's dbCredentials.url)
-  --from <module>         take the statements from the targets this module exports
+  --from <module>         write what changed in the targets this module exports
+  --allow-drop            with --from: drop the targets the module no longer exports
+  --check                 with --from: write nothing; exit 1 when the module and the
+                          migrations disagree (for CI)
 ${GENERATE_HELP}
 `,
   async run(args, io) {
     const { values, positionals } = parseCommandArgs('generate transform', () =>
       parseArgs({ args, options: OPTIONS, strict: true, allowPositionals: true }),
     );
-    const statements =
-      values.from === undefined
-        ? positionals
-        : (await targetsFromModule(process.cwd(), values.from, positionals)).map(
-            (d) => d.statement,
-          );
+    if (values.from !== undefined) {
+      return await fromModule(values, positionals, io);
+    }
+    const statements = positionals;
     if (statements.length === 0) {
       throw new TrellisError(
         'validation',
@@ -63,13 +88,7 @@ ${GENERATE_HELP}
       );
     }
     const context = await generateContext(values);
-    const url = values.url ?? io.env.DATABASE_URL ?? context.settings.url;
-    if (!url) {
-      throw new TrellisError(
-        'validation',
-        'generate transform checks statements on a database: pass --url, set DATABASE_URL, or give the drizzle config a dbCredentials.url',
-      );
-    }
+    const url = databaseUrl(values, io, context);
     const checked = await checkStatements({
       url,
       schema: context.schema,
@@ -78,10 +97,113 @@ ${GENERATE_HELP}
       settings: context.settings,
     });
     if (checked.note) io.err(`trellis: note: ${checked.note}\n`);
-    const header = `-- Written by \`trellis generate transform\` (trellis-pg ${packageVersion()}): Trellis statements,\n-- applied in drizzle-kit migrate's transaction. Install Trellis's schema in an earlier migration.\n`;
-    const lines = statements.map(
-      (s, i) => (i === 0 ? header : '') + applyStatementSql(s, { schema: context.schema }),
+    writeAndReport(
+      io,
+      context,
+      values.name ?? defaultName(checked.parsed),
+      migrationLines(statements, context.schema),
     );
-    writeAndReport(io, context, values.name ?? defaultName(checked.parsed), lines);
   },
 };
+
+type Values = ReturnType<typeof parseArgs<{ options: typeof OPTIONS }>>['values'];
+
+function databaseUrl(values: Values, io: CliIo, context: GenerateContext): string {
+  const url = values.url ?? io.env.DATABASE_URL ?? context.settings.url;
+  if (!url) {
+    throw new TrellisError(
+      'validation',
+      'generate transform checks statements on a database: pass --url, set DATABASE_URL, or give the drizzle config a dbCredentials.url',
+    );
+  }
+  return url;
+}
+
+function migrationLines(statements: string[], schema: string): string[] {
+  const header = `-- Written by \`trellis generate transform\` (trellis-pg ${packageVersion()}): Trellis statements,\n-- applied in drizzle-kit migrate's transaction. Install Trellis's schema in an earlier migration.\n`;
+  return statements.map((s, i) => (i === 0 ? header : '') + applyStatementSql(s, { schema }));
+}
+
+/**
+ * `--from`: the difference between the module's targets and the folder's snapshot (ADR
+ * 0048), checked on the database and written as one migration, with the snapshot.
+ */
+async function fromModule(values: Values, names: string[], io: CliIo): Promise<number> {
+  const from = values.from as string;
+  const declared = await targetsFromModule(process.cwd(), from, names);
+  const context = await generateContext(values);
+  const { snapshot } = previousTransforms(context.settings.out, context.schema);
+  // Targets named: only they are compared (nothing is removed).
+  const previous =
+    names.length === 0
+      ? snapshot.transforms
+      : Object.fromEntries(
+          Object.entries(snapshot.transforms).filter(([name]) => names.includes(name)),
+        );
+  const differing = [
+    ...declared.filter((d) => previous[d.target]?.statement !== d.statement).map((d) => d.target),
+    ...Object.keys(previous).filter((name) => !declared.some((d) => d.target === name)),
+  ].sort();
+  if (values.check) {
+    if (differing.length === 0) {
+      io.out(`${from} and the migrations define the same transforms\n`);
+      return 0;
+    }
+    io.err(
+      `trellis: ${from} and the migrations disagree on ${differing.join(', ')}: run trellis generate transform --from ${from}\n`,
+    );
+    return 1;
+  }
+  if (differing.length === 0) {
+    io.out('No transform changes: nothing written\n');
+    return 0;
+  }
+  const url = databaseUrl(values, io, context);
+  const texts = [
+    ...new Set([
+      ...declared.map((d) => d.statement),
+      ...Object.values(previous).map((p) => p.statement),
+    ]),
+  ];
+  const trees = await parseStatements({
+    url,
+    schema: context.schema,
+    targetSchema: context.targetSchema,
+    statements: texts,
+  });
+  const diff = diffTransforms({
+    declared,
+    previous,
+    parsed: new Map(texts.map((t, i) => [t, trees[i] as Ast])),
+    allowDrop: values['allow-drop'] === true,
+  });
+  const next: TransformSnapshot = {
+    ...snapshot,
+    transforms: { ...snapshot.transforms },
+  };
+  for (const name of diff.removed) delete next.transforms[name];
+  for (const d of declared) next.transforms[d.target] = { statement: d.statement, reads: d.reads };
+  if (diff.statements.length === 0) {
+    // The statements' text changed, not what they mean.
+    writeSnapshot(context.settings.out, next);
+    io.out('No transform changes (the statements mean the same): nothing written\n');
+    return 0;
+  }
+  const checked = await checkStatements({
+    url,
+    schema: context.schema,
+    targetSchema: context.targetSchema,
+    statements: diff.statements,
+    settings: context.settings,
+  });
+  if (checked.note) io.err(`trellis: note: ${checked.note}\n`);
+  writeAndReport(
+    io,
+    context,
+    values.name ?? defaultName(checked.parsed),
+    migrationLines(diff.statements, context.schema),
+  );
+  writeSnapshot(context.settings.out, next);
+  io.out(`${diff.summary.join('\n')}\n`);
+  return 0;
+}

@@ -138,3 +138,45 @@ async function runPending(
   }
   return undefined;
 }
+
+/**
+ * The parse trees of `statements` (`<schema>.parse_statement`), from the grammar of this
+ * trellis-pg installed in a transaction on the database that is rolled back: nothing stays.
+ */
+export async function parseStatements(options: {
+  url: string;
+  schema: string;
+  targetSchema: string;
+  statements: string[];
+}): Promise<Array<Record<string, unknown>>> {
+  const config = parseConnectionUrl(options.url);
+  const client = createClient(options.url, { max: 1, onnotice: () => {} });
+  const parsed: Array<Record<string, unknown>> = [];
+  try {
+    await client`SELECT 1`.catch((error: unknown) => {
+      throw classifyConnectError(error, config);
+    });
+    await client
+      .begin(async (tx) => {
+        await tx.unsafe(installSql({ schema: options.schema, targetSchema: options.targetSchema }));
+        const s = quoteIdent(options.schema);
+        for (const [i, statement] of options.statements.entries()) {
+          const [row] = await tx
+            .unsafe<[{ ast: Record<string, unknown> }]>(`SELECT ${s}.parse_statement($1) AS ast`, [
+              statement,
+            ])
+            .catch((error: unknown) => {
+              throw located(classifyError(error), i, options.statements.length);
+            });
+          parsed.push(row.ast);
+        }
+        throw new RollBack();
+      })
+      .catch((error: unknown) => {
+        if (!(error instanceof RollBack)) throw error;
+      });
+  } finally {
+    await client.end({ timeout: 2 });
+  }
+  return parsed;
+}

@@ -64,6 +64,8 @@ export async function openRange(
          CROSS JOIN LATERAL (SELECT seq, snap FROM ${s}.ticks ORDER BY seq DESC LIMIT 1) hi
         WHERE pl.phase IN ('catching_up', 'live') AND t.paused_at IS NULL
           AND pl.open_lo IS NULL AND hi.seq > pl.cursor_tick
+          -- A source change being followed: its re-derivation moves the cursor (ADR 0047).
+          AND NOT pl.follow_pending
         ORDER BY pl.updated_at
         LIMIT 1
           FOR UPDATE OF pl SKIP LOCKED`,
@@ -77,6 +79,12 @@ export async function openRange(
       params,
     );
     const rows = Number(stats?.n ?? 0);
+    if (stats?.truncated && (await columnChangeToFollow(session, schema, c.transform_id))) {
+      // Most likely written by capture while its triggers named a column since renamed: the
+      // staging worker follows the change and re-derives the target whole, in one
+      // transaction (ADR 0047), moving the cursor past this range. Left to it meanwhile.
+      return 'advanced';
+    }
     if (stats?.truncated) {
       // A TRUNCATE leaves no keys to re-derive: build the target again from its sources.
       await session.query(`SELECT ${s}._request_rebuild($1)`, [c.transform_id]);
@@ -174,4 +182,29 @@ export async function openRange(
     return 'opened';
   });
   return { result, applied };
+}
+
+/**
+ * Whether a column the transform reads was renamed or retyped since it was bound, which the
+ * staging worker has yet to follow: if so, the transform is left to it (follow_pending).
+ */
+async function columnChangeToFollow(
+  session: Session,
+  schema: string,
+  transformId: number,
+): Promise<boolean> {
+  const s = quoteIdent(schema);
+  const [row] = await session.query<{ pending: boolean }>(
+    `WITH changed AS (
+       SELECT 1 FROM ${s}.transform_sources ts
+        CROSS JOIN LATERAL jsonb_array_elements(ts.read_attrs) r
+        JOIN pg_attribute a ON a.attrelid = ts.source_oid AND a.attnum = (r->>'attnum')::int
+       WHERE ts.transform_id = $1 AND NOT a.attisdropped
+         AND (a.attname <> r->>'name' OR format_type(a.atttypid, a.atttypmod) <> r->>'type'))
+     UPDATE ${s}.pipeline SET follow_pending = true
+      WHERE transform_id = $1 AND EXISTS (SELECT 1 FROM changed)
+     RETURNING true AS pending`,
+    [transformId],
+  );
+  return row?.pending === true;
 }

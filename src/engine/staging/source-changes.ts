@@ -30,6 +30,16 @@ export async function checkSourceChanges(
     `SELECT ${s}._follow_source_renames() AS target`,
   );
   for (const { target } of renamed) log.info({ target }, 'a source was renamed: followed');
+  // Read columns renamed or retyped while the definition still holds: followed (ADR 0047);
+  // the target is re-derived by refillFollowed once capture is reconciled. What cannot be
+  // followed is stopped just below, as before.
+  const followed = await session.query<{ target: string; refused: string | null }>(
+    `SELECT target, refused FROM ${s}._follow_source_columns()`,
+  );
+  for (const { target, refused } of followed) {
+    if (refused === null) log.info({ target }, 'a source column was renamed or retyped: followed');
+    else log.info({ target, refused }, 'a source column change cannot be followed');
+  }
 
   const stopped = await session.query<{ target: string; error: string }>(
     `WITH sources AS (
@@ -107,12 +117,17 @@ export async function checkSourceChanges(
         SET paused_at = coalesce(t.paused_at, now()),
             -- An operator's pause stays theirs; RESUME rebinds whatever the reason.
             pause_reason = CASE WHEN t.paused_at IS NULL THEN 'capture_failure' ELSE t.pause_reason END,
-            capture_failure = jsonb_build_object('kind', 'capture', 'error', f.error,
+            -- Why it was not followed, beside what changed (when that was tried).
+            capture_failure = jsonb_build_object('kind', 'capture', 'error', f.error || coalesce(
+                                (SELECT '; not followed: ' || r.refused
+                                   FROM unnest($1::text[], $2::text[]) AS r(target, refused)
+                                  WHERE r.target = t.target_name AND r.refused IS NOT NULL), ''),
                                                  'columns', to_jsonb(f.columns), 'detected_at', now()),
             updated_at = now()
        FROM failures f
       WHERE t.id = f.transform_id
      RETURNING t.target_name AS target, f.error`,
+    [followed.map((f) => f.target), followed.map((f) => f.refused)],
   );
   // The targets: changed outside Trellis so the drain cannot keep them (a halt).
   const halted = await session.query<{ target: string; error: string }>(

@@ -9,6 +9,7 @@ import type { ElectedHealth } from '../workers/health.js';
 import { WorkerLoop } from '../workers/worker-loop.js';
 import { startBackfills } from './backfill-start.js';
 import { detectDisruptions } from './disruptions.js';
+import { refillFollowed } from './follow-refill.js';
 import { maintainLedger } from './ledger-maintenance.js';
 import { LedgerSummaries } from './ledger-summaries.js';
 import { correctionStep, trackMembers } from './partition-corrections.js';
@@ -221,6 +222,7 @@ export class StagingWorker {
       await checkSlot(session, this.schema, this.log);
       await trackMembers(session, this.schema, this.log);
       await this.capture.reconcile(session);
+      await refillFollowed(session, this.schema, this.log);
       await correctionStep(session, this.schema);
       await settleWidenWaits(session, this.schema, this.log);
       // Read before this pass: a change made since (this pass's own included) is seen by
