@@ -1,0 +1,1 @@
+-- Placeholder so that 0030 builds on branch hd-cost; the lead drops it at merge.
