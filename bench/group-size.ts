@@ -136,6 +136,7 @@ async function oneShape(
         }),
       );
     }
+    await trellis.apply('DROP TRANSFORM gs_agg');
   } finally {
     await trellis.shutdown();
   }
