@@ -1,9 +1,12 @@
 import { alternatives } from './alternatives.js';
 import { backfill } from './backfill.js';
+import { build } from './build.js';
 import { bulkInsert } from './bulk-insert.js';
+import { burst } from './burst.js';
 import { drain } from './drain-throughput.js';
 import { freshness } from './freshness.js';
 import { groupBy } from './group-by.js';
+import { groupSize } from './group-size.js';
 import { idle } from './idle.js';
 import { scaleOut } from './scale-out.js';
 import type { Scenario } from './scenario.js';
@@ -20,6 +23,9 @@ export const SCENARIOS: Scenario[] = [
   drain,
   backfill,
   groupBy,
+  groupSize,
+  burst,
+  build,
   scaleOut,
   selfCheck,
   scrape,

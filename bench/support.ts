@@ -53,7 +53,7 @@ export async function timed(work: () => Promise<unknown>): Promise<number> {
 /** Migrates and connects a handle (workers as asked). */
 export async function trellisOn(
   url: string,
-  options: { staging?: boolean; drainThreads?: number } = {},
+  options: { staging?: boolean; drainThreads?: number; applicationName?: string } = {},
 ): Promise<Trellis> {
   const migrator = await Trellis.connect({ url, logger: quiet });
   await migrator.migrate();

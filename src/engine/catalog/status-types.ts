@@ -168,6 +168,12 @@ export interface BackfillProgress {
  * touched a large share of its groups, every group recomputed in one pass and merged in
  * ('recompute').
  */
+export interface DrainShare {
+  seconds: number;
+  recentSeconds: number;
+  share: number | null;
+}
+
 export interface LastApply {
   mode: 'delta' | 'rederive' | 'recompute';
   /**
@@ -359,6 +365,13 @@ export interface Status {
    * did and asked every transform for a rebuild. Null when it never was.
    */
   restored: Restored | null;
+  /**
+   * What the drain loops (of every process) spent on this transform: seconds in all,
+   * seconds lately (decayed with a time constant of a minute), and its share of the recent
+   * drain time of every transform (null before any was recorded). Loops take work for the
+   * least served transform first (ADR 0045).
+   */
+  drain: DrainShare;
   lag: Lag;
   capture: CaptureInfo;
   /**

@@ -120,12 +120,14 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
       `SELECT p.transform_id, p.rebuild, p.backfill_position, p.backfill_stage, p.backfill_done,
               p.build_attempts
          FROM ${s}.pipeline p JOIN ${s}.transforms t ON t.id = p.transform_id
+         -- Least served first (ADR 0045).
+         LEFT JOIN ${s}._drain_ranks() r ON r.transform_id = p.transform_id
         WHERE p.phase = 'backfilling' AND t.paused_at IS NULL
           AND (p.build_next_at IS NULL OR p.build_next_at <= now())
           AND (p.backfill_stage <> 'chunks'
                OR NOT EXISTS (SELECT 1 FROM ${s}.build_chunks c
                                WHERE c.transform_id = p.transform_id AND NOT c.repair))
-        ORDER BY p.updated_at
+        ORDER BY r.serving, r.recent, p.updated_at
         LIMIT 1
           FOR UPDATE OF p SKIP LOCKED`,
     );

@@ -133,9 +133,11 @@ export async function fillChunk(
          FROM ${s}.build_chunks c
          JOIN ${s}.pipeline p ON p.transform_id = c.transform_id
          JOIN ${s}.transforms t ON t.id = c.transform_id
+         -- Least served first (ADR 0045).
+         LEFT JOIN ${s}._drain_ranks() r ON r.transform_id = c.transform_id
         WHERE p.phase = 'backfilling' AND p.backfill_stage = 'chunks' AND NOT c.repair
           AND t.paused_at IS NULL AND (p.build_next_at IS NULL OR p.build_next_at <= now())
-        ORDER BY c.transform_id, c.chunk
+        ORDER BY r.serving, r.recent, c.transform_id, c.chunk
         LIMIT 1
           FOR UPDATE OF c SKIP LOCKED`,
     );

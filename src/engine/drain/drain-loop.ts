@@ -10,6 +10,7 @@ import { applyPage } from './pages.js';
 import { PlanCache } from './plan-cache.js';
 import { openRange } from './ranges.js';
 import type { AppliedWork } from './tally.js';
+import { takeEnteredTransform } from './work-settings.js';
 
 /**
  * After a step that found nothing although work was announced (another loop took it),
@@ -28,11 +29,12 @@ const POLL_MS = 10;
 const FAST_MS = 200;
 const MAX_POLL_MS = 50;
 
-/**
- * A loop busy with live ranges still gives backfills a turn this often: ranges come with
- * every tick, and without turns a build would wait for a quiet moment that may not come.
- */
-const BACKFILL_TURN_MS = 100;
+/** How often a busy loop records the drain time it spent per transform (`<schema>._drained`). */
+const RECORD_MS = 1_000;
+
+/** The kinds of work a step can do, in the order tried when none ranks first. */
+type WorkKind = 'page' | 'range' | 'build';
+const KINDS: readonly WorkKind[] = ['page', 'range', 'build'];
 
 /**
  * The drain loops of one process wait for work together: one of them waits in Postgres,
@@ -72,14 +74,23 @@ export class SharedWait {
  * which returns soon after work appears (within POLL_MS, or MAX_POLL_MS after a while) and
  * otherwise after IDLE_WAIT_MS: an idle loop makes a commit every few seconds, not one per
  * poll; and the loops of a process share that wait (SharedWait).
+ *
+ * Work is taken fairly across transforms (ADR 0045): each step first does the kind of
+ * work (a page, a range to open, a build's chunk or step) of the transform that no loop is
+ * serving now and that had the least drain time lately (`<schema>._drain_next`), and each
+ * claim prefers such a transform's work too; so one transform's heavy pages or build never
+ * hold every loop while others wait. The time a step spent is recorded per transform
+ * (`<schema>.drain_time`, status().drain).
  */
 export class DrainLoop {
   private readonly loop: WorkerLoop;
   /** The last step found nothing: wait for work before the next. */
   private waiting = false;
   private idleMs = 1;
-  private nextBackfillTurn = 0;
   private readonly plans: PlanCache;
+  /** Drain seconds spent per transform, not recorded yet. */
+  private readonly spent = new Map<number, number>();
+  private recordedAt = Date.now();
 
   constructor(
     pool: ConnectionPool,
@@ -139,24 +150,57 @@ export class DrainLoop {
       if (!work) return 0;
       this.waiting = false;
     }
-    if (Date.now() >= this.nextBackfillTurn && (await this.backfill(session))) return this.busy();
-    const page = await applyPage(session, this.schema, this.plans, this.log);
-    if (page) {
-      this.onApplied(page);
-      return this.busy();
+    const first = await this.nextKind(session);
+    for (const kind of first ? [first, ...KINDS.filter((k) => k !== first)] : KINDS) {
+      const started = performance.now();
+      takeEnteredTransform(session);
+      const worked = await this.work(kind, session);
+      const transformId = takeEnteredTransform(session);
+      if (transformId !== undefined) {
+        const seconds = (performance.now() - started) / 1000;
+        this.spent.set(transformId, (this.spent.get(transformId) ?? 0) + seconds);
+      }
+      if (worked) {
+        if (Date.now() - this.recordedAt >= RECORD_MS) await this.record(session);
+        return this.busy();
+      }
     }
-    const range = await openRange(session, this.schema, this.plans, this.log);
-    if (range.applied) this.onApplied(range.applied);
-    if (range.result !== 'none') return this.busy();
-    if (await this.backfill(session)) return this.busy();
+    await this.record(session);
     return this.idle();
   }
 
-  /** One backfill chunk, if any target is backfilling; the next turn comes after other work. */
-  private async backfill(session: Session): Promise<boolean> {
-    const filled = await backfillChunk(session, this.schema, this.plans, this.log);
-    this.nextBackfillTurn = Date.now() + BACKFILL_TURN_MS;
-    return filled;
+  /** The kind of work whose transform ranks first (least served lately), or null. */
+  private async nextKind(session: Session): Promise<WorkKind | null> {
+    const [row] = await session.query<{ kind: WorkKind | null }>(
+      `SELECT ${quoteIdent(this.schema)}._drain_next() AS kind`,
+    );
+    return row?.kind ?? null;
+  }
+
+  /** One unit of work of `kind`, if there is one; says whether it found some. */
+  private async work(kind: WorkKind, session: Session): Promise<boolean> {
+    if (kind === 'build') return backfillChunk(session, this.schema, this.plans, this.log);
+    if (kind === 'page') {
+      const page = await applyPage(session, this.schema, this.plans, this.log);
+      if (page) this.onApplied(page);
+      return page !== null;
+    }
+    const range = await openRange(session, this.schema, this.plans, this.log);
+    if (range.applied) this.onApplied(range.applied);
+    return range.result !== 'none';
+  }
+
+  /** Records the drain time spent per transform since the last time (status().drain). */
+  private async record(session: Session): Promise<void> {
+    this.recordedAt = Date.now();
+    if (this.spent.size === 0) return;
+    const ids = [...this.spent.keys()];
+    const seconds = ids.map((id) => this.spent.get(id) ?? 0);
+    this.spent.clear();
+    await session.query(`SELECT ${quoteIdent(this.schema)}._drained($1::int[], $2::float8[])`, [
+      ids,
+      seconds,
+    ]);
   }
 
   private busy(): number {

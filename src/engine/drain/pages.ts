@@ -55,14 +55,24 @@ export async function applyPage(
          JOIN ${s}.transforms t ON t.id = p.transform_id
          JOIN ${s}.ticks lo ON lo.seq = pl.open_lo
          JOIN ${s}.ticks hi ON hi.seq = pl.open_hi
+         -- Least served first (ADR 0045): a transform no loop is working for, with the
+         -- least drain time lately; never the last free loop for one another loop serves.
+         LEFT JOIN ${s}._drain_ranks() r ON r.transform_id = p.transform_id
         WHERE t.paused_at IS NULL AND (p.not_before IS NULL OR p.not_before <= now())
-        ORDER BY pl.open_lo, p.transform_id, p.page
+          AND NOT coalesce(r.reserved, false)
+        ORDER BY r.serving, r.recent, pl.open_lo, p.transform_id, p.page
         LIMIT 1
           FOR UPDATE OF p, slot SKIP LOCKED`,
     );
     if (!claim) return null;
     const plan = await plans.load(session, claim.transform_id);
     await enterTransformWork(session, schema, plan);
+    // Another loop claimed a page of this transform at the same moment, and this one is
+    // the last left for every other transform's work: it leaves the page (ADR 0045).
+    const [yielded] = await session.query<{ y: boolean }>(`SELECT ${s}._drain_yield($1) AS y`, [
+      claim.transform_id,
+    ]);
+    if (yielded?.y) return null;
     const changed = changedFromLedger(schema, plan, claim.gen, claim.buckets);
     const params: unknown[] = [claim.lo_snap, claim.hi_snap];
     if (claim.gen !== null) params.push(`(${claim.blk_lo},0)`, `(${claim.blk_hi},0)`);

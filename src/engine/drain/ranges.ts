@@ -62,11 +62,14 @@ export async function openRange(
          JOIN ${s}.transforms t ON t.id = pl.transform_id
          JOIN ${s}.ticks lo ON lo.seq = pl.cursor_tick
          CROSS JOIN LATERAL (SELECT seq, snap FROM ${s}.ticks ORDER BY seq DESC LIMIT 1) hi
+         -- Least served first (ADR 0045).
+         LEFT JOIN ${s}._drain_ranks() r ON r.transform_id = pl.transform_id
         WHERE pl.phase IN ('catching_up', 'live') AND t.paused_at IS NULL
           AND pl.open_lo IS NULL AND hi.seq > pl.cursor_tick
           -- A source change being followed: its re-derivation moves the cursor (ADR 0047).
           AND NOT pl.follow_pending
-        ORDER BY pl.updated_at
+          AND NOT coalesce(r.reserved, false)
+        ORDER BY r.serving, r.recent, pl.updated_at
         LIMIT 1
           FOR UPDATE OF pl SKIP LOCKED`,
     );

@@ -18,6 +18,13 @@ export const LOCK_CLASS = {
    * second key is hashtext('<schema>:<job id>'), not the schema's (selfcheck/claim-lock.ts).
    */
   selfCheck: 0x74727363, // "trsc"
+  /**
+   * Held shared, for its transaction, by a drain loop working for a transform (a page, a
+   * range applied at once, a build's chunk or step); the second key is
+   * hashtext('<schema>:<transform id>'). Loops take work for transforms nobody is serving
+   * first (`<schema>._drain_ranks`, ADR 0045).
+   */
+  serving: 0x74727376, // "trsv"
 } as const;
 
 /**

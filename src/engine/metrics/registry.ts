@@ -151,6 +151,24 @@ fromSnapshot(
 );
 
 fromSnapshot(
+  'trellis_target_drain_seconds',
+  'Drain time spent on a target (pages, ranges applied at once, builds), by every process, in seconds, as status().drain.seconds.',
+  ['target'],
+  (set, s) => {
+    for (const t of s.transforms.values()) set({ target: t.target }, t.drainSeconds);
+  },
+);
+
+fromSnapshot(
+  'trellis_target_drain_share',
+  "A target's share of the drain's recent time (decayed over a minute), as status().drain.share: one transform near 1 while others lag is one costly transform.",
+  ['target'],
+  (set, s) => {
+    for (const t of s.transforms.values()) set({ target: t.target }, t.drainShare ?? 0);
+  },
+);
+
+fromSnapshot(
   'trellis_target_lag_segments',
   'Sealed ledger segments a target has not applied yet, as status().lag.segments.',
   ['target'],

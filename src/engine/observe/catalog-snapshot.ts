@@ -32,6 +32,9 @@ export interface TransformSnapshot {
   pauseReason: string | null;
   lagSegments: number;
   lagSeconds: number;
+  /** Drain time spent on it in all, and its share of the drain's recent time (status().drain). */
+  drainSeconds: number;
+  drainShare: number | null;
   /** Backfill progress, as status().backfill reports it (null when none to report). */
   backfill: { keysDone: number; keysTotal: number | null } | null;
   captureFailure: CaptureFailure | null;
@@ -94,6 +97,7 @@ interface Row {
     has_cursor: boolean;
     lag_segments: number;
     lag_seconds: number | null;
+    drain: { seconds: number; share: number | string | null };
     has_backfill: boolean;
     backfill_done: number;
     backfill_total: number | null;
@@ -185,6 +189,7 @@ SELECT
             'restored', (SELECT ${s}._restore_reason()) IS NOT NULL,
             'has_cursor', p.cursor_tick IS NOT NULL,
             'lag_segments', lag.segments, 'lag_seconds', lag.seconds,
+            'drain', ${s}._drain_share(t.id),
             'has_backfill', p.backfill_started_at IS NOT NULL
                             AND (p.phase = 'backfilling' OR p.backfill_done > 0),
             -- As status() counts it (migration 0023): a build filling chunks from the chunks left.
@@ -286,6 +291,8 @@ export async function readSnapshot(session: Session, schema: string): Promise<In
       pauseReason: t.pause_reason,
       lagSegments: t.has_cursor ? Number(t.lag_segments) : 0,
       lagSeconds: t.has_cursor ? (t.lag_seconds ?? 0) : 0,
+      drainSeconds: Number(t.drain.seconds),
+      drainShare: t.drain.share === null ? null : Number(t.drain.share),
       backfill: t.has_backfill
         ? {
             keysDone: Number(t.backfill_done),
