@@ -1,3 +1,6 @@
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { latestVersion } from '../src/engine/schema/install-sql.js';
 import { trellisInProcess as trellisCli } from './support/cli.js';
@@ -151,5 +154,25 @@ describe('trellis apply, definitions, status, quarantine, release', { timeout: 1
     const badCount = await trellisCli(['quarantine', '--limit', 'many']);
     expect(badCount.code).toBe(2);
     expect(badCount.stderr).toContain('see trellis quarantine --help');
+  });
+
+  it('names CLI commands in its messages, and makes the folders a path needs', async () => {
+    const db = await freshDatabase();
+    const uninstalled = await trellisCli(['definitions', '--url', db.url]);
+    expect(uninstalled.code).toBe(5);
+    expect(uninstalled.stderr).toContain('run `trellis migrate`');
+    expect(uninstalled.stderr).not.toContain('migrate()');
+
+    // trellis dump --file db/structure.sql in a project without db/.
+    const dir = await mkdtemp(join(tmpdir(), 'trellis-dump-path-'));
+    try {
+      const file = join(dir, 'db', 'nested', 'structure.sql');
+      expect((await trellisCli(['migrate', '--url', db.url])).code).toBe(0);
+      const dumped = await trellisCli(['dump', '--url', db.url, '--file', file]);
+      expect(dumped, dumped.stderr).toMatchObject({ code: 0, stdout: '' });
+      expect(await readFile(file, 'utf8')).toContain('CREATE SCHEMA');
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 });

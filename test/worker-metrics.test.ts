@@ -105,6 +105,15 @@ describe('metrics from every process', { timeout: 180_000 }, () => {
       worker.kill('SIGTERM');
     }
     expect(await worker.exited).toBe(0);
+    // Its logs say only what is true of the configuration: under trigger capture (this
+    // process records none) the elected WAL decoder idles, and no line says it decodes.
+    const [config] = await db.sql<{ capture: string }[]>`SELECT capture FROM trellis.config`;
+    const messages = worker.output.stdout
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .map((l) => (JSON.parse(l) as { msg: string }).msg);
+    expect(messages).toContain('staging worker elected');
+    expect(messages.includes('WAL decoder elected')).toBe(config?.capture === 'logical');
   });
 
   it('serveMetrics(): /healthz fails with the reasons once the loops stop, or when there are none', async () => {

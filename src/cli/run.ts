@@ -94,6 +94,16 @@ function findCommand(argv: string[]): { command: Command; args: string[] } {
   throw new TrellisError('validation', `unknown command "${argv[0]}" (see trellis --help)`);
 }
 
+/**
+ * The engine's messages name the handle's methods (`run migrate()`); a CLI user needs the
+ * command that does the same.
+ */
+function forCli(message: string): string {
+  return message
+    .replaceAll('run migrate()', 'run `trellis migrate`')
+    .replaceAll('before connecting with staging: true', 'before starting workers');
+}
+
 /** Runs the CLI; resolves to the exit status (see EXIT_CODES). Never throws. */
 export async function runCli(argv: string[], io: CliIo): Promise<number> {
   try {
@@ -129,7 +139,7 @@ export async function runCli(argv: string[], io: CliIo): Promise<number> {
     }
     const code = isTrellisError(error) ? error.code : 'unknown';
     const message = error instanceof Error ? error.message : String(error);
-    io.err(`trellis: ${message} (${code})\n`);
+    io.err(`trellis: ${forCli(message)} (${code})\n`);
     return exitCodeFor(code);
   }
 }
