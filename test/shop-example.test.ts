@@ -121,6 +121,13 @@ describe('the shop example', () => {
     expect((await call('POST', '/orders', { customerId: customers[0], lines: [] })).status).toBe(
       400,
     );
+    // A customer (or product) that does not exist is the request's fault: 422, saying which.
+    const unknown = await call('POST', '/orders', {
+      customerId: 999_999,
+      lines: [{ productId: products[0]!, quantity: 1 }],
+    });
+    expect(unknown.status).toBe(422);
+    expect(await unknown.text()).toContain('999999');
 
     // ?fresh waits (awaitConverged) until every write before the request is in the report.
     const revenueRows = await json<{ customerId: number; revenue: string; orders: number }[]>(
