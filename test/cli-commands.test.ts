@@ -2,6 +2,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { runCli } from '../src/cli/run.js';
 import { latestVersion } from '../src/engine/schema/install-sql.js';
 import { trellisInProcess as trellisCli } from './support/cli.js';
 import { freshDatabase } from './support/database.js';
@@ -174,5 +175,33 @@ describe('trellis apply, definitions, status, quarantine, release', { timeout: 1
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
+  });
+
+  it('status --watch on a terminal without a width prints plain lines', async () => {
+    const db = await freshDatabase();
+    await db.sql`CREATE TABLE w_items (id int PRIMARY KEY, n int NOT NULL)`;
+    await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 1 });
+    await trellis.apply('TRANSFORM w_copy FROM w_items SELECT n AS n');
+    await waitForStatus(trellis, 'w_copy', 'live');
+    let out = '';
+    const drawn: string[] = [];
+    // What a zero-width pseudo-terminal looks like to the command.
+    const tty = {
+      isTTY: true,
+      columns: 0,
+      rows: 0,
+      write: (chunk: string) => drawn.push(chunk),
+      on: () => tty,
+      off: () => tty,
+      once: () => tty,
+      removeListener: () => tty,
+    } as unknown as NodeJS.WriteStream;
+    const code = await runCli(
+      ['status', '--watch', '--until', 'live', '--url', db.url, '--interval', '50'],
+      { out: (t) => (out += t), err: () => {}, env: {}, tty },
+    );
+    expect(code).toBe(0);
+    expect(out).toMatch(/^\d{4}-\d\d-\d\dT\S+ w_copy live /m);
+    expect(drawn.join('')).toBe('');
   });
 });
