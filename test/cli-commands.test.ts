@@ -177,7 +177,7 @@ describe('trellis apply, definitions, status, quarantine, release', { timeout: 1
     }
   });
 
-  it('status --watch on a terminal without a width prints plain lines', async () => {
+  it('status --watch on a terminal without a width prints plain lines; the table names index gaps with both fixes', async () => {
     const db = await freshDatabase();
     await db.sql`CREATE TABLE w_items (id int PRIMARY KEY, n int NOT NULL)`;
     await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 1 });
@@ -203,5 +203,18 @@ describe('trellis apply, definitions, status, quarantine, release', { timeout: 1
     expect(code).toBe(0);
     expect(out).toMatch(/^\d{4}-\d\d-\d\dT\S+ w_copy live /m);
     expect(drawn.join('')).toBe('');
+
+    // The table names a source index gap, with the fix for a migration and for psql.
+    await trellis.apply('TRANSFORM w_by_n FROM w_items SELECT n, count(*) AS c GROUP BY n');
+    const [gap] = (await trellis.status('w_by_n')).sourceIndexGaps;
+    expect(gap?.fix).toMatch(/^CREATE INDEX CONCURRENTLY /);
+    const table = await trellisCli(['status', '--url', db.url]);
+    expect(table.code).toBe(0);
+    expect(table.stdout).toContain(
+      `w_by_n: public.w_items has no index on (n) (group by); in a migration: ${gap!.fix.replace('CONCURRENTLY ', '')} — from psql: ${gap!.fix}`,
+    );
+    // The migration's form runs inside a transaction, and closes the gap.
+    await db.sql.begin((tx) => tx.unsafe(gap!.fix.replace('CONCURRENTLY ', '')));
+    expect((await trellis.status('w_by_n')).sourceIndexGaps).toEqual([]);
   });
 });
