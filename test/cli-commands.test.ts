@@ -1,4 +1,8 @@
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { runCli } from '../src/cli/run.js';
 import { latestVersion } from '../src/engine/schema/install-sql.js';
 import { trellisInProcess as trellisCli } from './support/cli.js';
 import { freshDatabase } from './support/database.js';
@@ -151,5 +155,66 @@ describe('trellis apply, definitions, status, quarantine, release', { timeout: 1
     const badCount = await trellisCli(['quarantine', '--limit', 'many']);
     expect(badCount.code).toBe(2);
     expect(badCount.stderr).toContain('see trellis quarantine --help');
+  });
+
+  it('names CLI commands in its messages, and makes the folders a path needs', async () => {
+    const db = await freshDatabase();
+    const uninstalled = await trellisCli(['definitions', '--url', db.url]);
+    expect(uninstalled.code).toBe(5);
+    expect(uninstalled.stderr).toContain('run `trellis migrate`');
+    expect(uninstalled.stderr).not.toContain('migrate()');
+
+    // trellis dump --file db/structure.sql in a project without db/.
+    const dir = await mkdtemp(join(tmpdir(), 'trellis-dump-path-'));
+    try {
+      const file = join(dir, 'db', 'nested', 'structure.sql');
+      expect((await trellisCli(['migrate', '--url', db.url])).code).toBe(0);
+      const dumped = await trellisCli(['dump', '--url', db.url, '--file', file]);
+      expect(dumped, dumped.stderr).toMatchObject({ code: 0, stdout: '' });
+      expect(await readFile(file, 'utf8')).toContain('CREATE SCHEMA');
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('status --watch on a terminal without a width prints plain lines; the table names index gaps with both fixes', async () => {
+    const db = await freshDatabase();
+    await db.sql`CREATE TABLE w_items (id int PRIMARY KEY, n int NOT NULL)`;
+    await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 1 });
+    await trellis.apply('TRANSFORM w_copy FROM w_items SELECT n AS n');
+    await waitForStatus(trellis, 'w_copy', 'live');
+    let out = '';
+    const drawn: string[] = [];
+    // What a zero-width pseudo-terminal looks like to the command.
+    const tty = {
+      isTTY: true,
+      columns: 0,
+      rows: 0,
+      write: (chunk: string) => drawn.push(chunk),
+      on: () => tty,
+      off: () => tty,
+      once: () => tty,
+      removeListener: () => tty,
+    } as unknown as NodeJS.WriteStream;
+    const code = await runCli(
+      ['status', '--watch', '--until', 'live', '--url', db.url, '--interval', '50'],
+      { out: (t) => (out += t), err: () => {}, env: {}, tty },
+    );
+    expect(code).toBe(0);
+    expect(out).toMatch(/^\d{4}-\d\d-\d\dT\S+ w_copy live /m);
+    expect(drawn.join('')).toBe('');
+
+    // The table names a source index gap, with the fix for a migration and for psql.
+    await trellis.apply('TRANSFORM w_by_n FROM w_items SELECT n, count(*) AS c GROUP BY n');
+    const [gap] = (await trellis.status('w_by_n')).sourceIndexGaps;
+    expect(gap?.fix).toMatch(/^CREATE INDEX CONCURRENTLY /);
+    const table = await trellisCli(['status', '--url', db.url]);
+    expect(table.code).toBe(0);
+    expect(table.stdout).toContain(
+      `w_by_n: public.w_items has no index on (n) (group by); in a migration: ${gap!.fix.replace('CONCURRENTLY ', '')} — from psql: ${gap!.fix}`,
+    );
+    // The migration's form runs inside a transaction, and closes the gap.
+    await db.sql.begin((tx) => tx.unsafe(gap!.fix.replace('CONCURRENTLY ', '')));
+    expect((await trellis.status('w_by_n')).sourceIndexGaps).toEqual([]);
   });
 });

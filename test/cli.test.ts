@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
+import { runCli } from '../src/cli/run.js';
 import { migrations } from '../src/engine/schema/migrations.generated.js';
 import { latestVersion } from '../src/migration/index.js';
 import { trellisCli } from './support/cli.js';
@@ -24,8 +25,48 @@ describe('trellis CLI', { timeout: 180_000 }, () => {
     expect(command.stdout).toContain('--url');
   });
 
-  it('prints its version', async () => {
-    expect(await trellis(['--version'])).toEqual({ code: 0, stdout: `${version}\n`, stderr: '' });
+  it('prints its version and the catalog schema version it needs', async () => {
+    expect(await trellis(['--version'])).toEqual({
+      code: 0,
+      stdout: `${version} (catalog schema version ${latestVersion()})\n`,
+      stderr: '',
+    });
+  });
+
+  it('prints help for every command and command group with --help, and exits 0', async () => {
+    // In this process (runCli): a child process per command is slow on a loaded machine.
+    const run = async (argv: string[]) => {
+      let out = '';
+      let err = '';
+      const code = await runCli(argv, { out: (t) => (out += t), err: (t) => (err += t), env: {} });
+      return { code, out, err };
+    };
+    const top = await run(['--help']);
+    const listed = top.out
+      .split('Commands:\n')[1]!
+      .split('\n\n')[0]!
+      .split('\n')
+      .map((line) => line.trim().split(/ {2,}/)[0]!);
+    expect(listed).toContain('generate upgrade');
+    const groups = [...new Set(listed.filter((n) => n.includes(' ')).map((n) => n.split(' ')[0]!))];
+    expect(groups.sort()).toEqual(['generate', 'sql']);
+    for (const name of listed) {
+      const help = await run([...name.split(' '), '--help']);
+      expect(help, name).toMatchObject({ code: 0, err: '' });
+      expect(help.out, name).toContain(`trellis ${name}`);
+    }
+    for (const group of groups) {
+      for (const flag of ['--help', '-h', 'help']) {
+        const help = await run([group, flag]);
+        expect(help, `${group} ${flag}`).toMatchObject({ code: 0, err: '' });
+        expect(help.out).toContain(`Usage: trellis ${group} <subcommand>`);
+        for (const name of listed.filter((n) => n.startsWith(`${group} `))) {
+          expect(help.out).toContain(name);
+        }
+      }
+    }
+    // Without --help, a group still asks for its subcommand (exit 2).
+    expect((await run(['generate'])).code).toBe(2);
   });
 
   it('refuses unknown commands and options with a validation error', async () => {

@@ -3,7 +3,10 @@ import { cp, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { writeCustomMigration } from '../src/cli/generate/migration-folder.js';
 import { runCli } from '../src/cli/run.js';
+import { installSql } from '../src/engine/schema/install-sql.js';
+import { migrations } from '../src/engine/schema/migrations.generated.js';
 import { latestVersion } from '../src/migration/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
 
@@ -400,5 +403,40 @@ describe('trellis generate', () => {
     );
     expect(grammarOnly.code).toBe(0);
     expect(grammarOnly.err).toMatch(/^trellis: note: .*only the grammar was checked\n$/);
+  });
+
+  it("writes upgrades with only the schema migrations after the folder's last Trellis migration", {
+    timeout: 150_000,
+  }, async () => {
+    const dir = await project();
+    const out = join(dir, 'migrations');
+    const config = ['--config', join(dir, 'drizzle.config.ts'), '--out', out];
+    // An install an older trellis-pg wrote: its schema three versions behind.
+    const from = latestVersion() - 3;
+    const older = migrations.filter((m) => m.version <= from);
+    writeCustomMigration({ out, breakpoints: true, prefix: 'index' }, 'trellis_install', [
+      installSql({ schema: 'trellis', targetSchema: 'public', migrations: older }),
+    ]);
+    const upgrade = await inProcess(['generate', 'upgrade', ...config], {});
+    expect(upgrade).toMatchObject({ code: 0, err: '' });
+    const file = join(out, `0001_trellis_upgrade_v${latestVersion()}.sql`);
+    const text = await readFile(file, 'utf8');
+    expect(text.split('\n')[1]).toBe(
+      `-- trellis-pg: upgrade the Trellis catalog schema "trellis" from version ${from} to version ${latestVersion()}.`,
+    );
+    for (const m of older) expect(text).not.toContain(`WHERE version = ${m.version})`);
+    // The next upgrade starts where this one ends: nothing to write.
+    const again = await inProcess(['generate', 'upgrade', ...config], {});
+    expect(again.out).toContain('nothing written');
+    // --from says where a database stands when the folder cannot.
+    const bad = await inProcess(['generate', 'upgrade', '--from', 'x', ...config], {});
+    expect(bad).toMatchObject({ code: 2 });
+
+    // drizzle-kit migrate runs both, in order, on a fresh database.
+    const fresh = await freshDatabase();
+    const migrated = await exec(dir, [drizzleKit, 'migrate'], { DATABASE_URL: fresh.url });
+    expect(migrated.code, migrated.err + migrated.out).toBe(0);
+    const [version] = await fresh.sql`SELECT max(version)::int AS v FROM trellis.migrations`;
+    expect(version?.v).toBe(latestVersion());
   });
 });

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { Trellis, TrellisError } from '../src/engine/index.js';
-import { installSql, latestVersion } from '../src/engine/schema/install-sql.js';
+import { installSql, latestVersion, upgradeSql } from '../src/engine/schema/install-sql.js';
 import { migrations } from '../src/engine/schema/migrations.generated.js';
 import { freshDatabase, sqlClient } from './support/database.js';
 import { expectMatchesDefinition } from './support/oracle.js';
@@ -138,6 +138,45 @@ describe('migrate()', () => {
     expect(await plain.definitions()).toEqual([]);
     await using worker = await Trellis.connect({ url: db.url, staging: true, ...quiet });
     await waitFor(() => worker.hasLiveStagingWorker(), 'the staging worker to be elected');
+  });
+
+  it('upgrades with only the migrations after the installed version, and refuses a database below it naming what to run', async () => {
+    const db = await freshDatabase();
+    const from = latestVersion() - 3;
+    const older = migrations.filter((m) => m.version <= from);
+    await db.sql.unsafe(
+      installSql({ schema: 'trellis', targetSchema: 'public', migrations: older }),
+    );
+    const upgrade = upgradeSql({ schema: 'trellis', targetSchema: 'public', from });
+    // Only the newer migrations' SQL: none of the older ones' version steps.
+    for (const m of older) expect(upgrade).not.toContain(`WHERE version = ${m.version})`);
+    for (const m of migrations.filter((m) => m.version > from)) {
+      expect(upgrade).toContain(`WHERE version = ${m.version})`);
+    }
+    expect(upgrade.length).toBeLessThan(
+      installSql({ schema: 'trellis', targetSchema: 'public' }).length / 2,
+    );
+
+    // Inside a migration's transaction, and again (a no-op), and beside migrate().
+    await db.sql.begin((tx) => tx.unsafe(upgrade));
+    await db.sql.unsafe(upgrade);
+    expect(await versions(db.sql)).toEqual(
+      Array.from({ length: latestVersion() }, (_, i) => i + 1),
+    );
+    await using trellis = await Trellis.connect({ url: db.url, staging: true, ...quiet });
+    expect(await trellis.migrate()).toEqual({ from: latestVersion(), to: latestVersion() });
+    await waitFor(() => trellis.hasLiveStagingWorker(), 'the staging worker to be elected');
+
+    // A database below `from` (here: without the schema) is told what to run, and is left as it was.
+    const fresh = await freshDatabase();
+    const refused = await fresh.sql.unsafe(upgrade).catch((e: unknown) => e);
+    expect(refused).toMatchObject({
+      code: 'TRI01',
+      message: `the Trellis schema trellis is at version 0, and this migration upgrades it from version ${from} to ${latestVersion()}`,
+      hint: `run the migrations that bring it to version ${from} first, or the whole install SQL instead (trellis sql install prints it; Trellis.migrate() runs it)`,
+    });
+    const [left] = await fresh.sql`SELECT to_regnamespace('trellis') AS ns`;
+    expect(left?.ns).toBeNull();
   });
 
   it('carries transforms defined before settings were recorded over: the defaults recorded, a source with row level security opted in, nothing paused', async () => {

@@ -144,6 +144,81 @@ console.log(JSON.stringify({
     expect(seen.latest).toBeGreaterThan(0);
   });
 
+  it('requires every subpath export from CommonJS (require of ESM, Node 20.19+), types included', async () => {
+    // A project of npm init's default "type": "commonjs": .cjs and .cts files say it too.
+    await writeFile(
+      join(project, 'check.cjs'),
+      `
+const { Trellis, TrellisError, serveMetrics } = require('trellis-pg');
+const { transform, statementOf } = require('trellis-pg/drizzle');
+const { installSql, upgradeSql, latestVersion } = require('trellis-pg/migration');
+const { startPostgres } = require('trellis-pg/testing');
+const { opsHandler } = require('trellis-pg/ops');
+const { integer, pgTable } = require('drizzle-orm/pg-core');
+const things = pgTable('things', { id: integer().primaryKey(), n: integer() });
+async function main() {
+  console.log(JSON.stringify({
+    connect: typeof Trellis.connect,
+    error: new TrellisError('parse', 'x').code,
+    serveMetrics: typeof serveMetrics,
+    statement: statementOf(transform('thing_ns', (t) => t.from(things).select({ n: things.n }))),
+    install: installSql().includes('CREATE SCHEMA IF NOT EXISTS "trellis"'),
+    upgrade: upgradeSql({ from: latestVersion() - 1 }).includes('from version'),
+    startPostgres: typeof startPostgres,
+    opsHandler: typeof opsHandler,
+  }));
+}
+main();
+`,
+    );
+    const { stdout } = await sh('node', ['check.cjs'], project);
+    expect(JSON.parse(stdout)).toEqual({
+      connect: 'function',
+      error: 'parse',
+      serveMetrics: 'function',
+      statement: 'TRANSFORM "thing_ns"\nFROM "things"\nSELECT "things"."n" AS "n"',
+      install: true,
+      upgrade: true,
+      startPostgres: 'function',
+      opsHandler: 'function',
+    });
+    await writeFile(
+      join(project, 'check-cjs.cts'),
+      `
+import { Trellis, type ConnectOptions } from 'trellis-pg';
+import { installSql } from 'trellis-pg/migration';
+const options: ConnectOptions = { url: 'postgres://localhost/app' };
+async function main(): Promise<string> {
+  const trellis = await Trellis.connect(options);
+  try {
+    return (await trellis.config()).targetSchema + installSql().length;
+  } finally {
+    await trellis.shutdown();
+  }
+}
+export = main;
+`,
+    );
+    await writeFile(
+      join(project, 'tsconfig.cjs.json'),
+      JSON.stringify({
+        compilerOptions: {
+          target: 'ES2022',
+          lib: ['ES2022'],
+          module: 'NodeNext',
+          moduleResolution: 'NodeNext',
+          strict: true,
+          noEmit: true,
+          skipLibCheck: false,
+          typeRoots: [join(repo, 'node_modules', '@types')],
+          types: ['node'],
+        },
+        files: ['check-cjs.cts'],
+      }),
+    );
+    await sh(join(repo, 'node_modules', '.bin', 'tsc'), ['-p', 'tsconfig.cjs.json'], project);
+  });
+
   it('runs the trellis bin', async () => {
     const help = await sh('npx', ['trellis', '--help'], project);
     expect(help.stdout).toContain('Usage: trellis <command>');

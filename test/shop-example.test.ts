@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freshDatabase, type TestDatabase } from './support/database.js';
 import { type Definition, definitionQuery, expectMatchesDefinition } from './support/oracle.js';
+import { parseScrape } from './support/prometheus.js';
 import {
   assertBuilt,
   migrateShop,
@@ -42,7 +43,7 @@ const openOrders: Definition = {
 
 let db: TestDatabase;
 let server: ShopProcess & { baseUrl: string };
-let worker: ShopProcess;
+let worker: ShopProcess & { metricsUrl: string };
 
 async function call(method: string, path: string, body?: unknown): Promise<Response> {
   return fetch(`${server.baseUrl}${path}`, {
@@ -120,6 +121,13 @@ describe('the shop example', () => {
     expect((await call('POST', '/orders', { customerId: customers[0], lines: [] })).status).toBe(
       400,
     );
+    // A customer (or product) that does not exist is the request's fault: 422, saying which.
+    const unknown = await call('POST', '/orders', {
+      customerId: 999_999,
+      lines: [{ productId: products[0]!, quantity: 1 }],
+    });
+    expect(unknown.status).toBe(422);
+    expect(await unknown.text()).toContain('999999');
 
     // ?fresh waits (awaitConverged) until every write before the request is in the report.
     const revenueRows = await json<{ customerId: number; revenue: string; orders: number }[]>(
@@ -182,6 +190,17 @@ describe('the shop example', () => {
     const [row] = await db.sql<{ paused: boolean }[]>`
       SELECT paused_at IS NOT NULL AS paused FROM trellis.transforms WHERE target_name = 'open_orders'`;
     expect(row?.paused).toBe(false);
+
+    // The worker process serves what the web process cannot (it runs no worker): the drain's
+    // throughput, the staging leader, and its health.
+    const scraped = parseScrape(await (await fetch(`${worker.metricsUrl}/metrics`)).text());
+    const me = { trellis_instance: `${db.name}/trellis` };
+    expect(scraped.value('trellis_staging_leader', me)).toBe(1);
+    expect(scraped.value('trellis_drain_loops_alive', me)).toBe(2);
+    expect(scraped.sum('trellis_keys_rederived_total', me)).toBeGreaterThan(0);
+    expect(text).not.toContain('trellis_keys_rederived_total{');
+    const health = await fetch(`${worker.metricsUrl}/healthz`);
+    expect(health.status).toBe(200);
   });
 
   it('shuts its worker and server down gracefully on SIGTERM', async () => {

@@ -42,6 +42,10 @@ if (!url) {
   url = (await pg.createDatabase({ name: 'shop' })).url;
 }
 const env = { ...process.env, DATABASE_URL: url };
+// Where to point psql and `npx trellis status` (the throwaway cluster's password is in it).
+console.log(`database: ${url}`);
+console.log(`  psql '${url}'`);
+console.log(`  DATABASE_URL='${url}' npx trellis status`);
 
 console.log('applying migrations: npx drizzle-kit migrate');
 if ((await finished(run('npx', ['drizzle-kit', 'migrate'], env))) !== 0) await stop(1);

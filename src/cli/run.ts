@@ -1,4 +1,5 @@
 import { isTrellisError, TrellisError } from '../engine/errors.js';
+import { latestVersion } from '../engine/schema/install-sql.js';
 import type { CliIo, Command } from './command.js';
 import { apply } from './commands/apply.js';
 import { check } from './commands/check.js';
@@ -45,12 +46,30 @@ ${list}
 
 Options:
   -h, --help     show this help, or a command's (trellis <command> --help)
-  -v, --version  print the version
+  -v, --version  print the version, and the catalog schema version it needs
 
 Commands that connect take --url <postgres url> (default: $DATABASE_URL), and most take
 --json for scripts. Errors print "trellis: <message> (<code>)" to stderr.
 
 ${EXIT_CODES_HELP}
+`;
+}
+
+/** The commands whose name starts with `word` and more (`generate install`, …). */
+function groupOf(word: string | undefined): Command[] {
+  return COMMANDS.filter((c) => c.name.startsWith(`${word} `));
+}
+
+/** The help of a command group (`trellis generate --help`): its subcommands. */
+function groupHelp(word: string, group: Command[]): string {
+  const width = Math.max(...group.map((c) => c.name.length));
+  const list = group.map((c) => `  ${c.name.padEnd(width)}  ${c.summary}`).join('\n');
+  return `Usage: trellis ${word} <subcommand> [options]
+
+Subcommands:
+${list}
+
+Each prints its own help: trellis ${group[0]?.name} --help
 `;
 }
 
@@ -64,7 +83,7 @@ function findCommand(argv: string[]): { command: Command; args: string[] } {
       return { command, args: argv.slice(words.length) };
     }
   }
-  const group = COMMANDS.filter((c) => c.name.startsWith(`${argv[0]} `));
+  const group = groupOf(argv[0]);
   if (group.length > 0) {
     const subcommands = group.map((c) => c.name.split(' ').slice(1).join(' ')).join(', ');
     throw new TrellisError(
@@ -73,6 +92,16 @@ function findCommand(argv: string[]): { command: Command; args: string[] } {
     );
   }
   throw new TrellisError('validation', `unknown command "${argv[0]}" (see trellis --help)`);
+}
+
+/**
+ * The engine's messages name the handle's methods (`run migrate()`); a CLI user needs the
+ * command that does the same.
+ */
+function forCli(message: string): string {
+  return message
+    .replaceAll('run migrate()', 'run `trellis migrate`')
+    .replaceAll('before connecting with staging: true', 'before starting workers');
 }
 
 /** Runs the CLI; resolves to the exit status (see EXIT_CODES). Never throws. */
@@ -84,7 +113,14 @@ export async function runCli(argv: string[], io: CliIo): Promise<number> {
       return EXIT_CODES.ok;
     }
     if (first === '-v' || first === '--version') {
-      io.out(`${packageVersion()}\n`);
+      io.out(`${packageVersion()} (catalog schema version ${latestVersion()})\n`);
+      return EXIT_CODES.ok;
+    }
+    // A group's own help: `trellis generate --help` (or `trellis generate help`).
+    const group = groupOf(first);
+    const second = argv[1];
+    if (group.length > 0 && (second === '-h' || second === '--help' || second === 'help')) {
+      io.out(groupHelp(first, group));
       return EXIT_CODES.ok;
     }
     const { command, args } = findCommand(argv);
@@ -103,7 +139,7 @@ export async function runCli(argv: string[], io: CliIo): Promise<number> {
     }
     const code = isTrellisError(error) ? error.code : 'unknown';
     const message = error instanceof Error ? error.message : String(error);
-    io.err(`trellis: ${message} (${code})\n`);
+    io.err(`trellis: ${forCli(message)} (${code})\n`);
     return exitCodeFor(code);
   }
 }

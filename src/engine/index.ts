@@ -31,6 +31,12 @@ export {
   prometheusContentType,
   renderPrometheus,
 } from './metrics/registry.js';
+export {
+  type HealthReport,
+  type MetricsServer,
+  type ServeMetricsOptions,
+  serveMetrics,
+} from './metrics/serve-metrics.js';
 export type {
   CaptureFailureEvent,
   HeldEvent,
@@ -52,3 +58,10 @@ export type {
 } from './selfcheck/types.js';
 export type { ApplyResult } from './statements/apply.js';
 export { Trellis, type TrellisConfig, type TrellisSummary } from './trellis.js';
+export type {
+  DrainHealth,
+  ElectedHealth,
+  LoopError,
+  LoopHealth,
+  ProcessHealth,
+} from './workers/health.js';

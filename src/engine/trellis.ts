@@ -58,6 +58,7 @@ import { detectDisruptions } from './staging/disruptions.js';
 import { type ApplyResult, applyStatement } from './statements/apply.js';
 import { ConvergenceWaits, waitTimeout, watermarkToken } from './watermark.js';
 import { Background } from './workers/background.js';
+import type { ProcessHealth } from './workers/health.js';
 import { ProcessRegistry } from './workers/process-registry.js';
 
 /**
@@ -762,6 +763,20 @@ export class Trellis implements AsyncDisposable {
     inspectValue: typeof inspect = inspect,
   ): string {
     return `Trellis ${inspectValue(this.toJSON(), options)}`;
+  }
+
+  /**
+   * What this handle's own worker loops know of themselves now, read from memory (no
+   * query): each loop's last pass and failures (ADR 0038), `running: false` once the
+   * workers stopped (shutdown, or a schema this code cannot run on: `refused` says why).
+   * Null when the handle runs no workers. `serveMetrics()`'s `/healthz` is built on it.
+   */
+  processHealth(): (ProcessHealth & { running: boolean }) | null {
+    if (!this.background) return null;
+    return {
+      ...(this.registry?.report() ?? this.background.health()),
+      running: this.shutdownPromise === undefined && this.background.running,
+    };
   }
 
   /**

@@ -17,6 +17,7 @@ import { DEFAULTS } from '../engine/options.js';
 import {
   installSql as engineInstallSql,
   latestVersion as engineLatestVersion,
+  upgradeSql as engineUpgradeSql,
 } from '../engine/schema/install-sql.js';
 
 /** Options of {@link installSql}; the same names and defaults as `Trellis.connect`'s. */
@@ -48,6 +49,34 @@ export function installSql(options: InstallSqlOptions = {}): string {
     throw new TrellisError('validation', 'schema and targetSchema must differ');
   }
   return engineInstallSql({ schema, targetSchema });
+}
+
+/** Options of {@link upgradeSql}. */
+export interface UpgradeSqlOptions extends InstallSqlOptions {
+  /** The version the database is at (what its earlier migrations installed), at least 1. */
+  from: number;
+}
+
+/**
+ * The SQL that upgrades a catalog schema from version `from` to {@link latestVersion}:
+ * only the migrations after `from`, version-guarded and locked as {@link installSql} is.
+ * A database below `from` is refused (TRI01) with a hint naming what to run instead.
+ * Fails with a `validation` TrellisError for a bad name or a `from` that is not an older
+ * version (1 to latestVersion() - 1).
+ */
+export function upgradeSql(options: UpgradeSqlOptions): string {
+  const schema = options.schema ?? DEFAULTS.schema;
+  const targetSchema = options.targetSchema ?? DEFAULTS.targetSchema;
+  assertIdentifier('schema', schema);
+  assertIdentifier('targetSchema', targetSchema);
+  const latest = engineLatestVersion();
+  if (!Number.isInteger(options.from) || options.from < 1 || options.from >= latest) {
+    throw new TrellisError(
+      'validation',
+      `an upgrade starts from an older schema version (1 to ${latest - 1}), not ${String(options.from)}`,
+    );
+  }
+  return engineUpgradeSql({ schema, targetSchema, from: options.from });
 }
 
 /** The newest catalog schema version this version of trellis-pg installs. */

@@ -75,7 +75,11 @@ export class Scrape {
 }
 
 export async function scrape(): Promise<Scrape> {
-  const text = await renderPrometheus();
+  return parseScrape(await renderPrometheus());
+}
+
+/** A scrape's text (from `renderPrometheus()` or a `/metrics` endpoint), parsed. */
+export function parseScrape(text: string): Scrape {
   const parsed = parsePrometheusTextFormat(text) as ParsedFamily[];
   const families = new Map(parsed.map((f) => [f.name, f]));
   const counts = new Map<string, ParsedFamily>();

@@ -112,7 +112,12 @@ export async function startShopServer(
   return { ...started, baseUrl: started.match[1]! };
 }
 
-/** The example's worker process (staging worker and drain loops). */
-export function startShopWorker(url: string): Promise<ShopProcess> {
-  return startShopProcess('src/worker.ts', { DATABASE_URL: url }, /drain loops running/);
+/** The example's worker process (staging worker and drain loops); `metricsUrl` its /metrics' base. */
+export async function startShopWorker(url: string): Promise<ShopProcess & { metricsUrl: string }> {
+  const started = await startShopProcess(
+    'src/worker.ts',
+    { DATABASE_URL: url, METRICS_PORT: '0' },
+    /drain loops running; metrics on (http:\/\/localhost:\d+)\/metrics/,
+  );
+  return { ...started, metricsUrl: started.match[1]! };
 }

@@ -4120,6 +4120,9 @@ CREATE TABLE "trellis".self_checks (
 );
 $trellis_m18$;
   END IF;
+  -- Postgres lets PUBLIC execute a new function: none of Trellis's is (ADR 0034), whichever
+  -- migration made it. Only the owner calls them.
+  REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
   INSERT INTO "trellis".config (target_schema) VALUES ('public')
     ON CONFLICT DO NOTHING;
 
@@ -4512,5 +4515,6 @@ UPDATE trellis_jobs.version SET version = '24';
   END IF;
   PERFORM trellis_jobs.create_queue('self_check', '{"policy": "standard"}'::json);
 
+  REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis_jobs" FROM PUBLIC;
 END
 $trellis_install$;

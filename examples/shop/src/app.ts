@@ -196,9 +196,22 @@ export function createApp({ db, trellis, authorizeOps }: ShopOptions) {
     if (isTrellisError(error) && error.code === 'conflict') {
       return c.json({ error: `the report is paused: ${error.message}` }, 503);
     }
+    // A reference to a row that does not exist (an unknown customer or product): the
+    // request's fault, said as the database's constraint says it.
+    const pg = foreignKeyViolation(error);
+    if (pg) return c.json({ error: pg }, 422);
     console.error(error);
     return c.json({ error: 'internal error' }, 500);
   });
 
   return app;
+}
+
+/** The detail of a foreign-key violation (SQLSTATE 23503), drizzle's wrapper looked through. */
+function foreignKeyViolation(error: unknown): string | undefined {
+  for (let e: unknown = error; e instanceof Error; e = e.cause) {
+    const pg = e as Error & { code?: unknown; detail?: unknown };
+    if (pg.code === '23503') return typeof pg.detail === 'string' ? pg.detail : pg.message;
+  }
+  return undefined;
 }

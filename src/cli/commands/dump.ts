@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
-import { rename, rm, writeFile } from 'node:fs/promises';
+import { mkdir, rename, rm, writeFile } from 'node:fs/promises';
+import { dirname } from 'node:path';
 import { dumpSchema, MAX_REDOS } from '../../migration/dump/schema-dump.js';
 import { urlFrom } from '../connect.js';
 import { type ConnectionFlags, defineCommand } from '../define-command.js';
@@ -60,6 +61,8 @@ newer one found (pg_dump cannot dump a server newer than itself).`,
     }
     // Written whole or not at all: a structure file is never left half-written.
     const partial = `${options.file}.${randomBytes(4).toString('hex')}.partial`;
+    // db/structure.sql in a project without db/ yet: the folder is made, as Rails' dump does.
+    await mkdir(dirname(options.file), { recursive: true });
     try {
       await writeFile(partial, result.sql);
       await rename(partial, options.file);

@@ -1,6 +1,6 @@
 import { parseArgs } from 'node:util';
 import { TrellisError } from '../../engine/errors.js';
-import { installSql, latestVersion } from '../../migration/index.js';
+import { installSql, latestVersion, upgradeSql } from '../../migration/index.js';
 import { type Command, parseCommandArgs } from '../command.js';
 import {
   GENERATE_HELP,
@@ -54,28 +54,55 @@ export const generateUpgrade: Command = {
   summary: 'write a drizzle-kit migration that upgrades Trellis’s schema to this version',
   help: `Usage: trellis generate upgrade [options]
 
-Writes a drizzle-kit custom migration with the SQL that upgrades an installed Trellis
-schema (from any older version) to the one this trellis-pg ships, version ${latestVersion()}.
-Nothing is written when the folder's newest Trellis migration for the schema is already
-at that version.
+Writes a drizzle-kit custom migration with the SQL that upgrades the installed Trellis
+schema to the one this trellis-pg ships, version ${latestVersion()}: only the schema
+migrations after the version the folder's earlier Trellis migrations install (or
+--from). It runs on a database at that version or newer; a database at an older one is
+refused with what to run instead. Nothing is written when the folder's Trellis
+migrations already reach version ${latestVersion()}. In a folder without one (the schema
+was installed by migrate()), the whole install SQL is written, which upgrades from any
+version.
 
 Options:
 ${GENERATE_HELP}
+  --from <version>        the schema version the database is at (default: the newest
+                          version the folder's Trellis migrations install)
 `,
   async run(args, io) {
     const { values } = parseCommandArgs('generate upgrade', () =>
-      parseArgs({ args, options: GENERATE_OPTIONS, strict: true, allowPositionals: false }),
+      parseArgs({
+        args,
+        options: { ...GENERATE_OPTIONS, from: { type: 'string' } },
+        strict: true,
+        allowPositionals: false,
+      }),
     );
     const context = await generateContext(values);
     const latest = latestVersion();
-    const newest = installedVersions(context.settings.out, context.schema).at(-1);
-    if (newest && newest.version >= latest) {
+    const installed = installedVersions(context.settings.out, context.schema);
+    const newest = installed.reduce<(typeof installed)[number] | undefined>(
+      (max, m) => (max === undefined || m.version > max.version ? m : max),
+      undefined,
+    );
+    let from: number | undefined = newest?.version;
+    if (values.from !== undefined) {
+      from = Number(values.from);
+      if (!/^\d+$/.test(values.from) || from < 1) {
+        throw new TrellisError('validation', `--from takes a schema version, not "${values.from}"`);
+      }
+    }
+    if (from !== undefined && from >= latest) {
       io.out(
-        `${newest.file} already brings the Trellis schema "${context.schema}" to version ${newest.version}: nothing written\n`,
+        newest && values.from === undefined
+          ? `${newest.file} already brings the Trellis schema "${context.schema}" to version ${newest.version}: nothing written\n`
+          : `the Trellis schema "${context.schema}" at version ${from} needs no upgrade to ${latest}: nothing written\n`,
       );
       return;
     }
-    const sql = installSql({ schema: context.schema, targetSchema: context.targetSchema });
+    const sql =
+      from === undefined
+        ? installSql({ schema: context.schema, targetSchema: context.targetSchema })
+        : upgradeSql({ schema: context.schema, targetSchema: context.targetSchema, from });
     writeAndReport(io, context, values.name ?? `trellis_upgrade_v${latest}`, [
       header('generate upgrade') + sql,
     ]);

@@ -91,8 +91,9 @@ export function installedVersions(
   } catch {
     return [];
   }
+  // An install's first line, or an upgrade's (which carries only the versions after one).
   const pattern =
-    /^-- trellis-pg: install or upgrade the Trellis catalog schema (.+) to version (\d+)\.$/m;
+    /^-- trellis-pg: (?:install or upgrade|upgrade) the Trellis catalog schema (.+?) (?:from version \d+ )?to version (\d+)\.$/m;
   const quoted = `"${schema.replaceAll('"', '""')}"`;
   const found: Array<{ file: string; version: number }> = [];
   for (const file of files.sort()) {

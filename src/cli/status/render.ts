@@ -85,6 +85,14 @@ function notes(status: Status): string[] {
       `${status.target}: a ledger page keeps failing (${status.drainFailure.attempts} attempts): ${status.drainFailure.error}`,
     );
   }
+  // A source index the target needs (its changes are found by it): the fix in both forms,
+  // a migration's transaction cannot run CONCURRENTLY, psql should.
+  for (const gap of status.sourceIndexGaps ?? []) {
+    if (gap.optedOut) continue;
+    lines.push(
+      `${status.target}: ${gap.table} has no index on (${gap.columns.join(', ')}) (${gap.role.replace('_', ' ')}); in a migration: ${gap.fix.replace(/^CREATE INDEX CONCURRENTLY /, 'CREATE INDEX ')} — from psql: ${gap.fix}`,
+    );
+  }
   return lines;
 }
 

@@ -30,8 +30,12 @@ export async function watchStatus(
   const stopped = new AbortController();
   const onStop = () => stopped.abort();
   stop?.addEventListener('abort', onStop, { once: true });
+  // A terminal without a width (columns 0 or unknown: some CI pseudo-terminals, an editor's
+  // output pane) would draw nothing: it gets the plain lines a pipe gets.
   const redraw =
-    io.tty && !options.json ? createLogUpdate(io.tty, { showCursor: false }) : undefined;
+    io.tty && !options.json && (io.tty.columns ?? 0) > 0
+      ? createLogUpdate(io.tty, { showCursor: false })
+      : undefined;
   const lastLines = new Map<string, string>();
   try {
     while (!stopped.signal.aborted) {

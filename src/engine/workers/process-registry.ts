@@ -86,7 +86,8 @@ export class ProcessRegistry {
       .catch(() => undefined);
   }
 
-  private report(): ProcessHealth {
+  /** The workers' health as the catalog row carries it: with why they stopped, if refused. */
+  report(): ProcessHealth {
     return { ...this.health(), ...(this.refused ? { refused: this.refused } : {}) };
   }
 

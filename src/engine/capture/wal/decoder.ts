@@ -81,6 +81,8 @@ interface DecoderState {
 export class WalDecoder {
   private readonly loop: WorkerLoop;
   private leaderPid: number | undefined;
+  /** The election was logged (at info only once capture is logical: under triggers it idles). */
+  private announced = false;
   private stream: ReplicationStream | undefined;
   private decodeFailures = 0;
   /** A replication connection was had through the pooler (checkReplication). */
@@ -100,6 +102,7 @@ export class WalDecoder {
       signal,
       onSession: async () => {
         this.leaderPid = undefined;
+        this.announced = false;
       },
       step: (session) => this.step(session),
     });
@@ -130,9 +133,15 @@ export class WalDecoder {
       this.leaderPid = row.pid;
       // Commits of the decoder's batches are durable before the slot hears of them.
       await session.query(`SELECT set_config('synchronous_commit', 'on', false)`);
-      this.log.info({ pid: row.pid }, 'WAL decoder elected');
+      this.announced = false;
     }
     const state = await this.state(session);
+    // Under trigger capture the elected decoder only waits: an info line would say WAL is
+    // decoded when it is not. It is told at info once there is WAL to decode.
+    if (!this.announced && (state.capture === 'logical' || state.wal_slot !== null)) {
+      this.announced = true;
+      this.log.info({ pid: this.leaderPid }, 'WAL decoder elected');
+    }
     if (state.wal_slot === null) {
       if (state.capture !== 'logical') return IDLE_MS;
       await this.checkReplication(session);
