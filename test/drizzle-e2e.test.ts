@@ -30,20 +30,28 @@ export default defineConfig({
 `;
 
 const SCHEMA = `import { eq, sql } from 'drizzle-orm';
-import { integer, numeric, pgTable, text } from 'drizzle-orm/pg-core';
+import { index, integer, numeric, pgTable, text } from 'drizzle-orm/pg-core';
 import { transform } from 'trellis-pg/drizzle';
 
-export const customers = pgTable('customers', {
-  id: integer().primaryKey(),
-  name: text().notNull(),
-});
+export const customers = pgTable(
+  'customers',
+  {
+    id: integer().primaryKey(),
+    name: text().notNull(),
+  },
+  (t) => [index('customers_name_idx').on(t.name)],
+);
 
-export const orders = pgTable('orders', {
-  id: integer().primaryKey(),
-  customerId: integer('customer_id').notNull().references(() => customers.id),
-  amount: numeric().notNull(),
-  status: text().notNull(),
-});
+export const orders = pgTable(
+  'orders',
+  {
+    id: integer().primaryKey(),
+    customerId: integer('customer_id').notNull().references(() => customers.id),
+    amount: numeric().notNull(),
+    status: text().notNull(),
+  },
+  (t) => [index('orders_customer_id_idx').on(t.customerId)],
+);
 
 export const customerTotals = transform('customer_totals', (t) =>
   t
@@ -234,6 +242,10 @@ describe('a fresh drizzle project', { timeout: SLOW }, () => {
     expect(await db.sql`SELECT target_name FROM trellis.transforms`).toEqual([
       { target_name: 'customer_totals' },
     ]);
+    // README's schema declares the index its transform needs: no gap to report.
+    const [row] = await db.sql<{ gaps: unknown }[]>`
+      SELECT trellis.status('customer_totals')->'sourceIndexGaps' AS gaps`;
+    expect(row?.gaps).toEqual([]);
 
     const printed = await ok([bin.tsx, 'src/app.ts']);
     const rows = JSON.parse(printed.trim().split('\n').at(-1) as string) as unknown[];
