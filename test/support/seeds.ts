@@ -14,6 +14,20 @@ export const SOAK = ['1', 'true', 'yes'].includes(process.env.TRELLIS_TEST_SOAK 
 /** How much bigger a soak run's workloads are. */
 export const SOAK_FACTOR = 10;
 
+/**
+ * How many of a randomized test's default seeds to run (`TRELLIS_TEST_SEED_COUNT`): CI's
+ * matrix runs the first one on each server and capture, the full run all of them.
+ */
+function seedCount(): number | undefined {
+  const value = process.env.TRELLIS_TEST_SEED_COUNT;
+  if (value === undefined || value === '') return undefined;
+  const n = Number(value);
+  if (!Number.isSafeInteger(n) || n < 1) {
+    throw new Error(`TRELLIS_TEST_SEED_COUNT must be a positive integer, not ${value}`);
+  }
+  return n;
+}
+
 /** The seed to replay (`TRELLIS_TEST_SEED`), if one is set. */
 function replaySeed(): number | undefined {
   const value = process.env.TRELLIS_TEST_SEED;
@@ -33,7 +47,7 @@ function replaySeed(): number | undefined {
 export function testSeeds(defaults: number[], soakSeeds = 20): number[] {
   const replay = replaySeed();
   if (replay !== undefined) return [replay];
-  if (!SOAK) return defaults;
+  if (!SOAK) return defaults.slice(0, seedCount() ?? defaults.length);
   const fresh = Array.from({ length: Math.max(0, soakSeeds - defaults.length) }, () =>
     Math.floor(Math.random() * 0x100000000),
   );
