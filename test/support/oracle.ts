@@ -82,10 +82,19 @@ function upstreamOf(d: Definition, seen = new Set<string>()): Definition[] {
   return order;
 }
 
-/** The definition's own SELECT, with the target's implicit key columns. */
-function selectOf(d: Definition): string {
+/**
+ * The definition's own SELECT, with the target's implicit key columns. An upstream target
+ * named with its schema (`derived.x1`, a target outside the search path) is read from its
+ * CTE all the same.
+ */
+function selectOf(d: Definition, targetSchema: string): string {
+  let from = d.from;
+  for (const up of d.reads ?? []) {
+    const escaped = `${targetSchema}.${up.target}`.replaceAll('.', '\\.');
+    from = from.replace(new RegExp(`(?<![\\w."])"?${escaped}"?(?![\\w"])`, 'g'), up.target);
+  }
   return [
-    `SELECT ${d.select}${d.implicit ? `, ${d.implicit}` : ''} FROM ${d.from}`,
+    `SELECT ${d.select}${d.implicit ? `, ${d.implicit}` : ''} FROM ${from}`,
     d.where ? `WHERE ${d.where}` : '',
     d.groupBy ? `GROUP BY ${d.groupBy}` : '',
     d.having ? `HAVING ${d.having}` : '',
@@ -99,10 +108,12 @@ function selectOf(d: Definition): string {
  * upstream targets recomputed from their own definitions (`reads`), as CTEs named after
  * them, which the chain's FROM then reads instead of the targets.
  */
-export function definitionQuery(d: Definition): string {
+export function definitionQuery(d: Definition, targetSchema = 'public'): string {
   const upstream = upstreamOf(d);
-  const ctes = upstream.map((up) => `"${up.target.replaceAll('"', '""')}" AS (${selectOf(up)})`);
-  return `${ctes.length ? `WITH ${ctes.join(', ')} ` : ''}${selectOf(d)}`;
+  const ctes = upstream.map(
+    (up) => `"${up.target.replaceAll('"', '""')}" AS (${selectOf(up, targetSchema)})`,
+  );
+  return `${ctes.length ? `WITH ${ctes.join(', ')} ` : ''}${selectOf(d, targetSchema)}`;
 }
 
 export interface OracleOptions {
@@ -214,7 +225,7 @@ export async function compareWithDefinition(
     for (const [name, value] of Object.entries(options.settings ?? {})) {
       await tx.unsafe('SELECT set_config($1, $2, true)', [name, value]);
     }
-    await tx.unsafe(`CREATE TEMP VIEW trellis_oracle_definition AS ${definitionQuery(d)}`);
+    await tx.unsafe(`CREATE TEMP VIEW trellis_oracle_definition AS ${definitionQuery(d, schema)}`);
     const definitionColumns = await tx<{ name: string; declared: string }[]>`
       SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS declared FROM pg_attribute a
        WHERE a.attrelid = 'trellis_oracle_definition'::regclass AND a.attnum > 0 ORDER BY a.attnum`;
