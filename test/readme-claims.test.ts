@@ -37,6 +37,11 @@ describe('what the README claims', () => {
       }, 'a tick after the write');
       return (await live.trellis.status(d.target)).lag.segments >= 3;
     }, 'the paused transform to fall three segments behind');
+    // The seconds behind grow while it stays paused.
+    await waitFor(
+      async () => (await live.trellis.status(d.target)).lag.seconds > 0.2,
+      'the paused transform to be more than 0.2 s behind',
+    );
     const behind = (await live.trellis.status(d.target)).lag;
     expect(behind.seconds).toBeGreaterThan(0.2);
     await live.trellis.apply('RESUME TRANSFORM lag_t');
