@@ -2,10 +2,16 @@
 // claimed by loops in two processes, a failing row held without stopping the build, and a
 // process killed in the middle of filling a chunk.
 import { afterAll, describe, expect, it } from 'vitest';
-import { freshDatabase, type TestDatabase } from './support/database.js';
+import { freshDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import { killAllWorkerProcesses, killHard, startWorkerProcess } from './support/processes.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
+import {
+  collectPrintedEvents,
+  mostAtOnce,
+  type WorkEvent,
+  workEventLogger,
+} from './support/work-events.js';
 import { ACCOUNTS_DDL, seedAccounts } from './support/workload-accounts.js';
 
 afterAll(killAllWorkerProcesses);
@@ -29,44 +35,25 @@ const JOINED: Definition = {
   implicit: 'a.id AS id, b.id AS b_id',
 };
 
-/** Backends filling a chunk of `target`'s build right now, across every process. */
-async function fillsInFlight(db: TestDatabase, target: string): Promise<number> {
-  const [row] = await db.sql<{ n: number }[]>`
-    SELECT count(*)::int AS n FROM pg_stat_activity
-     WHERE state = 'active' AND query LIKE 'WITH %filled AS%'
-       AND query LIKE ${`%INSERT INTO %${target}%`}`;
-  return row?.n ?? 0;
-}
-
-/** Polls fillsInFlight until stopped; returns the most seen at once. */
-function watchFills(db: TestDatabase, target: string): { stop(): Promise<number> } {
-  let most = 0;
-  let running = true;
-  const loop = (async () => {
-    while (running) {
-      most = Math.max(most, await fillsInFlight(db, target));
-      await new Promise((resolve) => setTimeout(resolve, 3));
-    }
-  })();
-  return {
-    async stop() {
-      running = false;
-      await loop;
-      return most;
-    },
-  };
-}
-
 describe('builds filled by several drain loops', { timeout: 180_000 }, () => {
   it('fills the chunks of one build in two processes at once, and the targets equal their definitions', async () => {
     const db = await freshDatabase();
     await db.sql.unsafe(ACCOUNTS_DDL);
     await db.sql.unsafe(seedAccounts(ROWS));
     await db.sql.unsafe('ANALYZE accounts');
-    const other = await startWorkerProcess(db.url, { drainThreads: 2, staging: false });
-    await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+    // The fills each process's drain loops record, with when they ran (server clock).
+    const events: WorkEvent[] = [];
+    const other = await startWorkerProcess(
+      db.url,
+      { drainThreads: 2, staging: false },
+      collectPrintedEvents(events, 'other'),
+    );
+    await using trellis = await migratedTrellis(db, {
+      staging: true,
+      drainThreads: 2,
+      logger: workEventLogger(events),
+    });
     try {
-      const fills = watchFills(db, PROJECTION.target);
       await trellis.apply(transformStatement(PROJECTION));
       await trellis.apply(transformStatement(JOINED));
       // Writes while the builds run reach the targets through the ledger.
@@ -74,8 +61,12 @@ describe('builds filled by several drain loops', { timeout: 180_000 }, () => {
       await db.sql`DELETE FROM accounts WHERE id % 1009 = 0`;
       await waitForStatus(trellis, PROJECTION.target, 'live', 120_000);
       await waitForStatus(trellis, JOINED.target, 'live', 120_000);
-      // Chunks of the one build were filled side by side.
-      expect(await fills.stop()).toBeGreaterThanOrEqual(2);
+      // Chunks of the one build were filled side by side, by both processes.
+      const fills = events.filter(
+        (e) => e.msg === 'a build chunk filled' && e.target === PROJECTION.target,
+      );
+      expect(mostAtOnce(fills)).toBeGreaterThanOrEqual(2);
+      expect(new Set(fills.map((e) => e.process))).toEqual(new Set(['test', 'other']));
       const status = await trellis.status(PROJECTION.target);
       // Progress ends at the driving rows there were when the build started.
       expect(status.backfill?.keysDone).toBe(status.backfill?.keysTotal);

@@ -20,6 +20,7 @@ const DOWN: Definition = {
   from: 'cd_up',
   select: 'g, sum(v2) AS total, count(*) AS n',
   groupBy: 'g',
+  reads: [UP],
 };
 
 describe('a transform defined over a target whose build is starting', { timeout: 120_000 }, () => {

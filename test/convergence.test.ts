@@ -1,6 +1,11 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { freshDatabase } from './support/database.js';
-import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
+import {
+  type Definition,
+  expectMatchesDefinition,
+  linkChains,
+  transformStatement,
+} from './support/oracle.js';
 import {
   killAllWorkerProcesses,
   startWorkerProcess,
@@ -18,7 +23,8 @@ afterAll(killAllWorkerProcesses);
  * A projection, a filter, a chain over the filter, a GROUP BY with HAVING (groups come and
  * go), and a join of two tables that both change.
  */
-const DEFINITIONS: Definition[] = [
+// Chains (a FROM naming another's target) are recomputed from the base tables.
+const DEFINITIONS: Definition[] = linkChains([
   { target: 'acct_all', from: 'accounts', select: 'owner, balance', implicit: 'id' },
   {
     target: 'acct_active',
@@ -50,7 +56,7 @@ const DEFINITIONS: Definition[] = [
     // Both keys: accounts' id, and branches' id under its alias (id is taken).
     implicit: 'a.id AS id, b.id AS b_id',
   },
-];
+]);
 
 /**
  * I4 under load: random concurrent writes while targets backfill and afterwards, drained

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
 import { type Definition, transformStatement } from './support/oracle.js';
-import { rejection } from './support/trellis.js';
+import { rejection, waitFor } from './support/trellis.js';
 
 // What a definition may read, and names the engine must never confuse with a user's
 // (issue #8, ADR 0008): a change to anything the definition reads flows; what could not
@@ -29,8 +29,18 @@ describe('what a definition reads', () => {
     await live.db.sql`DELETE FROM vehicles WHERE id = 1`;
     await live.converged([d]);
     await live.db.sql.unsafe(`CREATE TABLE trucks () INHERITS (vehicles)`);
-    // A child made later is captured by the staging worker's next pass.
-    await new Promise((resolve) => setTimeout(resolve, 1_000));
+    // A child made later is captured by the staging worker's next pass: wait for it (its
+    // capture trigger, or its place in the publication under WAL capture, and its row in
+    // the source's members), so the insert below is captured, not only corrected.
+    await waitFor(async () => {
+      const [row] = await live.db.sql<{ captured: boolean }[]>`
+        SELECT EXISTS (SELECT 1 FROM trellis.source_members WHERE relid = 'trucks'::regclass)
+               AND (EXISTS (SELECT 1 FROM pg_trigger
+                             WHERE tgrelid = 'trucks'::regclass AND tgname = 'trellis_capture_insert')
+                    OR EXISTS (SELECT 1 FROM pg_publication_rel WHERE prrelid = 'trucks'::regclass))
+                 AS captured`;
+      return row?.captured === true;
+    }, 'the staging worker to capture the new child trucks');
     await live.db.sql`INSERT INTO trucks VALUES (200, 'hauler', 18)`;
     await live.converged([d]);
   });

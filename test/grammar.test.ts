@@ -4,6 +4,7 @@ import fc from 'fast-check';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { Trellis } from '../src/engine/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { propertySeed } from './support/seeds.js';
 
 const quiet = { logger: { debug() {}, info() {}, warn() {}, error() {} } };
 
@@ -1223,6 +1224,7 @@ describe('properties', () => {
   });
 
   it('parses every statement the grammar generates, and rendering is a fixed point', async () => {
+    const seed = propertySeed('grammar: generated statements', 'test/grammar.test.ts');
     await fc.assert(
       fc.asyncProperty(statement, async (g) => {
         const { p1, r1, p2, r2 } = await roundTrip(g.sql);
@@ -1233,7 +1235,7 @@ describe('properties', () => {
         expect(stripPositions(p2)).toEqual(stripPositions(p1));
         expect(r2).toBe(r1);
       }),
-      { numRuns: runs(250) },
+      { numRuns: runs(250), seed },
     );
   }, 120_000);
 
@@ -1320,6 +1322,7 @@ describe('properties', () => {
   );
 
   it('either parses token soup or refuses it with TRP01 (or TRV01), and never fails otherwise', async () => {
+    const seed = propertySeed('grammar: token soup', 'test/grammar.test.ts');
     await fc.assert(
       fc.asyncProperty(
         soup.map((s) => s.replaceAll('\0', '')).filter((s) => !/[\uD800-\uDFFF]/u.test(s)),
@@ -1344,7 +1347,7 @@ describe('properties', () => {
           }
         },
       ),
-      { numRuns: runs(300) },
+      { numRuns: runs(300), seed },
     );
   }, 120_000);
 });

@@ -4,6 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { DEFAULTS, Trellis, TrellisError } from '../src/engine/index.js';
 import { MIGRATE_LOCK_CLASS } from '../src/engine/schema/install-sql.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
+import { scrape } from './support/prometheus.js';
 
 // The handle's own behaviour: options, per-call deadlines, cancellation on the server,
 // parallel calls, the pool cap and shutdown. Calls are blocked on real locks: migrate()
@@ -432,8 +433,16 @@ describe('the pool', () => {
       stuck = track(trellis.migrate());
       await blockedBackend(db, app);
       waiting = track(trellis.definitions());
-      // Give the waiter a moment: it stays queued behind the stuck call.
-      await new Promise((r) => setTimeout(r, 200));
+      // The waiter is queued behind the stuck call, as the handle's pool gauge shows (a
+      // scrape's own catalog read waits too, and gives up after its timeout), and stays so.
+      await eventually('the call to wait for a connection', async () => {
+        const s = await scrape();
+        const n = s.value('trellis_pool_waiting', {
+          trellis_instance: `${db.name}/trellis`,
+          pool: 'calls',
+        });
+        return n !== undefined && n >= 1 ? n : undefined;
+      });
       expect(waiting.settled).toBe(false);
     } finally {
       await lock.release();

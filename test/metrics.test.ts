@@ -4,7 +4,7 @@ import { recordSelfCheck } from '../src/engine/metrics/self-check.js';
 import { livePipeline } from './support/live.js';
 import { type Definition, expectMatchesDefinition } from './support/oracle.js';
 import { type Scrape, scrape } from './support/prometheus.js';
-import { quietLogger, rejection, waitForStatus } from './support/trellis.js';
+import { quietLogger, rejection, waitFor, waitForStatus } from './support/trellis.js';
 
 // Issue #12: what renderPrometheus() shows while a workload runs, read back with a
 // Prometheus text parser. Each series family is shown to move the way it should.
@@ -94,8 +94,15 @@ describe('renderPrometheus()', () => {
     let paused: Scrape | undefined;
     while (!paused && id < 10_200) {
       id += 1;
+      const [before] = await live.db.sql<{ seq: string | null }[]>`
+        SELECT max(seq)::text AS seq FROM trellis.ticks`;
       await live.db.sql`INSERT INTO m_items VALUES (${id}, 1)`;
-      await new Promise((resolve) => setTimeout(resolve, 100));
+      // The write's own tick (a segment), before looking.
+      await waitFor(async () => {
+        const [now] = await live.db.sql<{ newer: boolean }[]>`
+          SELECT coalesce(max(seq) > ${before?.seq ?? '0'}::bigint, false) AS newer FROM trellis.ticks`;
+        return now?.newer === true;
+      }, 'a tick after the write');
       const x = await scrape();
       if ((x.value('trellis_target_lag_segments', labels) ?? 0) >= 2) paused = x;
     }

@@ -2,7 +2,12 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
 import { TEST_CAPTURE } from './support/capture-mode.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
-import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
+import {
+  type Definition,
+  expectMatchesDefinition,
+  linkChains,
+  transformStatement,
+} from './support/oracle.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
 
 let db: TestDatabase;
@@ -43,7 +48,8 @@ async function captured(table: string): Promise<boolean> {
 }
 
 /** The transforms this file defines, each as its statement means it. */
-const D = {
+// Chains (a FROM naming another's target) are recomputed from the base tables.
+const D = linkChains({
   widget_prices: {
     target: 'widget_prices',
     from: 'widgets',
@@ -109,7 +115,7 @@ const D = {
     // The source's key is (id, site).
     implicit: 'id, site',
   },
-} satisfies Record<string, Definition>;
+} satisfies Record<string, Definition>);
 
 /** Waits for the target to take in every write so far, then compares it with its definition. */
 async function converge(d: Definition) {
@@ -423,6 +429,7 @@ describe('the live pipeline', () => {
       from: 'lone_labels',
       select: 'upper(label) AS label',
       implicit: 'id',
+      reads: [labels],
     };
     await ensureDefined(labels, shout);
     expect(await captured('lone_items')).toBe(true);

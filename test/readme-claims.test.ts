@@ -26,10 +26,22 @@ describe('what the README claims', () => {
     let id = 0;
     await waitFor(async () => {
       id = (id % 50) + 1;
+      const [before] = await live.db.sql<{ seq: string | null }[]>`
+        SELECT max(seq)::text AS seq FROM trellis.ticks`;
       await live.db.sql`UPDATE lag_items SET v = v + 1 WHERE id = ${id}`;
-      await new Promise((resolve) => setTimeout(resolve, 150));
+      // The write's own tick, before the next write (rather than a pause that hopes so).
+      await waitFor(async () => {
+        const [now] = await live.db.sql<{ newer: boolean }[]>`
+          SELECT coalesce(max(seq) > ${before?.seq ?? '0'}::bigint, false) AS newer FROM trellis.ticks`;
+        return now?.newer === true;
+      }, 'a tick after the write');
       return (await live.trellis.status(d.target)).lag.segments >= 3;
     }, 'the paused transform to fall three segments behind');
+    // The seconds behind grow while it stays paused.
+    await waitFor(
+      async () => (await live.trellis.status(d.target)).lag.seconds > 0.2,
+      'the paused transform to be more than 0.2 s behind',
+    );
     const behind = (await live.trellis.status(d.target)).lag;
     expect(behind.seconds).toBeGreaterThan(0.2);
     await live.trellis.apply('RESUME TRANSFORM lag_t');

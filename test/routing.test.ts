@@ -73,6 +73,7 @@ describe('routing through old and new join rows', () => {
       select: 'label, price * 2 AS doubled',
       where: "label <> 'cat7'",
       implicit: 'id, c_id',
+      reads: [active],
     };
     await live.define(active);
     await live.converged(active);

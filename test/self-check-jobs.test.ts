@@ -103,14 +103,19 @@ describe('self-check jobs', () => {
     });
     expect(first.createdAt).toBeInstanceOf(Date);
     expect(await sender.hasLiveDrainWorkers()).toBe(false);
-    await new Promise((resolve) => setTimeout(resolve, 1_000));
+    // Nothing could have taken it, rather than nothing did yet: no session in the database
+    // works jobs (pg-boss's sessions are `<applicationName>:jobs`), the sender's and the
+    // staging worker's included.
+    expect(await backends('jb-sender:jobs')).toBe(0);
+    expect(await backends('jb-staging:jobs')).toBe(0);
+    const [jobSessions] = await db.sql<{ n: number }[]>`
+      SELECT count(*)::int AS n FROM pg_stat_activity
+       WHERE datname = ${db.name} AND application_name LIKE '%:jobs'`;
+    expect(jobSessions?.n).toBe(0);
     expect((await sender.selfCheckJob(first.id))?.state).toBe('queued');
     const again = await sender.selfCheck('jb_prices', 'sample', { sample: 10 });
     expect(again.id).toBe(first.id);
     expect(again.mode).toBe('full');
-    // No process but the sender and the staging worker has a jobs session.
-    expect(await backends('jb-sender:jobs')).toBe(0);
-    expect(await backends('jb-staging:jobs')).toBe(0);
 
     const drainer = await worker();
     try {
@@ -359,7 +364,15 @@ describe('self-check jobs', () => {
         transformStatement({ target: 'jb_apart', from: 'jb_items', select: 'price' }),
       );
       const job = await sender.selfCheck('jb_apart', 'full');
-      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      // Bounded by what must come after: the other instance's worker takes and finishes a
+      // job of its own queued after this one.
+      await db.sql`CREATE SCHEMA IF NOT EXISTS other_targets`;
+      await other.apply(
+        transformStatement({ target: 'jb_theirs', from: 'jb_items', select: 'price' }),
+      );
+      await waitForStatus(other, 'jb_theirs', 'live');
+      const theirs = await other.selfCheck('jb_theirs', 'full');
+      expect((await finishedJob(other, theirs.id)).state).toBe('done');
       expect((await sender.selfCheckJob(job.id))?.state).toBe('queued');
     } finally {
       await other.shutdown();

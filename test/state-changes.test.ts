@@ -27,6 +27,22 @@ describe('log lines and events of state changes', () => {
   let worker: Trellis;
   let watcher: Trellis;
   const lines: Line[] = [];
+  /**
+   * Waits until the worker's process has compared a catalog snapshot whose read began
+   * after `since` (Date.now()), as the process that logs changes: every change the catalog
+   * held by then has been logged (src/engine/observe/catalog-watch.ts).
+   */
+  const comparedAfter = (since: number) =>
+    waitFor(
+      async () =>
+        lines.some(
+          (l) =>
+            l.msg === 'catalog snapshot compared' &&
+            l.obj.logging === true &&
+            (l.obj.readStartedAt as number) > since,
+        ),
+      'a look at the catalog after the last change',
+    );
   const watcherLines: Line[] = [];
   const events: Array<{ name: keyof TrellisEventMap; event: unknown; at: number }> = [];
 
@@ -137,15 +153,17 @@ describe('log lines and events of state changes', () => {
 
   it('logs nothing at info while healthy writes flow', async () => {
     await waitFor(async () => (await worker.status('le_v')).status === 'live', 'le_v live');
-    // Let the last state changes be logged first.
-    await new Promise((resolve) => setTimeout(resolve, 2_000));
+    // The last state changes logged first: a look at the catalog that began after.
+    await comparedAfter(Date.now());
     const from = Date.now();
+    // Writes one after another, each through the pipeline before the next (so they span
+    // many ticks and drain passes).
     for (let i = 0; i < 30; i += 1) {
       await db.sql`UPDATE le_src SET a = a + 1 WHERE id = ${(i % 100) + 1}`;
-      await new Promise((resolve) => setTimeout(resolve, 50));
+      await worker.awaitConverged('le_v', await worker.watermarkToken());
     }
-    await worker.awaitConverged('le_v', await worker.watermarkToken());
-    await new Promise((resolve) => setTimeout(resolve, 1_500));
+    // Whatever the writes changed is logged by a look that began after them.
+    await comparedAfter(Date.now());
     expect(lines.filter((l) => l.at >= from && l.level !== 'debug')).toEqual([]);
   });
 
@@ -211,8 +229,10 @@ describe('log lines and events of state changes', () => {
       .event as TrellisEventMap['captureFailure'];
     expect(failure.target).toBe('le_v');
     expect(failure.captureFailure.kind).toBe('disruption');
-    // One line for the one change, however many passes saw it.
-    await new Promise((resolve) => setTimeout(resolve, 2_000));
+    // One line for the one change, however many passes saw it: two more looks at the
+    // catalog, begun after the line, log nothing more.
+    await comparedAfter(Date.now());
+    await comparedAfter(Date.now());
     expect(
       linesFor('le_v').filter((l) => l.msg.startsWith('transform le_v paused (disruption)')),
     ).toHaveLength(1);

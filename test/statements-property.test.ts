@@ -14,6 +14,7 @@ import {
   TrellisError,
 } from '../src/engine/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { propertySeed } from './support/seeds.js';
 import { migratedTrellis } from './support/trellis.js';
 
 const runs = (n: number) => Number(process.env['TRELLIS_PROPERTY_RUNS'] ?? n);
@@ -610,6 +611,7 @@ describe('valid TRANSFORM statements', () => {
   it(
     'are defined, and their normalised statement defines the same transform again',
     async () => {
+      const seed = propertySeed('statements: valid TRANSFORMs', 'test/statements-property.test.ts');
       await fc.assert(
         fc.asyncProperty(
           validTransform,
@@ -657,7 +659,7 @@ describe('valid TRANSFORM statements', () => {
             }
           },
         ),
-        { numRuns: runs(80) },
+        { numRuns: runs(80), seed },
       );
       await expectConsistent();
     },
@@ -1109,6 +1111,7 @@ describe('token soup', () => {
   it(
     'is applied or refused with a statement error, and leaves the catalog consistent',
     async () => {
+      const seed = propertySeed('statements: token soup', 'test/statements-property.test.ts');
       await fc.assert(
         fc.asyncProperty(soup, fc.nat({ max: 3 }), async (statement, which) => {
           const useDefine = which === 0;
@@ -1131,7 +1134,7 @@ describe('token soup', () => {
           await expectConsistent();
           await restoreFixtures();
         }),
-        { numRuns: runs(150) },
+        { numRuns: runs(150), seed },
       );
     },
     timeoutFor(150),

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { waitUntilOnTheSlot } from './support/capture-mode.js';
 import { sqlClient } from './support/database.js';
 import { livePipeline } from './support/live.js';
-import { type Definition, transformStatement } from './support/oracle.js';
+import { type Definition, linkChains, transformStatement } from './support/oracle.js';
 import { scrape } from './support/prometheus.js';
 import { waitFor, waitForStatus } from './support/trellis.js';
 
@@ -26,7 +26,8 @@ const live = livePipeline({
   },
 });
 
-const D = {
+// Chains (a FROM naming another's target) are recomputed from the base tables.
+const D = linkChains({
   prices: {
     target: 'item_prices',
     from: 'items',
@@ -43,7 +44,7 @@ const D = {
     select: 'day, sum(amount) AS total',
     groupBy: 'day',
   },
-} satisfies Record<string, Definition>;
+} satisfies Record<string, Definition>);
 const ALL = Object.values(D);
 
 describe('WAL capture', () => {

@@ -229,7 +229,14 @@ export async function runCase(
   const sql = live.db.sql;
   const name = (n: string) => physical(prefix, n);
   const tables = c.db.schema.tables.map((t) => name(t.name));
-  const defs: Definition[] = c.transforms.map((t) => definitionOf(t, prefix));
+  // A chain (its one source, aliased q, is another transform's target) is recomputed from
+  // the base tables through its upstream's definition, not read from the upstream target.
+  const defs: Definition[] = [];
+  for (const t of c.transforms) {
+    const d = definitionOf(t, prefix);
+    const upstream = defs.find((u) => u.target === name(t.sources[0]!.name));
+    defs.push(t.sources[0]!.alias === 'q' && upstream ? { ...d, reads: [upstream] } : d);
+  }
   const defined: Definition[] = [];
   const fail = (what: string) =>
     new CaseFailure(
@@ -275,6 +282,7 @@ export async function runCase(
         result.extra.length ||
         result.strayColumns.length ||
         result.missingColumns.length ||
+        result.typeMismatches.length ||
         !result.hasKey ||
         held > 0
       ) {
@@ -286,7 +294,9 @@ export async function runCase(
             extraCount: result.extra.length,
             strayColumns: result.strayColumns,
             missingColumns: result.missingColumns,
+            typeMismatches: result.typeMismatches,
             hasKey: result.hasKey,
+            key: result.key,
             heldKeys: held,
           })}`,
         );

@@ -9,7 +9,7 @@ import {
   runCase,
 } from './differential-case.js';
 import type { LivePipeline } from './live.js';
-import { announceSeed, SOAK, testSeeds, timeoutFor } from './seeds.js';
+import { announceSeed, replayCommand, SOAK, testSeeds, timeoutFor } from './seeds.js';
 
 // The differential tester's run (issue #10; test/README.md): cases fast-check generates
 // from a seed, each run through a live pipeline and compared with its definition, a
@@ -121,7 +121,7 @@ export function differentialSuite(options: SuiteOptions): void {
       it('leaves every target equal to its definition', {
         timeout: RUNS * CONVERGE_MS + SHRINK_MS + 60_000,
       }, async () => {
-        announceSeed(options.label, seed, options.file);
+        announceSeed(options.label, seed, options.file, REPLAY_PATH);
         const runner = new Runner(seed, options);
         const details = await fc.check(
           fc.asyncProperty(caseArb(SIZES), (c) => runner.run(c)),
@@ -135,10 +135,10 @@ export function differentialSuite(options: SuiteOptions): void {
           },
         );
         if (details.failed) {
-          const replay = `${SOAK ? 'TRELLIS_TEST_SOAK=1 ' : ''}TRELLIS_TEST_SEED=${seed} TRELLIS_TEST_PATH=${details.counterexamplePath}`;
+          const replay = replayCommand(options.file, seed, details.counterexamplePath ?? undefined);
           console.log(
             `[${options.label}] seed ${seed}: the smallest failing case, after ${runner.shrinks} shrinking runs ` +
-              `(and ${runner.repeats} candidates already run). Replay it: ${replay} npx vitest run ${options.file}\n` +
+              `(and ${runner.repeats} candidates already run). Replay it: ${replay}\n` +
               `${(details.errorInstance as Error).message}`,
           );
         }

@@ -1,9 +1,18 @@
+import { dirname } from 'node:path';
 import type { TestProject } from 'vitest/node';
+import { binariesOnPath } from '../../src/testing/cluster.js';
 import { startPostgres, type TestPostgres } from '../../src/testing/index.js';
 
 declare module 'vitest' {
   export interface ProvidedContext {
-    pg: { adminUrl: string; kind: string; serverVersion: number; template: string };
+    pg: {
+      adminUrl: string;
+      kind: string;
+      serverVersion: number;
+      template: string;
+      /** Where the server binaries of a `path` server were found (for the replay lines). */
+      binDir: string | undefined;
+    };
   }
 }
 
@@ -46,6 +55,9 @@ export async function setup(project: TestProject): Promise<void> {
     kind: server.kind,
     serverVersion: server.serverVersion,
     template: TEMPLATE,
+    // The same lookup startPostgres made: a replay line puts this directory first on PATH,
+    // so a run on another major's binaries (CI's matrix) replays on that major.
+    binDir: server.kind === 'path' ? dirname(binariesOnPath()?.postgres ?? '.') : undefined,
   });
 }
 

@@ -28,6 +28,17 @@ export interface Definition {
   /** Trailing options of the statement (`WITHOUT SOURCE INDEX`). */
   options?: string;
   /**
+   * For a chain: the definitions of the targets its FROM names (by their bare names). The
+   * oracle recomputes it from the base tables, each of these run as a CTE of that name in
+   * its place, never from the upstream target (engine output).
+   */
+  reads?: Definition[];
+  /**
+   * The target's key columns, when the test knows them: the key found (the primary key,
+   * or the unique index standing for it) must be exactly these, in any order.
+   */
+  key?: string[];
+  /**
    * `'as'`: the statement is the view's SQL, `TRANSFORM target AS SELECT …` (ADR 0049),
    * the same SELECT the oracle runs, without the implicit columns.
    */
@@ -43,7 +54,7 @@ export function transformStatement(d: Definition): string {
   if (d.form === 'as') {
     return [
       `TRANSFORM ${d.target} AS`,
-      selectQuery(d, false),
+      selectOf(d, null, false),
       d.orderBy ? `ORDER BY ${d.orderBy}` : '',
       d.options ?? '',
     ]
@@ -61,20 +72,68 @@ export function transformStatement(d: Definition): string {
     .join(' ');
 }
 
-/** The definition as a plain SELECT, with the target's implicit key columns. */
-export function definitionQuery(d: Definition): string {
-  return selectQuery(d, true);
+/**
+ * Sets `reads` on each definition whose FROM names another's target (a chain), so the
+ * oracle recomputes it from the base tables. Returns `defs`, changed in place.
+ */
+export function linkChains<T extends Definition[] | Record<string, Definition>>(defs: T): T {
+  const all = Object.values(defs) as Definition[];
+  const byTarget = new Map(all.map((d) => [d.target, d]));
+  for (const d of all) {
+    const named = d.from.match(/[A-Za-z_][A-Za-z0-9_$]*/g) ?? [];
+    const reads = named.flatMap((n) => {
+      const up = byTarget.get(n);
+      return up && up !== d ? [up] : [];
+    });
+    if (reads.length) d.reads = [...new Set(reads)];
+  }
+  return defs;
 }
 
-function selectQuery(d: Definition, implicit: boolean): string {
+/** The definitions a chain reads, deepest first, each once. */
+function upstreamOf(d: Definition, seen = new Set<string>()): Definition[] {
+  const order: Definition[] = [];
+  for (const up of d.reads ?? []) {
+    if (seen.has(up.target)) continue;
+    seen.add(up.target);
+    order.push(...upstreamOf(up, seen), up);
+  }
+  return order;
+}
+
+/**
+ * The definition's own SELECT, with the target's implicit key columns unless `implicit` is
+ * false (the AS form's statement). An upstream target named with its schema (`derived.x1`,
+ * a target outside the search path) is read from its CTE all the same; with `targetSchema`
+ * null, FROM is left as written (the statement itself).
+ */
+function selectOf(d: Definition, targetSchema: string | null, implicit = true): string {
+  let from = d.from;
+  for (const up of targetSchema === null ? [] : (d.reads ?? [])) {
+    const escaped = `${targetSchema}.${up.target}`.replaceAll('.', '\\.');
+    from = from.replace(new RegExp(`(?<![\\w."])"?${escaped}"?(?![\\w"])`, 'g'), up.target);
+  }
   return [
-    `SELECT ${d.distinct ? 'DISTINCT ' : ''}${d.select}${implicit && d.implicit ? `, ${d.implicit}` : ''} FROM ${d.from}`,
+    `SELECT ${d.distinct ? 'DISTINCT ' : ''}${d.select}${implicit && d.implicit ? `, ${d.implicit}` : ''} FROM ${from}`,
     d.where ? `WHERE ${d.where}` : '',
     d.groupBy ? `GROUP BY ${d.groupBy}` : '',
     d.having ? `HAVING ${d.having}` : '',
   ]
     .filter(Boolean)
     .join(' ');
+}
+
+/**
+ * The definition as a plain SELECT, with the target's implicit key columns; a chain's
+ * upstream targets recomputed from their own definitions (`reads`), as CTEs named after
+ * them, which the chain's FROM then reads instead of the targets.
+ */
+export function definitionQuery(d: Definition, targetSchema = 'public'): string {
+  const upstream = upstreamOf(d);
+  const ctes = upstream.map(
+    (up) => `"${up.target.replaceAll('"', '""')}" AS (${selectOf(up, targetSchema)})`,
+  );
+  return `${ctes.length ? `WITH ${ctes.join(', ')} ` : ''}${selectOf(d, targetSchema)}`;
 }
 
 export interface OracleOptions {
@@ -102,11 +161,23 @@ export interface Comparison {
   /** Rows the definition produces and the target lacks (as many times as lacking), and the reverse. */
   missing: Array<Record<string, string | null>>;
   extra: Array<Record<string, string | null>>;
-  /** Whether the target has a primary key (or a unique index standing for one). */
+  /**
+   * Whether the target has its key: a primary key, or the unique index standing for one
+   * (NULLS NOT DISTINCT, not partial, on plain columns, valid), equal to `Definition.key`
+   * when given, and unique over the definition's rows (the key identifies them).
+   */
   hasKey: boolean;
+  /** The key's columns, or null when it has none. */
+  key: string[] | null;
+  /** Columns whose type differs from the definition's: `name: target type != definition type`. */
+  typeMismatches: string[];
 }
 
 const FLOAT_TYPES = new Set(['float4', 'float8']);
+
+function sameSet(a: string[], b: string[]): boolean {
+  return a.length === b.length && [...a].sort().join('\n') === [...b].sort().join('\n');
+}
 
 interface Column {
   name: string;
@@ -139,23 +210,59 @@ export async function compareWithDefinition(
   const tolerance = options.floatTolerance ?? 1e-9;
   const quote = (n: string) => `"${n.replaceAll('"', '""')}"`;
   const target = `${quote(schema)}.${quote(d.target)}`;
-  const targetColumns = await sql<{ name: string; type: string }[]>`
-    SELECT a.attname AS name, t.typname AS type
+  const targetColumns = await sql<{ name: string; type: string; declared: string }[]>`
+    SELECT a.attname AS name, t.typname AS type, format_type(a.atttypid, a.atttypmod) AS declared
       FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
      WHERE a.attrelid = ${target}::regclass AND a.attnum > 0 AND NOT a.attisdropped
      ORDER BY a.attnum`;
-  const [keyRow] = await sql<{ has_key: boolean }[]>`
-    SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = ${target}::regclass
-                      AND (i.indisprimary OR i.indisunique)) AS has_key`;
+  // The target's key: its primary key, or else the one unique index that stands for one
+  // (a key whose columns can be NULL, ADR 0008: NULLS NOT DISTINCT; a grand total's). Not
+  // any unique index: a partial one, an expression's, or one NULLs slip through is no key.
+  const nullsNotDistinct =
+    (await sql<{ v: number }[]>`SELECT current_setting('server_version_num')::int AS v`)[0]!.v >=
+    150000
+      ? 'i.indnullsnotdistinct'
+      : 'false';
+  const keys = await sql.unsafe<{ primary: boolean; columns: string[] }[]>(
+    `SELECT i.indisprimary AS primary,
+            ARRAY(SELECT a.attname::text FROM unnest(i.indkey::int2[]) k(attnum)
+                    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum) AS columns
+       FROM pg_index i
+      WHERE i.indrelid = $1::regclass AND i.indisvalid AND i.indisunique AND i.indpred IS NULL
+        -- Plain columns; or a grand total's one row, a unique index on ((true)) (key: none).
+        AND ((i.indexprs IS NULL AND 0 <> ALL (i.indkey::int2[]))
+             OR (i.indnatts = 1 AND pg_get_expr(i.indexprs, i.indrelid) = 'true'))
+        AND (i.indisprimary OR ${nullsNotDistinct}
+             OR NOT EXISTS (SELECT 1 FROM unnest(i.indkey::int2[]) k(attnum)
+                              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                             WHERE NOT a.attnotnull))
+      ORDER BY i.indisprimary DESC, i.indexrelid`,
+    [target],
+  );
+  const key = keys[0]?.columns ?? null;
   return sql.begin(async (tx) => {
     await tx.unsafe(`SET LOCAL search_path = ${options.searchPath ?? 'public'}`);
     for (const [name, value] of Object.entries(options.settings ?? {})) {
       await tx.unsafe('SELECT set_config($1, $2, true)', [name, value]);
     }
-    await tx.unsafe(`CREATE TEMP VIEW trellis_oracle_definition AS ${definitionQuery(d)}`);
-    const definitionColumns = await tx<{ name: string }[]>`
-      SELECT a.attname AS name FROM pg_attribute a
+    await tx.unsafe(`CREATE TEMP VIEW trellis_oracle_definition AS ${definitionQuery(d, schema)}`);
+    const definitionColumns = await tx<{ name: string; declared: string }[]>`
+      SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS declared FROM pg_attribute a
        WHERE a.attrelid = 'trellis_oracle_definition'::regclass AND a.attnum > 0 ORDER BY a.attnum`;
+    const definitionTypes = new Map(definitionColumns.map((c) => [c.name, c.declared]));
+    const typeMismatches = targetColumns
+      .filter((c) => definitionTypes.has(c.name) && definitionTypes.get(c.name) !== c.declared)
+      .map((c) => `${c.name}: ${c.declared} != ${definitionTypes.get(c.name)}`);
+    // The key identifies the definition's rows: no two share its values (NULLs as equal).
+    let keyHolds = key !== null && (d.key === undefined || sameSet(key, d.key));
+    if (keyHolds && key?.every((k) => definitionTypes.has(k))) {
+      // (No key columns: a grand total, at most one row.)
+      const [dupes] = await tx.unsafe<{ n: number }[]>(
+        `SELECT count(*)::int AS n FROM (SELECT 1 FROM trellis_oracle_definition
+           GROUP BY ${key.map((k) => `${quote(k)}::text COLLATE "C"`).join(', ') || '()'} HAVING count(*) > 1) x`,
+      );
+      keyHolds = dupes?.n === 0;
+    }
     const produced = new Set(definitionColumns.map((c) => c.name));
     const held = new Set(targetColumns.map((c) => c.name));
     const strayColumns = [...held].filter((c) => !produced.has(c));
@@ -204,7 +311,7 @@ export async function compareWithDefinition(
       missing = unmatched;
       extra = pool;
     }
-    return { strayColumns, missingColumns, missing, extra, hasKey: keyRow!.has_key };
+    return { strayColumns, missingColumns, missing, extra, hasKey: keyHolds, key, typeMismatches };
   });
 }
 
@@ -224,7 +331,9 @@ export async function expectMatchesDefinition(
     extra: show(result.extra),
     missingCount: result.missing.length,
     extraCount: result.extra.length,
+    typeMismatches: result.typeMismatches,
     hasKey: result.hasKey,
+    key: result.key,
   }).toEqual({
     target: d.target,
     strayColumns: [],
@@ -233,6 +342,8 @@ export async function expectMatchesDefinition(
     extra: [],
     missingCount: 0,
     extraCount: 0,
+    typeMismatches: [],
     hasKey: true,
+    key: result.key ?? ['(a key)'],
   });
 }

@@ -43,6 +43,7 @@ export async function startFixture(
 export function startWorkerProcess(
   url: string,
   options: { drainThreads: number; staging: boolean; applicationName?: string },
+  onOutput?: (chunk: string) => void,
 ): Promise<ChildProcess> {
   return startFixture(
     'worker-process.ts',
@@ -53,6 +54,7 @@ export function startWorkerProcess(
       ...(options.applicationName ? [options.applicationName] : []),
     ],
     'ignore',
+    onOutput,
   );
 }
 

@@ -108,6 +108,8 @@ interface ChunkClaim {
   lo: string[] | null;
   hi: string[] | null;
   rows: string;
+  backend: number;
+  claimed_ms: number;
 }
 
 /**
@@ -129,7 +131,8 @@ export async function fillChunk(
   // would wait for it.
   return session.transaction(async () => {
     const [claim] = await session.query<ChunkClaim>(
-      `SELECT c.transform_id, c.chunk, c.lo, c.hi, c.rows
+      `SELECT c.transform_id, c.chunk, c.lo, c.hi, c.rows, pg_backend_pid() AS backend,
+              (extract(epoch FROM clock_timestamp()) * 1000)::float8 AS claimed_ms
          FROM ${s}.build_chunks c
          JOIN ${s}.pipeline p ON p.transform_id = c.transform_id
          JOIN ${s}.transforms t ON t.id = c.transform_id
@@ -147,10 +150,24 @@ export async function fillChunk(
     await session.query('SAVEPOINT trellis_fill');
     try {
       await session.query(backfillChunkSql(plan), [claim.lo, claim.hi]);
-      await session.query(`DELETE FROM ${s}.build_chunks WHERE transform_id = $1 AND chunk = $2`, [
-        claim.transform_id,
-        claim.chunk,
-      ]);
+      const [done] = await session.query<{ filled_ms: number }>(
+        `DELETE FROM ${s}.build_chunks WHERE transform_id = $1 AND chunk = $2
+         RETURNING (extract(epoch FROM clock_timestamp()) * 1000)::float8 AS filled_ms`,
+        [claim.transform_id, claim.chunk],
+      );
+      // When the fill ran, by the server's clock (the same for every process): fills of one
+      // build whose times overlap ran side by side (test/backfill-parallel.test.ts).
+      log.debug(
+        {
+          target: plan.target,
+          chunk: claim.chunk,
+          rows: Number(claim.rows),
+          backend: claim.backend,
+          fromMs: claim.claimed_ms,
+          toMs: done?.filled_ms,
+        },
+        'a build chunk filled',
+      );
       return { transformId: claim.transform_id, rows: Number(claim.rows) };
     } catch (error) {
       await session.query('ROLLBACK TO SAVEPOINT trellis_fill');

@@ -24,6 +24,8 @@ interface Claim {
   attempts: number;
   lo_snap: string;
   hi_snap: string;
+  backend: number;
+  claimed_ms: number;
 }
 
 /**
@@ -48,7 +50,8 @@ export async function applyPage(
   return session.transaction(async () => {
     const [claim] = await session.query<Claim>(
       `SELECT p.transform_id, p.page, p.gen, p.blk_lo, p.blk_hi, p.bucket, p.buckets, p.attempts,
-              lo.snap::text AS lo_snap, hi.snap::text AS hi_snap
+              lo.snap::text AS lo_snap, hi.snap::text AS hi_snap, pg_backend_pid() AS backend,
+              (extract(epoch FROM clock_timestamp()) * 1000)::float8 AS claimed_ms
          FROM ${s}.pages p
          JOIN ${s}.page_slots slot ON slot.transform_id = p.transform_id AND slot.bucket = p.bucket
          JOIN ${s}.pipeline pl ON pl.transform_id = p.transform_id
@@ -94,10 +97,26 @@ export async function applyPage(
     // held so far, and is applied again (idempotently) after RESUME.
     if (paused) return appliedWork(plan.target, tally, started, false);
 
-    await session.query(`DELETE FROM ${s}.pages WHERE transform_id = $1 AND page = $2`, [
-      claim.transform_id,
-      claim.page,
-    ]);
+    const [done] = await session.query<{ applied_ms: number }>(
+      `DELETE FROM ${s}.pages WHERE transform_id = $1 AND page = $2
+       RETURNING (extract(epoch FROM clock_timestamp()) * 1000)::float8 AS applied_ms`,
+      [claim.transform_id, claim.page],
+    );
+    // When the page's keys were re-derived, by the server's clock (the same for every
+    // process): pages of one range whose times overlap ran side by side
+    // (test/apply-choice.test.ts). The cursor's move after it is one at a time.
+    log.debug(
+      {
+        target: plan.target,
+        page: claim.page,
+        bucket: claim.bucket,
+        keys: tally.keys,
+        backend: claim.backend,
+        fromMs: claim.claimed_ms,
+        toMs: done?.applied_ms,
+      },
+      'a page applied',
+    );
     const [left] = await session.query<{ pages_left: number; open_hi: string }>(
       `UPDATE ${s}.pipeline SET pages_left = pages_left - 1, updated_at = now()
         WHERE transform_id = $1 RETURNING pages_left, open_hi`,

@@ -81,6 +81,13 @@ export class CatalogWatch {
     // changes before were the previous leader's to log.
     const log = logging && this.wasLogging ? this.log : undefined;
     this.wasLogging = logging;
+    // Every change the catalog held when this read started is told by now (events, and
+    // lines where this process logs): tests bound "nothing more was logged" by this line
+    // rather than by a sleep (test/state-changes.test.ts).
+    this.log.debug(
+      { readStartedAt: started, logging: log !== undefined },
+      'catalog snapshot compared',
+    );
     if (!previous) return;
     for (const [target, now] of snapshot.transforms) {
       this.compareTransform(previous.transforms.get(target), now, log);
