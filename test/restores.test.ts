@@ -1,10 +1,12 @@
 import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, inject, it } from 'vitest';
 import { Trellis } from '../src/engine/index.js';
+import { findPgDump } from '../src/migration/dump/find-pg-dump.js';
 import { startPostgres, type TestPostgres } from '../src/testing/index.js';
 import { freshDatabase, serverInfo, sqlClient } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
@@ -18,6 +20,29 @@ import { migratedTrellis, quietLogger, rejection, waitForStatus } from './suppor
 // its definition, and follows writes, with nothing paused and no RESUME.
 
 const run = promisify(execFile);
+
+// pg_dump refuses a server newer than itself, and a dump restores into its own major: the
+// client tools of the suite's server (TRELLIS_PG_DUMP names them where the machine has
+// none, as for the dump tests, ADR 0030), and a second cluster of the same kind.
+const pg = inject('pg');
+const serverMajor = Math.floor(pg.serverVersion / 10_000);
+const pgDump = process.env.TRELLIS_PG_DUMP
+  ? await findPgDump(serverMajor, process.env.TRELLIS_PG_DUMP)
+  : await findPgDump(serverMajor).catch(() => undefined);
+if (!pgDump && process.env.CI) {
+  throw new Error(
+    `the restore tests need a pg_dump for Postgres ${serverMajor} under CI: run \`node scripts/fetch-pg-client.mjs --major ${serverMajor}\` and set TRELLIS_PG_DUMP=<the directory it prints>/pg_dump`,
+  );
+}
+if (!pgDump) {
+  console.log(
+    `[skip] restore tests: no pg_dump for Postgres ${serverMajor} (see test/dump.test.ts)`,
+  );
+}
+const pgRestore =
+  pgDump && existsSync(join(dirname(pgDump.path), 'pg_restore'))
+    ? join(dirname(pgDump.path), 'pg_restore')
+    : 'pg_restore';
 
 const paid: Definition = {
   target: 'rs_paid',
@@ -77,7 +102,7 @@ async function dumpOfLiveInstance(): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), 'trellis-dump-'));
   cleanups.push(() => rm(dir, { recursive: true, force: true }));
   const file = join(dir, 'app.dump');
-  await run('pg_dump', ['-Fc', '-f', file, '-d', db.url]);
+  await run(pgDump?.path ?? 'pg_dump', ['-Fc', '-f', file, '-d', db.url]);
   return file;
 }
 
@@ -91,7 +116,7 @@ async function restoreInto(adminUrl: string, file: string, name: string): Promis
   });
   const url = new URL(adminUrl);
   url.pathname = `/${name}`;
-  await run('pg_restore', ['--exit-on-error', '-d', url.toString(), file]);
+  await run(pgRestore, ['--exit-on-error', '-d', url.toString(), file]);
   return url.toString();
 }
 
@@ -160,7 +185,7 @@ async function expectBroughtBack(
   }
 }
 
-describe('a database restored from pg_dump', () => {
+describe.skipIf(!pgDump)('a database restored from pg_dump', () => {
   let dump: string;
 
   it('is brought back in a new database of the same cluster', async () => {
@@ -184,7 +209,11 @@ describe('a database restored from pg_dump', () => {
 
   it('is brought back in another cluster', async () => {
     dump ??= await dumpOfLiveInstance();
-    const other: TestPostgres = await startPostgres({ kind: 'path' });
+    const other: TestPostgres = await startPostgres({
+      kind: pg.kind === 'embedded' ? 'embedded' : 'path',
+      // As the suite's server (test/support/global-setup.ts): WAL capture needs a slot.
+      settings: { wal_level: 'logical', max_replication_slots: 10, max_wal_senders: 10 },
+    });
     cleanups.push(() => other.stop());
     const url = await restoreInto(other.adminUrl, dump, `rs_other_${process.pid}`);
     await expectBroughtBack(url);

@@ -49,6 +49,9 @@ export async function detectWalDisruptions(
        LEFT JOIN pg_publication_rel pr ON pr.prpubid = pub.oid AND pr.prrelid = src.source_oid
       WHERE src.wal_state IS NOT NULL
         AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = src.source_oid)
+        -- A restored or cloned catalog's publication and slot are another database's,
+        -- forgotten when the staging worker rebinds it (_recognise_restore), not disrupted.
+        AND ${s}._restore_reason() IS NULL
         AND (pub.oid IS NULL OR pub.xmin::text IS DISTINCT FROM cfg.wal_publication_xmin
              OR pr.oid IS NULL OR pr.xmin::text IS DISTINCT FROM src.wal_rel_xmin)`,
   );

@@ -117,6 +117,16 @@ BEGIN
   UPDATE @schema@.sources SET ready_xmax = CASE WHEN ready_xmax IS NOT NULL THEN pg_snapshot_xmax(pg_current_snapshot()) END,
                               wal_xmax = CASE WHEN wal_xmax IS NOT NULL THEN pg_snapshot_xmax(pg_current_snapshot()) END,
                               widen_holders = NULL;
+  -- WAL capture: the other database's slot is not this one's (slots are not dumped, and a
+  -- slot's name carries its database's OID), and its publication, restored by the dump, is
+  -- another row than the one recorded. Forget both: the decoder makes this database's slot,
+  -- and the staging worker publishes each source again, as for a source newly moved to WAL
+  -- capture. Nothing is lost: every target is rebuilt from a tick taken once capture is
+  -- ready again.
+  UPDATE @schema@.config SET wal_slot = NULL, wal_drain_lsn = NULL, wal_publication_xmin = NULL;
+  UPDATE @schema@.sources
+     SET wal_state = NULL, wal_xmax = NULL, wal_since = NULL, wal_rel_xmin = NULL
+   WHERE wal_state IS NOT NULL;
   -- Every target is rebuilt from its sources as they are here.
   FOR tid IN SELECT id FROM @schema@.transforms LOOP
     PERFORM @schema@._request_rebuild(tid);
@@ -125,6 +135,43 @@ BEGIN
      SET restored = jsonb_build_object('detectedAt', now(), 'reason', reason, 'from', database_identity),
          database_identity = @schema@._database_identity();
   RETURN reason;
+END
+$fn$;
+
+-- The slot was lost: as 0019's, and nothing while the catalog is another database's (its
+-- slot is that database's; _recognise_restore forgets it).
+CREATE OR REPLACE FUNCTION @schema@._wal_lost(p_slot name, reason text)
+RETURNS SETOF text LANGUAGE plpgsql AS $fn$
+BEGIN
+  -- A restored or cloned database's recorded slot is the other database's: not lost here,
+  -- forgotten when the staging worker rebinds the catalog (_recognise_restore).
+  IF @schema@._restore_reason() IS NOT NULL THEN
+    RETURN;
+  END IF;
+  -- Once per slot: whoever sees it lost first (the decoder, the staging worker) acts.
+  UPDATE @schema@.config SET wal_slot = NULL WHERE wal_slot = p_slot;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  RETURN QUERY
+  WITH lost AS (
+    SELECT src.id, src.source_oid FROM @schema@.sources src
+     WHERE src.wal_state = 'ready' AND src.installed_at IS NULL),
+  reset AS (
+    UPDATE @schema@.sources src
+       SET wal_state = 'publishing', wal_xmax = NULL, wal_since = now()
+     WHERE src.wal_state IS NOT NULL
+    RETURNING src.id)
+  UPDATE @schema@.transforms t
+     SET paused_at = coalesce(t.paused_at, now()),
+         pause_reason = CASE WHEN t.paused_at IS NULL THEN 'disruption' ELSE t.pause_reason END,
+         capture_failure = jsonb_build_object('kind', 'disruption', 'error', reason,
+                                              'columns', '[]'::jsonb, 'detected_at', now()),
+         updated_at = now()
+   WHERE t.capture_failure IS NULL
+     AND t.id IN (SELECT ts.transform_id FROM @schema@.transform_sources ts
+                   WHERE ts.source_oid IN (SELECT source_oid FROM lost))
+  RETURNING t.target_name::text;
 END
 $fn$;
 
