@@ -92,7 +92,7 @@ describe('a statement that keeps deadlocking', () => {
     // goes on once the statement's attempt gave way), so what reaches the caller is
     // checked on the code <schema>.apply() raises when its retries are exhausted.
     const error = classifyError(
-      Object.assign(new Error('the statement met concurrent work 8 times in a row'), {
+      Object.assign(new Error('the statement met concurrent work 12 times in a row'), {
         code: 'TRT01',
       }),
     );

@@ -94,12 +94,14 @@ describe('a logger that misbehaves', () => {
       expect(warning.msg).toMatch(/log lines? (was|were) dropped: the logger fell behind/);
       expect(warning.obj.trellis_instance).toBe(trellis.instance);
       expect(warning.obj.dropped).toBeGreaterThan(0);
-      // Counted in the metrics too: 60 lines and more, a buffer of 20, one line at a time.
+      // Counted in the metrics too: a buffer of 20, one line handed over every 3 s, and the
+      // flood's lines past that dropped (held keys log the first 10 of a pass one by one,
+      // then a summary: ADR 0040, so the flood writes some 40 lines, not one per key).
       const s = await scrape();
       const dropped = s.value('trellis_log_lines_dropped_total', {
         trellis_instance: trellis.instance,
       })!;
-      expect(dropped).toBeGreaterThan(20);
+      expect(dropped).toBeGreaterThan(5);
       // Each warning says how many went since the one before: never more than were dropped.
       const told = lines
         .filter((l) => typeof l.obj.dropped === 'number')

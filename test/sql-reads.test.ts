@@ -13,10 +13,17 @@ const live = livePipeline({ quarantineThreshold: 3 });
 function asJson(value: unknown): unknown {
   return JSON.parse(JSON.stringify(value), (key, v: unknown) => {
     // What moves between two reads: the slot's position and retained WAL (WAL capture),
-    // the lag (a tick can be sealed, or applied, between them), and the workers' health,
+    // the lag (a tick can be sealed, or applied, between them), the drain time spent (a page
+    // can end between them), and the workers' health,
     // which moves with every pass (a read before the staging worker's first recorded pass
     // sees none; test/worker-health.test.ts checks those fields).
-    if (key === 'confirmedLsn' || key === 'retainedBytes' || key === 'lag' || key === 'workers') {
+    if (
+      key === 'confirmedLsn' ||
+      key === 'retainedBytes' ||
+      key === 'lag' ||
+      key === 'drain' ||
+      key === 'workers'
+    ) {
       return typeof v;
     }
     return typeof v === 'string' && /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d/.test(v)

@@ -28,8 +28,11 @@ export async function dumpDefinitionsSql(session: Session, schema: string): Prom
   const [state] = await session.query<{ migrations: unknown[]; config: unknown | null }>(
     `SELECT (SELECT coalesce(jsonb_agg(to_jsonb(m) ORDER BY m.version), '[]') FROM ${s}.migrations m) AS migrations,
             -- The replication slot (WAL capture) belongs to this database: the loaded
-            -- one makes its own, rather than find "its" slot missing (a disruption).
-            (SELECT to_jsonb(c) - 'wal_slot' FROM ${s}.config c) AS config`,
+            -- one makes its own, rather than find "its" slot missing (a disruption). So
+            -- does its identity: the loaded one's catalog is made there, from definitions,
+            -- not restored from this one (ADR 0035), and records its own.
+            (SELECT to_jsonb(c) - 'wal_slot' - 'database_identity' - 'restored'
+               FROM ${s}.config c) AS config`,
   );
   const definitions = await session.query<{
     statement: string;
@@ -69,6 +72,10 @@ export async function dumpDefinitionsSql(session: Session, schema: string): Prom
   if (state?.config) {
     lines.push(
       `INSERT INTO ${s}.config SELECT * FROM pg_catalog.jsonb_populate_record(NULL::${s}.config, ${quoteLiteral(JSON.stringify(state.config))}) ON CONFLICT DO NOTHING;`,
+    );
+    // Where the dumped schema records an identity (schema 29 on): this database's.
+    lines.push(
+      `DO $trellis_identity$ BEGIN IF pg_catalog.to_regprocedure(${quoteLiteral(`${s}._database_identity()`)}) IS NOT NULL THEN UPDATE ${s}.config SET database_identity = ${s}._database_identity() WHERE database_identity IS NULL; END IF; END $trellis_identity$;`,
     );
   }
   for (const d of definitions) {

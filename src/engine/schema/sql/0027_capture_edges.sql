@@ -1,8 +1,9 @@
 -- Capture edges and definitions under load (issue #21 items 2, 8, 9 and 12).
 
 -- Item 8: a statement deadlocking with the app's writers or the engine's workers (40P01),
--- or failing a serialization check (40001), is run again, up to 8 times with a short
--- jittered backoff, inside the caller's transaction (each attempt is a subtransaction: the
+-- or failing a serialization check (40001), is run again, up to 12 times with a jittered
+-- backoff growing from 20 ms to half a second (a drain page the statement met ends within
+-- it), inside the caller's transaction (each attempt is a subtransaction: the
 -- losing attempt's locks are released, so the other side goes on). Postgres picks the
 -- victim that waited first; retried, the statement goes through once the other side
 -- committed. Exhausted, it fails with TRT01 (the handle's `transient`), never as an
@@ -11,7 +12,7 @@ CREATE FUNCTION @schema@._apply_retrying(statement text, transform_only boolean)
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
   attempt int := 0;
-  attempts constant int := 8;
+  attempts constant int := 12;
   last_error text;
 BEGIN
   LOOP
@@ -26,7 +27,7 @@ BEGIN
                            attempts, last_error),
           HINT = 'Nothing was changed. Writers or the engine''s workers held the same rows; the statement can be repeated as it is.';
       END IF;
-      PERFORM pg_sleep(0.02 * attempt + random() * 0.05 * attempt);
+      PERFORM pg_sleep(least(0.5, 0.02 * 2 ^ (attempt - 1)) * (0.5 + random()));
     END;
   END LOOP;
 END
