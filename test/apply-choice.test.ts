@@ -158,7 +158,7 @@ describe('applying a burst: re-derive or recompute', { timeout: 120_000 }, () =>
     await trellis.apply(`PAUSE TRANSFORM ${TOTALS.target}`);
     // The choice weighs what re-deriving has cost this transform before: as if measured
     // cheap, so this burst is re-derived (a recompute would be one statement, no pages).
-    await db.sql`UPDATE trellis.pipeline SET apply_costs = '{"rederive": 0.001}'`;
+    await db.sql`UPDATE trellis.pipeline SET apply_costs = '{"rederive": 0.001, "recompute": 1}'`;
     await db.sql.unsafe(`
       UPDATE sales SET amount = amount + 1 WHERE id <= 40000;
       UPDATE sales SET region = region + 1 WHERE id > 40000 AND id <= 45000;

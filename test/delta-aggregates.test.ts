@@ -208,6 +208,11 @@ describe('aggregates kept by delta', () => {
     };
     await live.define(d);
     await live.trellis.apply(`PAUSE TRANSFORM ${d.target}`);
+    // What each way has cost it before, as if measured (the build's own measurements vary
+    // with the server and the capture): a delta dear per row, a recompute cheap.
+    await live.db
+      .sql`UPDATE trellis.pipeline p SET apply_costs = '{"delta": 0.5, "recompute": 0.001}'
+                        FROM trellis.transforms t WHERE t.id = p.transform_id AND t.target_name = 'b_totals'`;
     await live.db.sql.unsafe(`
       UPDATE b_items SET v = v + 1, g = g + 1 WHERE id % 5 <> 0;
       DELETE FROM b_items WHERE id % 7 = 0;

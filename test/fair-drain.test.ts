@@ -43,6 +43,10 @@ describe('fair drain', { timeout: 180_000 }, () => {
     try {
       await holder.unsafe('BEGIN');
       await holder.unsafe('LOCK TABLE heavy IN SHARE MODE');
+      // Re-derived in pages, not recomputed in one statement: as if measured that way (the
+      // build's own measurements vary with the server and the capture).
+      await db.sql`UPDATE trellis.pipeline p SET apply_costs = '{"rederive": 0.001, "recompute": 1}'
+                     FROM trellis.transforms t WHERE t.id = p.transform_id AND t.target_name = 'heavy'`;
       await db.sql`UPDATE big SET v = v + 1`;
       await waitFor(
         async () => {
@@ -57,7 +61,12 @@ describe('fair drain', { timeout: 180_000 }, () => {
       const [pages] = await db.sql<{ n: number }[]>`
         SELECT count(*)::int AS n FROM trellis.pages p
           JOIN trellis.transforms t ON t.id = p.transform_id WHERE t.target_name = 'heavy'`;
-      expect(pages?.n).toBeGreaterThan(1);
+      // Under trigger capture the burst is one range, cut into pages. The WAL decoder
+      // writes it to the ledger in batches, which ticks can split into ranges under a page
+      // each, applied whole: then the work in progress is a range, not pages (the lock
+      // wait above is the same either way).
+      const paged = TEST_CAPTURE !== 'logical';
+      if (paged) expect(pages?.n).toBeGreaterThan(1);
 
       // Changes to the cheap transform's source, several ticks apart: each converges
       // while the heavy pages are still in progress.
@@ -74,7 +83,7 @@ describe('fair drain', { timeout: 180_000 }, () => {
                (SELECT count(*)::int FROM trellis.pages p JOIN trellis.transforms t ON t.id = p.transform_id
                  WHERE t.target_name = 'heavy') AS pages`;
       expect(still).toEqual({ waiting: true, pages: expect.any(Number) });
-      expect(still?.pages).toBeGreaterThan(0);
+      if (paged) expect(still?.pages).toBeGreaterThan(0);
       expect((await trellis.status(HEAVY.target)).status).toBe('live');
     } finally {
       await holder.unsafe('COMMIT');

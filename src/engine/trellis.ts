@@ -816,6 +816,10 @@ export class Trellis implements AsyncDisposable {
  * refused with `validation` when the server or role cannot run it (`set_capture`).
  */
 async function recordInstanceSettings(session: Session, options: ResolvedOptions): Promise<void> {
+  // A read-only server (a standby, a read-only default) cannot record them: a handle still
+  // connects there (its workers are refused and say why, ADR 0036), and the settings are
+  // recorded by the next connect or migrate() on a server that takes writes.
+  if (session.server?.readOnly) return;
   const s = quoteIdent(options.schema);
   if (options.quarantineThreshold !== undefined) {
     await session.query(

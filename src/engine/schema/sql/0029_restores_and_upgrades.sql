@@ -175,6 +175,33 @@ BEGIN
 END
 $fn$;
 
+-- The capture setting: as 0019's, written only when it changes (ADR 0036).
+CREATE OR REPLACE FUNCTION @schema@.set_capture(mode text, wal_retention_limit bigint DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+  IF mode IS NULL OR mode NOT IN ('trigger', 'logical') THEN
+    PERFORM @schema@._fail('TRV01', format('capture must be ''trigger'' or ''logical'', not %L', mode));
+  END IF;
+  IF wal_retention_limit IS NOT NULL AND wal_retention_limit <= 0 THEN
+    PERFORM @schema@._fail('TRV01', format('wal_retention_limit must be a positive number of bytes, not %s', wal_retention_limit));
+  END IF;
+  IF mode = 'logical' THEN
+    PERFORM @schema@._check_logical_capture();
+  END IF;
+  -- Written only when it changes: a handle connecting to a read-only server (a standby, a
+  -- read-only default) with the setting already recorded must not fail on the UPDATE,
+  -- which Postgres refuses there even when it would change no row.
+  IF EXISTS (SELECT 1 FROM @schema@.config c
+              WHERE c.capture IS DISTINCT FROM mode
+                 OR c.wal_retention_limit IS DISTINCT FROM coalesce(set_capture.wal_retention_limit, c.wal_retention_limit)) THEN
+    UPDATE @schema@.config c
+       SET capture = mode, wal_retention_limit = coalesce(set_capture.wal_retention_limit, c.wal_retention_limit)
+     WHERE c.capture IS DISTINCT FROM mode
+        OR c.wal_retention_limit IS DISTINCT FROM coalesce(set_capture.wal_retention_limit, c.wal_retention_limit);
+  END IF;
+END
+$fn$;
+
 -- awaitConverged: as 0015's, and never while the catalog is another database's.
 CREATE OR REPLACE FUNCTION @schema@._converged(p_transform int, p_token pg_snapshot)
 RETURNS boolean LANGUAGE plpgsql STABLE SET plan_cache_mode = force_custom_plan AS $fn$
