@@ -47,6 +47,11 @@ export interface Definition {
   distinct?: boolean;
   /** A trailing ORDER BY of the AS form's statement: the engine drops it, the oracle too. */
   orderBy?: string;
+  /**
+   * The AS form's WITH queries, as written after `WITH` (`a AS (SELECT …), b AS (…)`): the
+   * statement and the oracle's query both start with them.
+   */
+  with?: string;
 }
 
 /** The TRANSFORM statement for a definition. */
@@ -54,6 +59,7 @@ export function transformStatement(d: Definition): string {
   if (d.form === 'as') {
     return [
       `TRANSFORM ${d.target} AS`,
+      d.with ? `WITH ${d.with}` : '',
       selectOf(d, null, false),
       d.orderBy ? `ORDER BY ${d.orderBy}` : '',
       d.options ?? '',
@@ -133,6 +139,7 @@ export function definitionQuery(d: Definition, targetSchema = 'public'): string 
   const ctes = upstream.map(
     (up) => `"${up.target.replaceAll('"', '""')}" AS (${selectOf(up, targetSchema)})`,
   );
+  if (d.with) ctes.push(d.with);
   return `${ctes.length ? `WITH ${ctes.join(', ')} ` : ''}${selectOf(d, targetSchema)}`;
 }
 
