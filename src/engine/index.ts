@@ -6,6 +6,7 @@ export type {
   AggregateMaintenance,
   Definition,
   DefinitionColumn,
+  DefinitionPart,
   DefinitionSource,
   Maintenance,
 } from './catalog/definitions.js';

@@ -53,6 +53,23 @@ export interface Maintenance {
   aggregates: AggregateMaintenance[];
 }
 
+/**
+ * A hidden part of a transform written as a view's SQL (ADR 0056): one of its WITH queries
+ * or derived tables (subqueries in FROM), kept as a chained transform whose target the
+ * statement around it reads.
+ */
+export interface DefinitionPart {
+  /** The WITH query's name or the derived table's alias (`outer.inner` when nested). */
+  name: string;
+  /** Its hidden target, in the target schema: `trellis#<transform>#<name>`. */
+  target: string;
+  /** Its own statement, as the engine keeps it. */
+  statement: string;
+  /** The key its rows are read by. */
+  key: string[];
+  maintenance: Maintenance;
+}
+
 /** A registered transform definition, as `definitions()` lists it. */
 export interface Definition {
   /** The target table's name (in the target schema). */
@@ -76,6 +93,11 @@ export interface Definition {
   settings: Record<string, string>;
   aggregates: boolean;
   maintenance: Maintenance;
+  /**
+   * Its WITH queries and subqueries in FROM, each kept as a hidden chained transform (in
+   * the order they were defined); absent when it has none.
+   */
+  parts?: DefinitionPart[];
   createdAt: Date;
   updatedAt: Date;
 }

@@ -38,7 +38,10 @@ export async function dumpDefinitionsSql(session: Session, schema: string): Prom
     statement: string;
     search_path: string;
     settings: Record<string, string>;
-  }>(`SELECT statement, search_path, settings FROM ${s}.transforms ORDER BY id`);
+  }>(
+    // A transform's hidden parts (ADR 0056) are defined again by its statement.
+    `SELECT statement, search_path, settings FROM ${s}.transforms WHERE part_of IS NULL ORDER BY id`,
+  );
   const lines = [
     '',
     `-- Trellis definitions: catalog schema ${s}, ${definitions.length} transform${definitions.length === 1 ? '' : 's'}.`,

@@ -119,8 +119,8 @@ BEGIN
     END IF;
     rel_name := alias;
     part := jsonb_build_object('part', alias, 'part_kind', 'derived');
-    derived := jsonb_build_object('name', alias, 'kind', 'derived', 'columns', cols, 'ast', sub,
-                                  'position', toks[i].pos);
+    derived := jsonb_build_object('name', alias, 'kind', 'derived', 'columns', coalesce(cols, '[]'),
+                                  'ast', sub, 'position', toks[i].pos);
     RETURN;
   END IF;
   IF toks[i].kind = 'punct' AND toks[i].text = '(' AND @schema@.grammar_kw(toks[i + 1], 'values') THEN
@@ -226,7 +226,8 @@ BEGIN
       END IF;
       SELECT q.ast, q.next INTO sub, i FROM @schema@.grammar_subselect(toks, i, ctes) q;
       parts := parts || jsonb_build_array(jsonb_build_object(
-        'name', cte_name, 'kind', 'cte', 'columns', cte_cols, 'ast', sub, 'position', cte_pos));
+        'name', cte_name, 'kind', 'cte', 'columns', coalesce(cte_cols, '[]'), 'ast', sub,
+        'position', cte_pos));
       ctes := ctes || jsonb_build_object(cte_name, true);
       EXIT WHEN NOT (toks[i].kind = 'punct' AND toks[i].text = ',');
       i := i + 1;
@@ -515,7 +516,7 @@ BEGIN
      WHERE x->>'kind' = 'derived' AND x->>'name' = item->>'part';
     RETURN '(' || @schema@._render_view_select(p->'ast') || ') AS ' || quote_ident(p->>'name')
       || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o)
-                             FROM jsonb_array_elements_text(p->'columns') WITH ORDINALITY AS y(c, o)) || ')', '');
+                             FROM jsonb_array_elements_text(coalesce(p->'columns', '[]')) WITH ORDINALITY AS y(c, o)) || ')', '');
   ELSIF item->>'part_kind' = 'cte' THEN
     RETURN quote_ident(item->>'part')
       || CASE WHEN coalesce((item->>'alias_implicit')::boolean, false) THEN ''
@@ -539,7 +540,7 @@ DECLARE
 BEGIN
   SELECT 'WITH ' || string_agg(quote_ident(p->>'name')
            || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
-                                  FROM jsonb_array_elements_text(p->'columns') WITH ORDINALITY AS y(c, o2)) || ')', '')
+                                  FROM jsonb_array_elements_text(coalesce(p->'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
            || ' AS (' || @schema@._render_view_select(p->'ast') || ')', ', ' ORDER BY o) || ' '
     INTO with_
     FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS x(p, o)
@@ -668,6 +669,14 @@ BEGIN
         'the %s is kept in a hidden target named %s, longer than 63 bytes: give it, or the transform, a shorter name',
         what, hidden));
     END IF;
+    -- A table of that reserved name that no transform keeps is a part's target loaded
+    -- from a schema dump (restore_definition defines the statement again): the part makes
+    -- its own, and builds it.
+    IF to_regclass(quote_ident(tschema) || '.' || quote_ident(hidden)) IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM @schema@.transforms t
+                        WHERE t.target_schema = tschema AND t.target_name = hidden) THEN
+      EXECUTE format('DROP TABLE %I.%I', tschema, hidden);
+    END IF;
     res := @schema@._define_parts(part->'ast', root, path || (part->>'name') || '.', scope);
     ids := ids || (res->'ids');
     sub := res->'ast';
@@ -723,6 +732,39 @@ BEGIN
 END
 $fn$;
 
+-- Refuses a subquery in the expressions of a view's SELECT with parts (as written, its
+-- WITH queries in scope), naming the clause it is in, as _refuse_view_sql (0028) does for a
+-- statement without parts.
+CREATE FUNCTION @schema@._refuse_view_sublinks(ast jsonb)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  base jsonb := ast || jsonb_build_object(
+    'select', jsonb_build_array(jsonb_build_object('expr', '1', 'name', 'x')),
+    'where', NULL, 'group_by', '[]'::jsonb, 'having', NULL, 'distinct', false);
+  grouped jsonb;
+  clause text;
+BEGIN
+  IF NOT coalesce((@schema@._view_parse(@schema@._render_view_select(ast)) ->> 'has_sublinks')::boolean, false) THEN
+    RETURN;
+  END IF;
+  grouped := base || jsonb_build_object('group_by', coalesce(ast->'group_by', '[]'));
+  clause := CASE
+    WHEN (@schema@._view_parse(@schema@._render_view_select(base)) ->> 'has_sublinks')::boolean
+      THEN 'a join condition (ON)'
+    WHEN ast->>'where' IS NOT NULL AND (@schema@._view_parse(@schema@._render_view_select(
+        base || jsonb_build_object('where', ast->>'where'))) ->> 'has_sublinks')::boolean
+      THEN 'WHERE'
+    WHEN jsonb_array_length(coalesce(ast->'group_by', '[]')) > 0
+      AND (@schema@._view_parse(@schema@._render_view_select(grouped)) ->> 'has_sublinks')::boolean
+      THEN 'GROUP BY'
+    WHEN ast->>'having' IS NOT NULL AND (@schema@._view_parse(@schema@._render_view_select(
+        grouped || jsonb_build_object('having', ast->>'having'))) ->> 'has_sublinks')::boolean
+      THEN 'HAVING'
+    ELSE 'the SELECT list' END;
+  PERFORM @schema@._fail('TRV01', format('a subquery in %s is not supported yet', clause));
+END
+$fn$;
+
 -- TRANSFORM: a statement with parts (derived tables, WITH queries) is checked whole by
 -- Postgres, its parts defined as hidden transforms, then the statement around them, which
 -- reads their targets; every other statement as before (_define_one). Names starting
@@ -750,6 +792,7 @@ BEGIN
   END IF;
   -- Postgres reads the statement as written first: names, column aliases, scopes.
   PERFORM @schema@._analyze_query(@schema@._render_view_select(ast), 'in the definition');
+  PERFORM @schema@._refuse_view_sublinks(ast);
   res := @schema@._define_parts(ast, tname, '', '{}');
   result := @schema@._define_one(res->'ast', statement);
   UPDATE @schema@.transforms p SET part_of = t.id
