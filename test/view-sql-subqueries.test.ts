@@ -154,7 +154,7 @@ describe('subqueries in FROM and WITH', () => {
     ]);
     const ctes = defs.find((d) => d.target === 'big_spenders');
     expect(ctes?.statement).toMatch(
-      /^TRANSFORM big_spenders AS WITH per_customer AS \(SELECT customer_id, .*\), big \(cid, spent\) AS \(SELECT customer_id, total FROM per_customer WHERE total > 10\) SELECT c\.name, /,
+      /^TRANSFORM big_spenders AS WITH per_customer AS \(SELECT customer_id, .*\), big \(cid, spent\) AS \(SELECT customer_id, total FROM per_customer WHERE total > 10\) SELECT c\.name AS name, .* FROM public\.shop_customers AS c JOIN big AS b ON b\.cid = c\.id JOIN per_customer AS p ON /,
     );
     expect(ctes?.parts?.map((p) => p.name)).toEqual(['per_customer', 'big']);
     // The statement as recorded defines the same transform again.
