@@ -80,7 +80,8 @@ const overAggregates: Definition = {
 const grandOverGroups: Definition = {
   form: 'as',
   target: 'buyers_summary',
-  select: 'count(*) AS buyers, sum(per.total) AS amount, max(per.n) AS most, min(d.customer_id) AS first',
+  select:
+    'count(*) AS buyers, sum(per.total) AS amount, max(per.n) AS most, min(d.customer_id) AS first',
   from: `(SELECT DISTINCT customer_id FROM shop_orders WHERE status IS NOT NULL) AS d
            JOIN (SELECT customer_id, count(*) AS n, sum(amount) AS total FROM shop_orders
                   GROUP BY customer_id) per ON per.customer_id = d.customer_id`,
@@ -96,7 +97,36 @@ const projectionCounted: Definition = {
   groupBy: "coalesce(s.status, 'none')",
 };
 
-const all = [q13, twoCtes, derivedJoined, overAggregates, grandOverGroups, projectionCounted];
+// Nesting: a derived table reading a WITH query of the statement around it (and carrying
+// the key of the table it joins, which it does not select), and three levels of aggregation.
+const nestedScope: Definition = {
+  form: 'as',
+  target: 'nested_scope',
+  with: 'per AS (SELECT customer_id, count(*) AS n FROM shop_orders GROUP BY customer_id)',
+  select: 'x.n, count(*) AS k, count(x.tier) AS tiered',
+  from: '(SELECT p.n, c.tier FROM per p JOIN shop_customers c ON c.id = p.customer_id) x',
+  groupBy: 'x.n',
+};
+const threeLevels: Definition = {
+  form: 'as',
+  target: 'three_levels',
+  select: 'z.m, count(*) AS spread',
+  from: `(SELECT y.n, count(*) AS m
+            FROM (SELECT customer_id, count(*) AS n FROM shop_orders GROUP BY customer_id) y
+           GROUP BY y.n) z`,
+  groupBy: 'z.m',
+};
+
+const all = [
+  q13,
+  twoCtes,
+  derivedJoined,
+  overAggregates,
+  grandOverGroups,
+  projectionCounted,
+  nestedScope,
+  threeLevels,
+];
 
 /** The writes of each step, every one followed by a comparison with the oracle. */
 const steps: string[] = [
@@ -140,7 +170,7 @@ describe('subqueries in FROM and WITH', () => {
       await live.db.sql.unsafe(step);
       await live.converged(all);
     }
-  });
+  }, 240_000);
 
   it('shows one transform: the statement as written, its parts under it', async () => {
     const defs = await live.trellis.definitions();
@@ -150,7 +180,11 @@ describe('subqueries in FROM and WITH', () => {
       "TRANSFORM q13 AS SELECT c_count AS c_count, count(*) AS custdist FROM (SELECT c_custkey, count(o_orderkey) FROM customer LEFT JOIN orders ON c_custkey = o_custkey AND o_comment NOT LIKE '%special%requests%' GROUP BY c_custkey) AS c_orders (c_custkey, c_count) GROUP BY c_count",
     );
     expect(q?.parts).toEqual([
-      expect.objectContaining({ name: 'c_orders', target: 'trellis#q13#c_orders', key: ['c_custkey'] }),
+      expect.objectContaining({
+        name: 'c_orders',
+        target: 'trellis#q13#c_orders',
+        key: ['c_custkey'],
+      }),
     ]);
     const ctes = defs.find((d) => d.target === 'big_spenders');
     expect(ctes?.statement).toMatch(

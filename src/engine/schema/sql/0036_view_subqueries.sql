@@ -638,6 +638,32 @@ BEGIN
 END
 $fn$;
 
+-- Whether an expression is one call of count() (with or without FILTER), which is never
+-- NULL: a part's column so made is declared NOT NULL, so that a GROUP BY of it around the
+-- part (an aggregate over an aggregate, TPC-H Q13's c_count) is a key that is never NULL.
+CREATE FUNCTION @schema@._is_count_call(expr text)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  toks @schema@.grammar_token[] := @schema@.grammar_tokenize(expr);
+  n int := array_length(toks, 1);
+  close_at int;
+BEGIN
+  IF NOT (@schema@.grammar_kw(toks[1], 'count') AND toks[2].kind = 'punct' AND toks[2].text = '(') THEN
+    RETURN false;
+  END IF;
+  close_at := @schema@._closing_token(toks, 2);
+  IF close_at IS NULL THEN
+    RETURN false;
+  END IF;
+  IF @schema@.grammar_kw(toks[close_at + 1], 'filter') THEN
+    close_at := @schema@._closing_token(toks, close_at + 2);
+  END IF;
+  RETURN close_at IS NOT NULL AND toks[close_at + 1].kind = 'eof' AND close_at + 1 = n;
+EXCEPTION WHEN SQLSTATE 'TRP01' THEN
+  RETURN false;
+END
+$fn$;
+
 -- Defines the parts of a view's AST (its WITH queries, then its derived tables, each
 -- after the parts inside it) as hidden transforms of `root`, and returns
 -- {ast: the AST with its FROM and JOIN items bound to their targets, ids: [part ids]}.
@@ -708,6 +734,14 @@ BEGIN
     PERFORM @schema@._define_one(sub, NULL);
     SELECT t.id, t.spec INTO part_id, spec FROM @schema@.transforms t
      WHERE t.target_schema = tschema AND t.target_name = hidden;
+    -- Its count() columns are never NULL: declared so, a GROUP BY of one around it is a key.
+    IF (spec->>'aggregates')::boolean THEN
+      FOR item IN SELECT c FROM jsonb_array_elements(spec->'columns') c
+                   WHERE NOT (c->>'is_key')::boolean AND c->>'type' = 'bigint'
+                     AND @schema@._is_count_call(c->>'expression') LOOP
+        EXECUTE format('ALTER TABLE %I.%I ALTER COLUMN %I SET NOT NULL', tschema, hidden, item->>'name');
+      END LOOP;
+    END IF;
     -- The statement around it reads the part's target as a source: by a key that is
     -- never NULL (a primary key).
     IF jsonb_array_length(spec->'key') = 0 THEN
