@@ -920,13 +920,23 @@ describe("the AS form: a view's SQL (ADR 0049)", () => {
 
   it('refuses what a view may hold and a transform may not (yet) as validation, where it starts', async () => {
     const cases: Array<[string, string, string]> = [
-      ['TRANSFORM t AS WITH x AS (SELECT 1) SELECT 1 FROM x', 'a WITH clause', 'WITH'],
+      [
+        'TRANSFORM t AS WITH RECURSIVE x AS (SELECT a FROM s) SELECT a FROM x',
+        'a recursive WITH clause',
+        'WITH',
+      ],
       [
         'TRANSFORM t AS SELECT a FROM s UNION SELECT a FROM u',
         'UNION is not supported yet',
         'UNION',
       ],
-      ['TRANSFORM t AS SELECT a FROM (SELECT 1 AS a) x', 'a subquery in FROM', '('],
+      ['TRANSFORM t AS SELECT a FROM (VALUES (1)) x', 'VALUES in FROM', '('],
+      ['TRANSFORM t AS SELECT a FROM (SELECT a FROM s)', 'a subquery in FROM needs an alias', '('],
+      [
+        'TRANSFORM t AS SELECT a FROM s JOIN LATERAL (SELECT a FROM u) x ON true',
+        'LATERAL',
+        'LATERAL',
+      ],
       ['TRANSFORM t AS SELECT a FROM s FULL JOIN u ON true', 'a FULL JOIN', 'FULL'],
       ['TRANSFORM t AS SELECT DISTINCT ON (a) a FROM s', 'DISTINCT ON', 'DISTINCT'],
       ['TRANSFORM t FROM s SELECT DISTINCT ON (a) a', 'DISTINCT ON', 'DISTINCT'],
@@ -942,6 +952,87 @@ describe("the AS form: a view's SQL (ADR 0049)", () => {
       expect({ statement, code: error.code }).toEqual({ statement, code: 'TRV01' });
       expect(error.message).toContain(fragment);
       expect(error.position, statement).toBe(at(statement, where));
+    }
+  });
+});
+
+describe('subqueries in FROM and WITH (ADR 0056)', () => {
+  /** The AST without the characters its parts start at (they move when rendered again). */
+  const withoutPositions = (value: Json): Json =>
+    Array.isArray(value)
+      ? value.map(withoutPositions)
+      : value !== null && typeof value === 'object'
+        ? Object.fromEntries(
+            Object.entries(value)
+              .filter(([k]) => k !== 'position')
+              .map(([k, v]) => [k, withoutPositions(v as Json)]),
+          )
+        : value;
+
+  it('parses derived tables and WITH queries into parts, marked on the items that read them', async () => {
+    const s =
+      'TRANSFORM q AS WITH w (k) AS (SELECT a FROM s) SELECT c_count, count(*) AS n ' +
+      'FROM (SELECT k, count(*) FROM w GROUP BY k) AS c (k, c_count) JOIN w ON w.k = c.k GROUP BY c_count';
+    const ast = withoutPositions((await parse(s)) as Json) as Ast;
+    expect(ast['from']).toEqual({
+      schema: null,
+      name: 'c',
+      alias: 'c',
+      part: 'c',
+      part_kind: 'derived',
+    });
+    expect(ast['joins']).toEqual([
+      {
+        type: 'inner',
+        schema: null,
+        name: 'w',
+        alias: null,
+        on: 'w.k = c.k',
+        part: 'w',
+        part_kind: 'cte',
+      },
+    ]);
+    const parts = ast['parts'] as Ast[];
+    expect(parts.map((p) => [p['name'], p['kind'], p['columns']])).toEqual([
+      ['w', 'cte', ['k']],
+      ['c', 'derived', ['k', 'c_count']],
+    ]);
+    // Inside the derived table, w is the WITH query.
+    expect((parts[1]?.['ast'] as Ast)['from']).toEqual({
+      schema: null,
+      name: 'w',
+      alias: null,
+      part: 'w',
+      part_kind: 'cte',
+    });
+  });
+
+  it('renders them as written, as a fixed point', async () => {
+    const cases: Array<[string, string]> = [
+      [
+        'TRANSFORM q13 AS SELECT c_count, count(*) AS custdist FROM (SELECT c_custkey, count(o_orderkey) ' +
+          'FROM customer LEFT OUTER JOIN orders ON c_custkey = o_custkey GROUP BY c_custkey) AS c_orders ' +
+          '(c_custkey, c_count) GROUP BY c_count ORDER BY custdist DESC, c_count DESC',
+        'TRANSFORM q13 AS SELECT c_count, count(*) AS custdist FROM (SELECT c_custkey, count(o_orderkey) ' +
+          'FROM customer LEFT JOIN orders ON c_custkey = o_custkey GROUP BY c_custkey) AS c_orders ' +
+          '(c_custkey, c_count) GROUP BY c_count',
+      ],
+      [
+        'transform t as with a (x) as materialized (select k from s), b as not materialized (select x from a) ' +
+          'select b.x from b join a on a.x = b.x without source index',
+        'TRANSFORM t AS WITH a (x) AS (SELECT k FROM s), b AS (SELECT x FROM a) SELECT b.x FROM b ' +
+          'JOIN a ON a.x = b.x WITHOUT SOURCE INDEX',
+      ],
+      [
+        'TRANSFORM t AS SELECT z.m FROM (SELECT y.n AS m FROM (SELECT DISTINCT n FROM s) y) z',
+        'TRANSFORM t AS SELECT z.m FROM (SELECT y.n AS m FROM (SELECT DISTINCT n FROM s) AS y) AS z',
+      ],
+    ];
+    for (const [statement, rendered] of cases) {
+      const { p1, r1, p2, r2 } = await roundTrip(statement);
+      expect(r1, statement).toBe(rendered);
+      expect(withoutPositions(p2 as Json)).toEqual(withoutPositions(p1 as Json));
+      expect(r2).toBe(r1);
     }
   });
 });

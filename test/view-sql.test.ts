@@ -238,8 +238,7 @@ describe('what the AS form refuses, by name', () => {
       'SELECT o.id FROM orders o JOIN customers c ON c.id = o.customer_id AND c.id IN (SELECT 1)',
       'a subquery in a join condition (ON)',
     ],
-    ['SELECT x.id FROM (SELECT id FROM orders) x', 'a subquery in FROM'],
-    ['WITH x AS (SELECT id FROM orders) SELECT id FROM x', 'a WITH clause'],
+    ['SELECT x.id FROM (SELECT id FROM orders)', 'a subquery in FROM needs an alias'],
     [
       'WITH RECURSIVE x(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM x) SELECT n FROM x',
       'a recursive WITH clause',
