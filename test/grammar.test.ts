@@ -998,7 +998,7 @@ describe('subqueries in FROM and WITH (ADR 0056)', () => {
       ['c', 'derived', ['k', 'c_count']],
     ]);
     // Inside the derived table, w is the WITH query.
-    expect((parts[1]?.['ast'] as Ast)['from']).toEqual({
+    expect((parts[1]?.['ast'] as Ast | undefined)?.['from']).toEqual({
       schema: null,
       name: 'w',
       alias: null,
