@@ -207,6 +207,21 @@ describe('subqueries in FROM and WITH', () => {
     expect((await live.trellis.status('q13')).status).toBe('live');
   });
 
+  it('alters the statement around its parts (ADD and DROP COLUMN), keeping them', async () => {
+    await live.trellis.apply('ALTER TRANSFORM q13 ADD COLUMN max(c_orders.c_custkey) AS top_key');
+    const altered: Definition = {
+      ...q13,
+      select: `${q13.select}, max(c_orders.c_custkey) AS top_key`,
+    };
+    await live.db.sql.unsafe(`INSERT INTO orders VALUES (200, 13, 'late'), (201, 12, NULL)`);
+    await live.converged(altered);
+    const q = (await live.trellis.definitions()).find((d) => d.target === 'q13');
+    expect(q?.statement).toContain('max(c_orders.c_custkey) AS top_key FROM (SELECT c_custkey,');
+    expect(q?.parts?.map((p) => p.target)).toEqual(['trellis#q13#c_orders']);
+    await live.trellis.apply('ALTER TRANSFORM q13 DROP COLUMN top_key');
+    await live.converged(q13);
+  });
+
   it('drops the parts with the transform, and a part only with it', async () => {
     const refused = await live.trellis
       .apply('DROP TRANSFORM "trellis#big_spenders#big"')
