@@ -222,6 +222,25 @@ describe('subqueries in FROM and WITH', () => {
     await live.converged(q13);
   });
 
+  it('defines the parts again from a dump, whose tables of their names it builds again', async () => {
+    const [dumped] = await live.db.sql<{ statement: string; search_path: string }[]>`
+      SELECT statement, search_path FROM trellis.transforms WHERE target_name = 'q13'`;
+    await live.trellis.apply('DROP TRANSFORM q13');
+    // What a schema-only dump loads before its definitions: the targets, parts' included.
+    await live.db.sql.unsafe(`
+      CREATE TABLE q13 (c_count bigint, custdist bigint);
+      CREATE TABLE "trellis#q13#c_orders" (c_custkey int PRIMARY KEY, c_count bigint);`);
+    await live.db
+      .sql`SELECT trellis.restore_definition(${dumped!.statement}, ${dumped!.search_path})`;
+    await live.trellis.awaitConverged('q13', await live.trellis.watermarkToken(), {
+      timeoutMs: 25_000,
+    });
+    await live.converged(q13);
+    const q = (await live.trellis.definitions()).find((d) => d.target === 'q13');
+    expect(q?.statement).toBe(dumped!.statement);
+    expect(q?.parts?.map((p) => p.target)).toEqual(['trellis#q13#c_orders']);
+  });
+
   it('drops the parts with the transform, and a part only with it', async () => {
     const refused = await live.trellis
       .apply('DROP TRANSFORM "trellis#big_spenders#big"')
