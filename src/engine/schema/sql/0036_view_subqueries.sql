@@ -740,6 +740,13 @@ BEGIN
                    WHERE NOT (c->>'is_key')::boolean AND c->>'type' = 'bigint'
                      AND @schema@._is_count_call(c->>'expression') LOOP
         EXECUTE format('ALTER TABLE %I.%I ALTER COLUMN %I SET NOT NULL', tschema, hidden, item->>'name');
+        -- Recorded in its spec too: a target made again from it (a halt's repair) says so.
+        UPDATE @schema@.transforms t
+           SET spec = jsonb_set(t.spec, '{columns}', (
+                 SELECT jsonb_agg(CASE WHEN c->>'name' = item->>'name'
+                                       THEN c || '{"notnull": true}' ELSE c END ORDER BY o)
+                   FROM jsonb_array_elements(t.spec->'columns') WITH ORDINALITY AS x(c, o)))
+         WHERE t.id = part_id;
       END LOOP;
     END IF;
     -- The statement around it reads the part's target as a source: by a key that is
