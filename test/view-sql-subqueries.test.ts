@@ -186,6 +186,10 @@ describe('subqueries in FROM and WITH', () => {
         key: ['c_custkey'],
       }),
     ]);
+    // The part's own source index gaps: orders is found by o_custkey, which has no index.
+    expect(q?.parts?.[0]?.sourceIndexGaps).toEqual([
+      expect.objectContaining({ table: 'public.orders', columns: ['o_custkey'], optedOut: false }),
+    ]);
     const ctes = defs.find((d) => d.target === 'big_spenders');
     expect(ctes?.statement).toMatch(
       /^TRANSFORM big_spenders AS WITH per_customer AS \(SELECT customer_id, .*\), big \(cid, spent\) AS \(SELECT customer_id, total FROM per_customer WHERE total > 10\) SELECT c\.name AS name, .* FROM public\.shop_customers AS c JOIN big AS b ON b\.cid = c\.id JOIN per_customer AS p ON /,

@@ -1,5 +1,6 @@
 import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
+import type { SourceIndexGap } from './status-types.js';
 
 /** A column of a transform's target. */
 export interface DefinitionColumn {
@@ -68,6 +69,12 @@ export interface DefinitionPart {
   /** The key its rows are read by. */
   key: string[];
   maintenance: Maintenance;
+  /**
+   * The source indexes its changes are found by and the sources lack, as
+   * `status().sourceIndexGaps` lists a transform's (a part has no status of its own in
+   * `trellis status`).
+   */
+  sourceIndexGaps: SourceIndexGap[];
 }
 
 /** A registered transform definition, as `definitions()` lists it. */

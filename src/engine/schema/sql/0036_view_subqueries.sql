@@ -871,7 +871,7 @@ $fn$;
 
 -- 0036: definitions() as in 0026, without the parts of a transform as transforms of their
 -- own: each transform with parts lists them (parts: [{name, target, statement, key,
--- maintenance}], in the order they were defined).
+-- maintenance, sourceIndexGaps}], in the order they were defined).
 CREATE OR REPLACE FUNCTION @schema@.definitions()
 RETURNS SETOF jsonb LANGUAGE sql STABLE AS $fn$
   SELECT jsonb_build_object(
@@ -905,7 +905,14 @@ RETURNS SETOF jsonb LANGUAGE sql STABLE AS $fn$
                          'name', p.part_name, 'target', p.target_name, 'statement', p.statement,
                          'key', to_jsonb(ARRAY(SELECT c.name::text FROM @schema@.transform_columns c
                                                 WHERE c.transform_id = p.id AND c.is_key ORDER BY c.ordinal)),
-                         'maintenance', @schema@._maintenance(p.aggregates, p.delta))
+                         'maintenance', @schema@._maintenance(p.aggregates, p.delta),
+                         -- The source indexes its changes are found by, as status() shows a
+                         -- transform's: a part has no status() of its own in the lists.
+                         'sourceIndexGaps', (
+                           SELECT coalesce(jsonb_agg(jsonb_build_object(
+                                    'table', g->'table', 'columns', g->'columns', 'role', g->'role',
+                                    'optedOut', g->'opted_out', 'fix', g->'fix')), '[]')
+                             FROM jsonb_array_elements(@schema@.source_index_gaps(p.id)) g))
                        ORDER BY p.id)
                   FROM @schema@.transforms p WHERE p.part_of = t.id))
               ELSE '{}'::jsonb END
