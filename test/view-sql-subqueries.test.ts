@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { TrellisError } from '../src/engine/index.js';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
+import { waitFor, waitForStatus } from './support/trellis.js';
 
 // Subqueries in FROM and WITH in a view's SQL (issue #26, ADR 0056): each derived table and
 // WITH query is a hidden part (a chained transform), and the statement around it reads its
@@ -243,6 +244,28 @@ describe('subqueries in FROM and WITH', () => {
     const q = (await live.trellis.definitions()).find((d) => d.target === 'q13');
     expect(q?.statement).toBe(dumped!.statement);
     expect(q?.parts?.map((p) => p.target)).toEqual(['trellis#q13#c_orders']);
+  });
+
+  it('follows a source renamed under a part: the statement shows it, and defines the same again', async () => {
+    await live.db.sql.unsafe('ALTER TABLE customer RENAME TO customer_renamed');
+    const statement = async () =>
+      (await live.trellis.definitions()).find((d) => d.target === 'q13')?.statement ?? '';
+    await waitFor(
+      async () => (await statement()).includes('customer_renamed'),
+      'the rename in the statement',
+    );
+    const renamed: Definition = {
+      ...q13,
+      from: q13.from.replace('FROM customer ', 'FROM customer_renamed '),
+    };
+    await live.db.sql.unsafe(`INSERT INTO customer_renamed VALUES (30, 'x'), (31, NULL)`);
+    await live.converged(renamed);
+    const shown = await statement();
+    await live.trellis.apply('DROP TRANSFORM q13');
+    await live.trellis.apply(shown);
+    await waitForStatus(live.trellis, 'q13', 'live');
+    await live.converged(renamed);
+    expect(await statement()).toBe(shown);
   });
 
   it('drops the parts with the transform, and a part only with it', async () => {

@@ -920,3 +920,49 @@ RETURNS SETOF jsonb LANGUAGE sql STABLE AS $fn$
    WHERE t.part_of IS NULL
    ORDER BY t.target_name
 $fn$;
+
+-- A part's definition changed in place (a source or column rename followed, ADR 0047; a
+-- RESUME that bound it again): the transform's own statement shows the part as it is now.
+-- The part's AST (its parts inside it kept as the transform records them) replaces the
+-- one the transform recorded for it, and the statement is rendered again.
+CREATE FUNCTION @schema@._follow_part()
+RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE
+  root @schema@.transforms;
+  nm text;
+  idx int;
+  path text[] := ARRAY['ast'];
+  cur jsonb;
+  new_ast jsonb;
+  new_spec jsonb;
+BEGIN
+  SELECT * INTO root FROM @schema@.transforms WHERE id = NEW.part_of;
+  IF NOT FOUND OR NEW.part_name IS NULL THEN
+    RETURN NULL;
+  END IF;
+  FOREACH nm IN ARRAY string_to_array(NEW.part_name, '.') LOOP
+    SELECT o::int - 1 INTO idx
+      FROM jsonb_array_elements(coalesce(root.spec #> (path || 'parts'::text), '[]')) WITH ORDINALITY AS x(p, o)
+     WHERE p->>'name' = nm LIMIT 1;
+    IF idx IS NULL THEN
+      RETURN NULL;
+    END IF;
+    path := path || ARRAY['parts', idx::text, 'ast'];
+  END LOOP;
+  cur := root.spec #> path;
+  new_ast := (NEW.spec->'ast') - 'target' - 'without_source_index' - 'without_row_security' - 'parts'
+    || CASE WHEN cur ? 'parts' THEN jsonb_build_object('parts', cur->'parts') ELSE '{}' END;
+  IF new_ast = cur THEN
+    RETURN NULL;
+  END IF;
+  new_spec := jsonb_set(root.spec, path, new_ast);
+  UPDATE @schema@.transforms
+     SET spec = new_spec, statement = @schema@.render_statement(new_spec->'ast'), updated_at = now()
+   WHERE id = root.id;
+  RETURN NULL;
+END
+$fn$;
+
+CREATE TRIGGER follow_part AFTER UPDATE OF spec ON @schema@.transforms
+  FOR EACH ROW WHEN (NEW.part_of IS NOT NULL AND NEW.spec IS DISTINCT FROM OLD.spec)
+  EXECUTE FUNCTION @schema@._follow_part();
