@@ -15,7 +15,8 @@
 -- statements without parts): _define -> _define_one, _drop -> _drop_one.
 -- Replaced (their latest bodies copied, each change marked "0036"): grammar_parse_view
 -- (0028; now a wrapper of a four-argument form taking the WITH queries in scope),
--- render_statement (0028), definitions() (0026).
+-- render_statement (0028), definitions() (0026). A trigger on transforms (follow_part)
+-- carries a part's definition changed in place into its transform's statement.
 
 ALTER FUNCTION @schema@._define(jsonb, text) RENAME TO _define_one;
 ALTER FUNCTION @schema@._drop(jsonb) RENAME TO _drop_one;
