@@ -42,6 +42,19 @@ const TOTALS: Definition = {
   groupBy: 'g',
   having: 'count(*) > 1',
 };
+/** Recomputed by group (a DISTINCT aggregate): target and key map in one statement. */
+const KINDS: Definition = {
+  target: 'bs_kinds',
+  from: 'bs_items',
+  select: 'g, count(DISTINCT q) AS kinds, sum(v) AS total',
+  groupBy: 'g',
+};
+/** A grand total recomputed whole: no key map. */
+const OVERALL: Definition = {
+  target: 'bs_overall',
+  from: 'bs_items',
+  select: 'count(DISTINCT g) AS groups, count(*) AS n',
+};
 const PROJECTED: Definition = {
   target: 'bs_projected',
   from: 'bs_items',
@@ -58,14 +71,20 @@ describe('a build at CREATE TABLE AS speed', () => {
                CASE i % 3 WHEN 0 THEN 1.0 WHEN 1 THEN 1.00 ELSE NULL END * i, i % 17
           FROM generate_series(1, 30000) i;
       ANALYZE bs_items;`);
-    await live.define(TOTALS, PROJECTED);
-    await live.converged([TOTALS, PROJECTED]);
+    await live.define(TOTALS, KINDS, OVERALL, PROJECTED);
+    await live.converged([TOTALS, KINDS, OVERALL, PROJECTED]);
     expect(
       (await live.trellis.definitions()).find((d) => d.target === TOTALS.target)?.maintenance,
     ).toMatchObject({ mode: 'delta' });
-    for (const target of [TOTALS.target, PROJECTED.target]) {
+    const tablesOf = {
+      [TOTALS.target]: 3,
+      [KINDS.target]: 2,
+      [OVERALL.target]: 1,
+      [PROJECTED.target]: 1,
+    };
+    for (const [target, count] of Object.entries(tablesOf)) {
       const tables = await builtTables(target);
-      expect(tables.length).toBe(target === TOTALS.target ? 3 : 1);
+      expect(tables.length, target).toBe(count);
       for (const t of tables) {
         // Every table's size is known (no table taken for the empty one it was), and every
         // column the drain looks rows up by without a unique index has statistics.
@@ -79,7 +98,7 @@ describe('a build at CREATE TABLE AS speed', () => {
       UPDATE bs_items SET q = 13 WHERE id % 23 = 0;
       DELETE FROM bs_items WHERE id % 31 = 0;
       INSERT INTO bs_items SELECT i, i % 7, 2.50, NULL FROM generate_series(40001, 40100) i;`);
-    await live.converged([TOTALS, PROJECTED]);
+    await live.converged([TOTALS, KINDS, OVERALL, PROJECTED]);
   });
 
   it('builds a GROUP BY kept by delta while writers move rows between groups, and it equals its definition', async () => {

@@ -73,6 +73,7 @@ export function watchDrainWork(sql: postgres.Sql, applicationName: string): () =
          WHERE application_name = ${applicationName} AND xact_start IS NOT NULL
            AND state IN ('active', 'idle in transaction')
            AND (query LIKE 'WITH changed%' OR query LIKE '%pages%' OR query LIKE 'WITH mapped%'
+                OR query LIKE 'WITH filled%'
                 -- A build's fill: into a target, or a key map.
                 OR (query LIKE 'INSERT INTO %' AND query NOT LIKE 'INSERT INTO "trellis".%')
                 OR query LIKE 'INSERT INTO "trellis"."map_%')`;

@@ -269,19 +269,22 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
 
 /**
  * Fills a GROUP BY target, its key map and (kept by delta) its group states: one statement
- * (groupsFillSql), or three in order (deltaFillStatements). Returns the join rows mapped.
+ * (groupsFillSql), or three in order (deltaFillStatements). Returns the join rows mapped
+ * (0 without a key map).
  */
 async function fillGroups(session: Session, plan: TransformPlan): Promise<number> {
-  if (!plan.delta) {
-    const [filled] = await session.query<{ rows: number }>(groupsFillSql(plan));
-    return filled?.rows ?? 0;
+  let mapped: unknown;
+  if (plan.delta) {
+    const [map, states, target] = deltaFillStatements(plan);
+    mapped = await session.query(map);
+    await session.query(states);
+    await session.query(target);
+  } else {
+    mapped = await session.query(groupsFillSql(plan));
+    if (!plan.mapSql) return 0;
   }
-  const [map, states, target] = deltaFillStatements(plan);
-  const mapped = await session.query(map);
-  await session.query(states);
-  await session.query(target);
-  // The command's row count (postgres.js sets it on the result).
-  return (mapped as unknown as { count?: number }).count ?? 0;
+  // The key map's INSERT's row count (postgres.js sets it on the result).
+  return (mapped as { count?: number }).count ?? 0;
 }
 
 /** The next chunk of REPAIR_ROWS driving keys after `position`: its end (null: the last chunk) and size. */
