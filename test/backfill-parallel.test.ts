@@ -133,7 +133,7 @@ describe('builds filled by several drain loops', { timeout: 180_000 }, () => {
           const [row] = await db.sql<{ n: number }[]>`
             SELECT count(*)::int AS n FROM pg_stat_activity
              WHERE application_name = 'doomed:worker' AND state = 'active'
-               AND query LIKE 'WITH %filled AS%'`;
+               AND query LIKE ${`INSERT INTO %${PROJECTION.target} (%`}`;
           return (row?.n ?? 0) > 0;
         },
         'a chunk being filled by the doomed process',

@@ -122,7 +122,8 @@ describe('crashes in the middle of a build or a capture install', { timeout: 120
         async () => {
           const [row] = await db.sql<{ keyless: boolean }[]>`
             SELECT p.deferred_ddl IS NOT NULL AS keyless FROM trellis.pipeline p`;
-          return row?.keyless === true && (await busyWith(db, 'doomed:worker', 'WITH filled%')) > 0;
+          const filling = `INSERT INTO %${DEFINITIONS[0]!.target} (%`;
+          return row?.keyless === true && (await busyWith(db, 'doomed:worker', filling)) > 0;
         },
         'a chunk being filled into a target without its key',
         60_000,

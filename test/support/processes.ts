@@ -72,8 +72,11 @@ export function watchDrainWork(sql: postgres.Sql, applicationName: string): () =
         SELECT count(*)::int AS n FROM pg_stat_activity
          WHERE application_name = ${applicationName} AND xact_start IS NOT NULL
            AND state IN ('active', 'idle in transaction')
-           AND (query LIKE 'WITH changed%' OR query LIKE '%pages%' OR query LIKE 'WITH filled%'
-                OR query LIKE 'WITH mapped%')`;
+           AND (query LIKE 'WITH changed%' OR query LIKE '%pages%' OR query LIKE 'WITH mapped%'
+                OR query LIKE 'WITH filled%'
+                -- A build's fill: into a target, or a key map.
+                OR (query LIKE 'INSERT INTO %' AND query NOT LIKE 'INSERT INTO "trellis".%')
+                OR query LIKE 'INSERT INTO "trellis"."map_%')`;
       if ((row?.n ?? 0) > 0) seen = true;
       else await new Promise((resolve) => setTimeout(resolve, 10));
     }

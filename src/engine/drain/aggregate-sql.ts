@@ -485,8 +485,10 @@ SELECT (SELECT count(*) FROM upserted)::int AS upserted, (SELECT count(*) FROM r
  * query, and the key map filled in the same statement. One statement, one snapshot: the
  * map must name every group the target holds, as it was when the target was computed. (A
  * map filled in earlier chunks would name the groups of older states: a group the target
- * got from a later state, and that changed again, would never be re-derived away.)
- * Returns the join rows mapped as `rows`.
+ * got from a later state, and that changed again, would never be re-derived away.) The
+ * target is filled by a data-modifying CTE (run whether or not it is read) and the key map
+ * by the statement itself, whose row count is the join rows mapped: nothing is returned,
+ * so no row is kept in a tuple store (ADR 0050).
  */
 export function groupsFillSql(plan: TransformPlan): string {
   const written = writtenColumns(plan);
@@ -495,20 +497,15 @@ export function groupsFillSql(plan: TransformPlan): string {
     FROM ${plan.fromSql}${plan.where ? `\n   WHERE (${plan.where})` : ''}${
       plan.groupBy.length ? `\n   GROUP BY ${list(plan.groupBy)}` : ''
     }${having(plan)}`;
-  if (!plan.mapSql) return `WITH filled AS (${fill} RETURNING 1) SELECT 0 AS rows`;
+  if (!plan.mapSql) return fill;
   const mapColumns = [
     ...plan.sources.flatMap((s) => mapKeys(s)),
     ...plan.groups.map((_, i) => mapGroup(i + 1)),
     'passes',
   ];
-  return `WITH mapped AS (
-  INSERT INTO ${plan.mapSql} (${list(mapColumns)})
-  ${mapRows(plan, null)}
-  RETURNING 1
-),
-filled AS (
+  return `WITH filled AS (
   ${fill}
-  RETURNING 1
 )
-SELECT (SELECT count(*) FROM mapped)::int AS rows, (SELECT count(*) FROM filled)::int AS groups`;
+INSERT INTO ${plan.mapSql} (${list(mapColumns)})
+  ${mapRows(plan, null)}`;
 }

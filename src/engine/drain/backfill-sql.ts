@@ -74,7 +74,9 @@ export function chunkEndSql(plan: TransformPlan): string {
 
 /**
  * Fills the target for driving keys after `$1` up to and including `$2` (either NULL for
- * an open end). A plain INSERT: the target is empty for what it has not yet filled.
+ * an open end). A plain INSERT: the target is empty for what it has not yet filled. Nothing
+ * is returned (the rows were counted when the chunks were planned): a RETURNING, even
+ * counted, keeps every row written in a tuple store, spilled to disk past work_mem.
  */
 export function backfillChunkSql(plan: TransformPlan): string {
   const driving = plan.sources[0]!;
@@ -84,26 +86,22 @@ export function backfillChunkSql(plan: TransformPlan): string {
   const inChunk = `($1::text[] IS NULL OR ${keys} > ${bound('$1')})
      AND ($2::text[] IS NULL OR ${keys} <= ${bound('$2')})`;
   // A join with a WHERE fills its key map with every join row of the chunk, in the same
-  // statement (one snapshot): see mapReplaced in rederive-sql.ts.
+  // statement (one snapshot): see mapReplaced in rederive-sql.ts. A data-modifying CTE runs
+  // whether or not the statement reads it.
   const mapped =
     plan.mapKind === 'rows'
-      ? `mapped AS (
+      ? `WITH mapped AS (
   INSERT INTO ${plan.mapSql} (${list(plan.sources.flatMap((s) => mapKeys(s)))})
   SELECT ${list(plan.sources.flatMap((s) => s.keyColumns.map((k) => col(s.alias, k))))}
     FROM ${plan.fromSql}
    WHERE ${inChunk}
-  RETURNING 1
-),
+)
 `
       : '';
-  return `WITH ${mapped}filled AS (
-  INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
+  return `${mapped}INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
   SELECT ${selectList(plan)}
     FROM ${plan.fromSql}
-   WHERE ${restrictedWhere(inChunk, plan.where)}
-  RETURNING 1
-)
-SELECT count(*)::int AS rows${mapped ? ', (SELECT count(*) FROM mapped)::int AS mapped' : ''} FROM filled`;
+   WHERE ${restrictedWhere(inChunk, plan.where)}`;
 }
 
 /** How many driving rows lie after `$1` (the last, short, chunk counts its own). */

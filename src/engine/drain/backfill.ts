@@ -13,7 +13,7 @@ import {
   planChunks,
   shrinkChunk,
 } from './build-chunks.js';
-import { deltaFillSql } from './delta-sql.js';
+import { deltaFillStatements } from './delta-sql.js';
 import { loadPlan, type TransformPlan } from './plan.js';
 import type { PlanCache } from './plan-cache.js';
 import { backoffMs, isRowError } from './row-errors.js';
@@ -209,10 +209,7 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
       } else if (stage === 'groups') {
         try {
           await session.query('SAVEPOINT trellis_groups');
-          const [filled] = await session.query<{ rows: number }>(
-            plan.delta ? deltaFillSql(plan) : groupsFillSql(plan),
-          );
-          step = { upto: null, rows: filled?.rows ?? 0 };
+          step = { upto: null, rows: await fillGroups(session, plan) };
           await session.query('RELEASE SAVEPOINT trellis_groups');
           done = true;
         } catch (error) {
@@ -237,8 +234,8 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
         return true;
       }
       if (done) {
-        await restoreIndexes(session, schema, claim.transform_id);
-        await analyzeBuilt(session, plan);
+        const indexed = await restoreIndexes(session, schema, claim.transform_id);
+        await analyzeBuilt(session, plan, indexed);
       }
       await session.query(
         `UPDATE ${s}.pipeline
@@ -268,6 +265,26 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
     }
     return true;
   });
+}
+
+/**
+ * Fills a GROUP BY target, its key map and (kept by delta) its group states: one statement
+ * (groupsFillSql), or three in order (deltaFillStatements). Returns the join rows mapped
+ * (0 without a key map).
+ */
+async function fillGroups(session: Session, plan: TransformPlan): Promise<number> {
+  let mapped: unknown;
+  if (plan.delta) {
+    const [map, states, target] = deltaFillStatements(plan);
+    mapped = await session.query(map);
+    await session.query(states);
+    await session.query(target);
+  } else {
+    mapped = await session.query(groupsFillSql(plan));
+    if (!plan.mapSql) return 0;
+  }
+  // The key map's INSERT's row count (postgres.js sets it on the result).
+  return (mapped as { count?: number }).count ?? 0;
 }
 
 /** The next chunk of REPAIR_ROWS driving keys after `position`: its end (null: the last chunk) and size. */
@@ -359,34 +376,74 @@ async function deferIndexes(
   );
 }
 
-/** Re-creates what deferIndexes dropped (nothing when nothing was). */
+/** Re-creates what deferIndexes dropped (nothing when nothing was). Returns whether it did. */
 async function restoreIndexes(
   session: Session,
   schema: string,
   transformId: number,
-): Promise<void> {
+): Promise<boolean> {
   const s = quoteIdent(schema);
   const [row] = await session.query<{ ddl: string[] | null }>(
     `SELECT deferred_ddl AS ddl FROM ${s}.pipeline WHERE transform_id = $1`,
     [transformId],
   );
-  if (!row?.ddl) return;
+  if (!row?.ddl) return false;
   for (const ddl of row.ddl) await session.query(ddl);
   await session.query(`UPDATE ${s}.pipeline SET deferred_ddl = NULL WHERE transform_id = $1`, [
     transformId,
   ]);
+  return true;
 }
 
 /**
- * Statistics for a freshly built target and key map: until autovacuum gets to them, the
- * planner would take them for the empty tables they were, and re-derive groups by
- * reading whole source tables. (A role that does not own them gets a warning, not an
- * error, and autovacuum does it later.)
+ * Statistics for a freshly built target, key map and group states: until autovacuum gets
+ * to them, the planner would take them for the empty tables they were, and re-derive
+ * groups by reading whole source tables. (A role that does not own them gets a warning,
+ * not an error, and autovacuum does it later.)
+ *
+ * When this step built their indexes (`indexed`: deferred at the start of the build), each
+ * index build has already set its table's row and page counts (pg_class.reltuples,
+ * relpages), which is what the planner and the apply choice (apply-choice.ts) size tables
+ * by; a lookup through a unique index is estimated at one row without any statistics. So
+ * only the columns of indexes that are not unique are analysed (the key map's source keys,
+ * a join target's joined keys, an index of the user's): without their statistics the
+ * planner takes a value for 0.5% of the table and may scan the whole key map for a few
+ * changed keys. The rest is left to autovacuum, which analyses the tables in full soon
+ * after (an ANALYZE of some columns does not reset the count of rows changed since the
+ * last one). ANALYZE samples up to 30,000 rows, and was 5–10% of a build (ADR 0050).
+ * Otherwise (the target kept its key because another transform reads it, or a repair put
+ * the indexes back earlier) the tables are analysed in full: their counts may be stale.
  */
-async function analyzeBuilt(session: Session, plan: TransformPlan): Promise<void> {
-  await session.query(`ANALYZE ${plan.targetSql}`);
-  if (plan.mapSql) await session.query(`ANALYZE ${plan.mapSql}`);
-  if (plan.delta) await session.query(`ANALYZE ${plan.delta.statesSql}`);
+async function analyzeBuilt(
+  session: Session,
+  plan: TransformPlan,
+  indexed: boolean,
+): Promise<void> {
+  const tables = [
+    plan.targetSql,
+    ...(plan.mapSql ? [plan.mapSql] : []),
+    ...(plan.delta ? [plan.delta.statesSql] : []),
+  ];
+  if (!indexed) {
+    for (const table of tables) await session.query(`ANALYZE ${table}`);
+    return;
+  }
+  // Per table: the columns of its indexes that are not unique (NULL for an expression index:
+  // the whole table then).
+  const looked = await session.query<{ table: string; columns: string[] | null }>(
+    `SELECT t.tbl AS table,
+            CASE WHEN bool_or(0 = ANY (i.indkey::int2[])) THEN NULL
+                 ELSE array_agg(DISTINCT a.attname::text) END AS columns
+       FROM unnest($1::text[]) AS t(tbl)
+       JOIN pg_index i ON i.indrelid = t.tbl::regclass AND NOT i.indisunique
+       LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey::int2[])
+      GROUP BY t.tbl`,
+    [tables],
+  );
+  for (const { table, columns } of looked) {
+    const only = columns ? ` (${columns.map((c) => quoteIdent(c)).join(', ')})` : '';
+    await session.query(`ANALYZE ${table}${only}`);
+  }
 }
 
 /** Stage 'repair': re-derives one chunk of driving keys through the bisecting path. */

@@ -537,33 +537,33 @@ SELECT (SELECT count(*) FROM affected)::int AS keys,
 }
 
 /**
- * Build of a transform kept by delta (stage 'groups'): the key map filled from the
- * sources, every group's state folded from it, and the target computed from the states,
- * in one statement (one snapshot). Returns the join rows mapped as `rows`.
+ * Build of a transform kept by delta (stage 'groups'), as three statements run in order in
+ * one transaction: the key map filled from the sources (the only one to read them: one
+ * snapshot), every group's state folded from the key map just written, and the target
+ * computed from the states. State = fold(map) and target = finalised states hold by
+ * construction, whatever the sources did between the statements; the first statement's
+ * row count is the join rows mapped. Three statements rather than one with RETURNING
+ * CTEs: a data-modifying CTE's rows are kept in a tuple store (spilled to disk past
+ * work_mem) and read again, where the key map, written and still in shared buffers, is read
+ * once by a plain scan (ADR 0050).
  */
-export function deltaFillSql(plan: TransformPlan): string {
+export function deltaFillStatements(
+  plan: TransformPlan,
+): [map: string, states: string, target: string] {
   const d = delta(plan);
   const gcols = groupCols(plan);
   const states = stateColumns(plan);
   const written = writtenColumns(plan);
-  return `WITH mapped AS (
-  INSERT INTO ${plan.mapSql} (${list(mapColumns(plan))})
-  ${mapRows(plan, null)}
-  RETURNING ${list([...gcols, 'passes', ...d.inputs.map((_, i) => input(i + 1))])}
-),
-states AS (
-  INSERT INTO ${d.statesSql} (${list(states.map((c) => c.name))})
+  return [
+    `INSERT INTO ${plan.mapSql} (${list(mapColumns(plan))})
+  ${mapRows(plan, null)}`,
+    `INSERT INTO ${d.statesSql} (${list(states.map((c) => c.name))})
   SELECT ${list([...gcols, ...foldRows(plan)])}
-    FROM ${withScaleWindows(plan, '(SELECT * FROM mapped WHERE passes)')} rows
-   ${groupBy(gcols)}
-  RETURNING *
-),
-filled AS (
-  INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
-  ${targetRows(plan, 'states', gcols.length ? 'x.n > 0' : null)}
-  RETURNING 1
-)
-SELECT (SELECT count(*) FROM mapped)::int AS rows, (SELECT count(*) FROM filled)::int AS groups`;
+    FROM ${withScaleWindows(plan, `(SELECT * FROM ${plan.mapSql} WHERE passes)`)} rows
+   ${groupBy(gcols)}`,
+    `INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
+  ${targetRows(plan, d.statesSql, gcols.length ? 'x.n > 0' : null)}`,
+  ];
 }
 
 /**

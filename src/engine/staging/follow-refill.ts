@@ -1,7 +1,7 @@
 import type { Session } from '../db/session.js';
 import { groupsFillSql } from '../drain/aggregate-sql.js';
 import { backfillChunkSql } from '../drain/backfill-sql.js';
-import { deltaFillSql } from '../drain/delta-sql.js';
+import { deltaFillStatements } from '../drain/delta-sql.js';
 import { loadPlan, type TransformPlan } from '../drain/plan.js';
 import { isRowError } from '../drain/row-errors.js';
 import { keyMatch, q, upsert } from '../drain/sql-parts.js';
@@ -113,8 +113,10 @@ async function rederiveWhole(session: Session, plan: TransformPlan): Promise<voi
     `CREATE TEMP TABLE ${q('trellis#refill')} (LIKE ${plan.targetSql}) ON COMMIT DROP`,
   );
   const into: TransformPlan = { ...plan, targetSql: scratch };
-  if (plan.aggregates) {
-    await session.query(plan.delta ? deltaFillSql(into) : groupsFillSql(into));
+  if (plan.delta) {
+    for (const statement of deltaFillStatements(into)) await session.query(statement);
+  } else if (plan.aggregates) {
+    await session.query(groupsFillSql(into));
   } else {
     await session.query(backfillChunkSql(into), [null, null]);
   }
