@@ -14,27 +14,38 @@
 --
 -- A join fans out unless each joined source is joined on its whole key by equalities
 -- (then each row of the FROM table joins at most one row of each: the join-row map is no
--- bigger than the FROM table, and kept as before).
+-- bigger than the FROM table, and kept as before), or all but one are and that one is
+-- joined on the FROM table's whole key (one join row per row of it).
 
--- Whether a joined source of `spec` may join more than one row to a row of the sources
--- before it: one of its key columns is not equated (a bare `=`) with a column of another
--- source in its join condition. (An equality under an OR counts: the map is then kept per
--- join row, as before; never wrong, only bigger.)
+-- Whether the join condition of source `s` (an entry of spec.sources) equates every key
+-- column of source `keyed` with a column of another source (a bare `=`; one under an OR
+-- counts too, which only keeps a bigger map than needed, never a wrong one).
+CREATE FUNCTION @schema@._joined_on_key(spec jsonb, s jsonb, keyed jsonb)
+RETURNS boolean LANGUAGE sql STABLE AS $fn$
+  SELECT NOT EXISTS (
+    SELECT 1 FROM jsonb_array_elements_text(keyed->'key_columns') k
+     WHERE NOT EXISTS (
+       SELECT 1 FROM jsonb_array_elements(coalesce(spec->'joins', '[]')) e
+         JOIN pg_attribute a ON a.attrelid = (keyed->>'oid')::oid AND a.attname = k
+        WHERE (e->>'join')::int = (s->>'ordinal')::int
+          AND (((e->>'left')::int = (keyed->>'ordinal')::int AND (e->>'left_attnum')::int = a.attnum
+                AND (e->>'right')::int <> (keyed->>'ordinal')::int)
+            OR ((e->>'right')::int = (keyed->>'ordinal')::int AND (e->>'right_attnum')::int = a.attnum
+                AND (e->>'left')::int <> (keyed->>'ordinal')::int))))
+$fn$;
+
+-- Whether the join of `spec` can have more rows than its largest source: unless every
+-- joined source is joined on its whole key (each row before it meets at most one of its
+-- rows), or all but one are and that one is joined on the whole key of the FROM table
+-- (orders JOIN lineitem ON l_orderkey = o_orderkey: one join row per lineitem).
 CREATE FUNCTION @schema@._join_fans_out(spec jsonb)
 RETURNS boolean LANGUAGE sql STABLE AS $fn$
-  SELECT EXISTS (
-    SELECT 1 FROM jsonb_array_elements(spec->'sources') s
-     WHERE (s->>'ordinal')::int > 0
-       AND EXISTS (
-         SELECT 1 FROM jsonb_array_elements_text(s->'key_columns') k
-          WHERE NOT EXISTS (
-            SELECT 1 FROM jsonb_array_elements(coalesce(spec->'joins', '[]')) e
-              JOIN pg_attribute a ON a.attrelid = (s->>'oid')::oid AND a.attname = k
-             WHERE (e->>'join')::int = (s->>'ordinal')::int
-               AND (((e->>'left')::int = (s->>'ordinal')::int AND (e->>'left_attnum')::int = a.attnum
-                     AND (e->>'right')::int <> (s->>'ordinal')::int)
-                 OR ((e->>'right')::int = (s->>'ordinal')::int AND (e->>'right_attnum')::int = a.attnum
-                     AND (e->>'left')::int <> (s->>'ordinal')::int)))))
+  WITH unkeyed AS (
+    SELECT s FROM jsonb_array_elements(spec->'sources') s
+     WHERE (s->>'ordinal')::int > 0 AND NOT @schema@._joined_on_key(spec, s, s))
+  SELECT (SELECT count(*) FROM unkeyed) > 1
+      OR coalesce((SELECT bool_or(NOT @schema@._joined_on_key(spec, u.s, spec->'sources'->0))
+                     FROM unkeyed u), false)
 $fn$;
 
 -- As in 0026, and a GROUP BY over a join that fans out keeps source shadows ('shadow'),
@@ -123,10 +134,10 @@ BEGIN
   is_delta := classified->>'mode' = 'delta';
   IF is_delta AND jsonb_array_length(spec->'sources') > 1 AND @schema@._join_fans_out(spec) THEN
     SELECT quote_ident(s->>'alias') INTO fanned FROM jsonb_array_elements(spec->'sources') s
-     WHERE @schema@._join_fans_out(jsonb_build_object('sources', jsonb_build_array(s), 'joins', spec->'joins'))
-     ORDER BY (s->>'ordinal')::int LIMIT 1;
+     WHERE (s->>'ordinal')::int > 0 AND NOT @schema@._joined_on_key(spec, s, s)
+     ORDER BY (s->>'ordinal')::int DESC LIMIT 1;
     classified := classified || jsonb_build_object('mode', 'group', 'reason', format(
-      'the join can fan out (%s is not joined on its whole key): a delta would need each join row''s inputs, so groups are recomputed from the sources',
+      'the join can multiply rows (%s is not joined on its whole key): a delta would need each join row''s inputs, so groups are recomputed from the sources',
       coalesce(fanned, 'a joined source')));
     is_delta := false;
   END IF;
