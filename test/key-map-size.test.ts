@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
-import type { Definition } from './support/oracle.js';
+import { type Definition, expectMatchesDefinition } from './support/oracle.js';
+import { checked, corrupt } from './support/self-check.js';
 
 /**
  * The key map of a GROUP BY over joins (`<schema>.map_<id>`), issue #22 item 4: per-row
@@ -180,10 +181,28 @@ describe('the key map of a GROUP BY over a join that fans out', () => {
     await live.converged(q11);
   });
 
-  // A known gap (issue #22 item 4, ADR 0051): the key map keeps one row per join row that
-  // passes WHERE, so it grows with the join's combinations, not with the sources. This
-  // test states the requirement and is expected to fail until the map's shape changes;
-  // drop `.fails` then.
+  it('a self-check finds what differs from the definition over a shadow, and repairs it', async () => {
+    await corrupt(
+      live.db,
+      selfJoin.target,
+      `DELETE FROM ks_pairs WHERE cat = 1;
+       UPDATE ks_pairs SET pairs = pairs + 1 WHERE cat = 2;
+       INSERT INTO ks_pairs (cat, pairs, total, top) VALUES (999, 1, 1, 1);`,
+    );
+    const found = await checked(live.trellis, selfJoin.target);
+    expect(found.report?.counts).toEqual({ missing: 1, extra: 1, differs: 1 });
+    const repaired = await checked(live.trellis, selfJoin.target, { repair: true });
+    expect(repaired.report?.repaired).toEqual({ findings: 3 });
+    expect((await checked(live.trellis, selfJoin.target)).report?.outcome).toBe('consistent');
+    await expectMatchesDefinition(live.db.sql, selfJoin);
+    // The shadow was put right with it: later changes still reach every group.
+    await live.db.sql`UPDATE ks_item SET cat = 1 WHERE id IN (7, 8)`;
+    await live.converged(selfJoin);
+  });
+
+  // Issue #22 item 4, ADR 0051: a key map of one row per join row that passes WHERE grew
+  // with the join's combinations (6,271 and 14,884 rows here); a shadow of the sources
+  // holds one row per source row and occurrence.
   it('keeps a key map proportional to the sources and the target', async () => {
     const selfJoinMap = await mapRows('ks_pairs');
     const selfJoinBound = 4 * (await sourceAndTargetRows(['ks_item', 'ks_item'], 'ks_pairs'));
