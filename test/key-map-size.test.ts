@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
 import { type Definition, expectMatchesDefinition } from './support/oracle.js';
 import { checked, corrupt } from './support/self-check.js';
+import { waitFor } from './support/trellis.js';
 
 /**
  * The key map of a GROUP BY over joins (`<schema>.map_<id>`), issue #22 item 4: per-row
@@ -179,6 +180,39 @@ describe('the key map of a GROUP BY over a join that fans out', () => {
     await live.db.sql`DELETE FROM ks_nation WHERE n_nationkey = 3`;
     await live.db.sql`DELETE FROM ks_supplier WHERE s_suppkey = 5`;
     await live.converged(q11);
+  });
+
+  it('a shadow follows a read column renamed and retyped', async () => {
+    await live.db.sql.unsafe(`
+      CREATE TABLE ks_tag (id int PRIMARY KEY, grp int NOT NULL, w int NOT NULL);
+      INSERT INTO ks_tag SELECT i, i % 4, i FROM generate_series(1, 60) i;`);
+    const tags: Definition = {
+      target: 'ks_tags',
+      from: 'ks_tag a JOIN ks_tag b ON b.grp = a.grp',
+      select: 'a.grp AS grp, count(*) AS n, sum(b.w) AS total',
+      groupBy: 'a.grp',
+    };
+    await live.define(tags);
+    await live.converged(tags);
+    await live.db.sql.begin(async (tx) => {
+      await tx`ALTER TABLE ks_tag RENAME COLUMN w TO weight`;
+      await tx`ALTER TABLE ks_tag ALTER COLUMN weight TYPE bigint`;
+    });
+    await waitFor(
+      async () =>
+        (await live.trellis.definitions()).some(
+          (x) => x.target === tags.target && x.statement.includes('weight'),
+        ),
+      'the definition to follow the rename',
+    );
+    const renamed: Definition = {
+      ...tags,
+      select: 'a.grp AS grp, count(*) AS n, sum(b.weight) AS total',
+    };
+    await live.db.sql`UPDATE ks_tag SET weight = weight * 10, grp = 5 WHERE id % 9 = 0`;
+    await live.db.sql`DELETE FROM ks_tag WHERE id % 11 = 0`;
+    await live.converged(renamed);
+    expect((await keyMapKinds()).ks_tags).toBe('shadow');
   });
 
   it('a self-check finds what differs from the definition over a shadow, and repairs it', async () => {
