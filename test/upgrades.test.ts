@@ -58,7 +58,16 @@ const regions: Definition = {
   select: 'o.amount, c.region',
   implicit: 'o.id AS id, c.id AS c_id',
 };
-const definitions = [paid, totals, regions];
+// A join that multiplies rows (every order of a customer with every other): a key map per
+// join row before schema version 33, a shadow of the sources from the next build after it
+// (ADR 0051).
+const pairs: Definition = {
+  target: 'ug_pairs',
+  from: 'ug_orders o JOIN ug_orders p ON p.customer = o.customer',
+  select: 'o.customer AS customer, count(*) AS n, sum(p.amount) AS total',
+  groupBy: 'o.customer',
+};
+const definitions = [paid, totals, regions, pairs];
 
 describe('upgrades from an earlier trellis-pg', () => {
   it.each(versions)(
@@ -124,6 +133,22 @@ describe('upgrades from an earlier trellis-pg', () => {
           `SELECT target_name FROM trellis.transforms WHERE paused_at IS NOT NULL`,
         );
         expect(paused).toEqual([]);
+        // The join's map stays as it was until its next build, which makes it a shadow.
+        const kind = async () =>
+          (
+            await db.sql.unsafe<{ kind: string }[]>(
+              `SELECT spec->>'key_map' AS kind FROM trellis.transforms WHERE target_name = 'ug_pairs'`,
+            )
+          )[0]?.kind;
+        expect(await kind()).toBe('groups');
+        const [def] = (await trellis.definitions()).filter((d) => d.target === 'ug_pairs');
+        expect(def?.maintenance.mode).toBe('group');
+        await trellis.requestBackfill('ug_pairs');
+        await db.sql.unsafe(`UPDATE ug_orders SET customer = 5 WHERE id % 13 = 0`);
+        const rebuilt = await trellis.watermarkToken();
+        await trellis.awaitConverged('ug_pairs', rebuilt, { timeoutMs: 30_000 });
+        expect(await kind()).toBe('shadow');
+        await expectMatchesDefinition(db.sql, pairs);
       } finally {
         await trellis.shutdown();
       }

@@ -1,6 +1,12 @@
 import type { ApplyMode } from './apply-choice.js';
 import type { PlanSource, TransformPlan } from './plan.js';
 import {
+  shadowAffectedGroupsSql,
+  shadowFillSql,
+  shadowRederiveSql,
+  shadowRegroupSql,
+} from './shadow-sql.js';
+import {
   col,
   keyMatch,
   list,
@@ -311,6 +317,8 @@ export function aggregateRederiveSql(
   mode: ApplyMode = 'rederive',
 ): string {
   if (plan.groups.length === 0 || !plan.mapSql) return grandTotalSql(plan, changedSql);
+  // A join that fans out keeps its sources' shadow instead (ADR 0051).
+  if (plan.mapKind === 'shadow') return shadowRederiveSql(plan, changedSql, mode);
   const mapSql = plan.mapSql;
   const sources = requireSourceIds(plan);
   const driving = sources[0]!;
@@ -413,6 +421,7 @@ export function affectedGroupsSql(
 )
 SELECT '{}'::text[] AS k WHERE EXISTS (SELECT 1 FROM changed)`;
   }
+  if (plan.mapKind === 'shadow') return shadowAffectedGroupsSql(plan, changedSql, filter);
   const mapSql = plan.mapSql;
   const driving = requireSourceIds(plan)[0]!;
   const affectedCols = driving.keyColumns.map((_, i) => `k${i + 1}`);
@@ -452,6 +461,7 @@ SELECT DISTINCT ARRAY[${list(named.map((c) => `${c}::text COLLATE "C"`))}]::text
  * maps to.
  */
 export function regroupSql(plan: TransformPlan): string {
+  if (plan.mapKind === 'shadow') return shadowRegroupSql(plan);
   const named = groupColumns(plan);
   const typed = plan.groups.map((g, i) => `(e->>${i})::${g.type} AS ${named[i]}`);
   return `WITH groups AS MATERIALIZED (
@@ -498,6 +508,8 @@ export function groupsFillSql(plan: TransformPlan): string {
       plan.groupBy.length ? `\n   GROUP BY ${list(plan.groupBy)}` : ''
     }${having(plan)}`;
   if (!plan.mapSql) return fill;
+  // A shadow's statement returns the rows it mapped (`rows`): see fillGroups.
+  if (plan.mapKind === 'shadow') return shadowFillSql(plan, fill);
   const mapColumns = [
     ...plan.sources.flatMap((s) => mapKeys(s)),
     ...plan.groups.map((_, i) => mapGroup(i + 1)),

@@ -279,6 +279,10 @@ async function fillGroups(session: Session, plan: TransformPlan): Promise<number
     mapped = await session.query(map);
     await session.query(states);
     await session.query(target);
+  } else if (plan.mapKind === 'shadow') {
+    // A shadow's fill is a statement of CTEs that says what it mapped (shadowFillSql).
+    const [row] = await session.query<{ rows: number }>(groupsFillSql(plan));
+    return Number(row?.rows ?? 0);
   } else {
     mapped = await session.query(groupsFillSql(plan));
     if (!plan.mapSql) return 0;

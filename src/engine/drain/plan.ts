@@ -16,6 +16,18 @@ export interface PlanSource {
   /** The target columns holding this source's key (null when the transform aggregates). */
   targetKeyColumns: string[] | null;
   joinType: 'inner' | 'left' | null;
+  /** Its join condition (null for the FROM table). */
+  joinCondition: string | null;
+}
+
+/**
+ * A source occurrence's columns in a shadow key map (see _make_key_map in
+ * 0033_source_shadows.sql): each column the definition reads of it, and its key, by name
+ * and as the map's column.
+ */
+export interface ShadowSource {
+  ordinal: number;
+  columns: Array<{ name: string; col: string }>;
 }
 
 /** A target column, as the drain writes it. */
@@ -65,10 +77,14 @@ export interface TransformPlan {
    * The key map (quoted, qualified; see _create_key_map in 0009_source_changes.sql):
    * 'groups' for a GROUP BY (with each row's group and whether it passes WHERE; every join
    * row of a join, only the passing rows of a single table), 'rows' for a join with a WHERE
-   * (every join row's keys); null for none.
+   * (every join row's keys), 'shadow' for a GROUP BY over a join that fans out (the columns
+   * it reads of each source occurrence, one row per source row: see shadow-sql.ts); null
+   * for none.
    */
   mapSql: string | null;
-  mapKind: 'groups' | 'rows' | null;
+  mapKind: 'groups' | 'rows' | 'shadow' | null;
+  /** The shadow's columns per source occurrence (mapKind 'shadow'), else null. */
+  shadow: ShadowSource[] | null;
   /**
    * How its aggregates are kept by delta (delta-sql.ts), with the group state table; null
    * when they are not (a transform that does not aggregate, or one whose groups are
@@ -95,7 +111,8 @@ interface PlanRow {
     key: string[];
     ast: { where: string | null; group_by: string[]; having: string | null };
     groups?: Array<{ expr: string; type: string }>;
-    key_map?: 'groups' | 'rows' | null;
+    key_map?: 'groups' | 'rows' | 'shadow' | null;
+    shadow?: Array<{ ordinal: number; columns: Array<{ name: string; col: string }> }>;
   };
   sources: Array<{
     ordinal: number;
@@ -106,6 +123,7 @@ interface PlanRow {
     key_types: string[];
     target_key_columns: string[] | null;
     join_type: 'inner' | 'left' | null;
+    join_condition: string | null;
   }>;
   columns: Array<{
     name: string;
@@ -114,6 +132,19 @@ interface PlanRow {
     paused: boolean;
     notnull: boolean | null;
   }>;
+}
+
+/** The shadow's columns of a transform whose key map is a shadow (spec.shadow). */
+function shadowOf(row: PlanRow): ShadowSource[] {
+  const shadow = row.spec.shadow;
+  if (!shadow || shadow.length !== row.sources.length) {
+    // Recorded with the map by _make_key_map: remade with it (a build, a followed change).
+    throw new TrellisError('conflict', `the key map of ${row.target_name} is being made again`);
+  }
+  return shadow.map((x) => ({
+    ordinal: x.ordinal,
+    columns: x.columns.map((c) => ({ name: c.name, col: c.col })),
+  }));
 }
 
 /** Reads a transform's plan from the catalog. */
@@ -143,7 +174,8 @@ export async function loadPlan(
                       'ordinal', ts.ordinal, 'source_id', src.id, 'alias', ts.alias,
                       'table', quote_ident(n.nspname) || '.' || quote_ident(c.relname),
                       'key_columns', ts.key_columns, 'key_types', ts.key_types,
-                      'target_key_columns', ts.target_key_columns, 'join_type', ts.join_type)
+                      'target_key_columns', ts.target_key_columns, 'join_type', ts.join_type,
+                      'join_condition', ts.join_condition)
                     ORDER BY ts.ordinal)
                FROM ${s}.transform_sources ts
                JOIN pg_class c ON c.oid = ts.source_oid JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -195,6 +227,7 @@ export async function loadPlan(
       keyTypes: src.key_types,
       targetKeyColumns: src.target_key_columns,
       joinType: src.join_type,
+      joinCondition: src.join_condition,
     })),
     columns: row.columns.map((c) => ({
       name: c.name,
@@ -209,6 +242,7 @@ export async function loadPlan(
     groups: (row.spec.groups ?? []).map((g) => ({ expression: g.expr, type: g.type })),
     mapSql: keyMap ? `${quoteIdent(schema)}.${quoteIdent(`map_${row.id}`)}` : null,
     mapKind: keyMap,
+    shadow: keyMap === 'shadow' ? shadowOf(row) : null,
     delta: deltaPlan(row.delta, `${quoteIdent(schema)}.${quoteIdent(`groups_${row.id}`)}`),
     classification: row.delta,
   };

@@ -6,6 +6,7 @@ import { deltaRegroupSql } from '../drain/delta-sql.js';
 import { loadPlan, type TransformPlan } from '../drain/plan.js';
 import { rederiveSql } from '../drain/rederive-sql.js';
 import { isRowError } from '../drain/row-errors.js';
+import { shadowGroupRowsSql } from '../drain/shadow-sql.js';
 import { col, list, restrictedWhere, tuple } from '../drain/sql-parts.js';
 import { enterTransformWork } from '../drain/work-settings.js';
 import { quoteIdent } from '../identifiers.js';
@@ -23,7 +24,8 @@ type Key = Array<string | null>;
  *
  * - Projections and joins: the driving keys of the diverged rows.
  * - GROUP BY: the driving keys of the rows in the diverged groups, now and as the key map
- *   has them; then the groups themselves, whole (a group the target holds and no row
+ *   has them (every source's keys, for a key map that is a shadow); then the groups
+ *   themselves, whole (a group the target holds and no row
  *   maps to is deleted that way).
  * - A grand total: the one row.
  *
@@ -59,7 +61,7 @@ export async function repairFindings(
       const changed: ChangedKey[] = [...driving.values()].map((k) => ({ s: drivingId, k }));
       await applyKeysBisecting(session, schema, plan, changed, log);
     } else if (shape.kind === 'groups') {
-      const rows = await session.query<{ k: string[] }>(groupRowsSql(plan, shape), [
+      const rows = await session.query<{ s?: number; k: string[] }>(groupRowsSql(plan, shape), [
         keys.filter((k) => !k.includes(null)),
         keys.filter((k) => k.includes(null)),
       ]);
@@ -67,7 +69,7 @@ export async function repairFindings(
         session,
         schema,
         plan,
-        rows.map((r) => ({ s: drivingId, k: r.k })),
+        rows.map((r) => ({ s: r.s ?? drivingId, k: r.k })),
         log,
       );
       // Kept by delta: the groups' states are folded again from their key-map rows.
@@ -119,6 +121,8 @@ function groupRowsSql(plan: TransformPlan, shape: CheckShape): string {
   const now = `SELECT ARRAY[${list(driving.keyColumns.map((k) => `${col(driving.alias, k)}::text`))}] AS k
     FROM ${plan.fromSql}
    WHERE ${restrictedWhere(inGroups(plan.groups.map((g) => `(${g.expression})`)), plan.where)}`;
+  // A shadow (ADR 0051): every source row in those groups, now and in the shadow.
+  if (plan.mapKind === 'shadow') return shadowGroupRowsSql(plan, inGroups);
   if (!plan.mapSql) return now;
   return `${now}
   UNION

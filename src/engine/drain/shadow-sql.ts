@@ -1,0 +1,368 @@
+import type { ApplyMode } from './apply-choice.js';
+import type { PlanSource, ShadowSource, TransformPlan } from './plan.js';
+import {
+  col,
+  keyMatch,
+  list,
+  own,
+  q,
+  requireSourceIds,
+  restrictedWhere,
+  selectList,
+  tuple,
+  typedKeys,
+  upsert,
+} from './sql-parts.js';
+
+/**
+ * A GROUP BY over a join that fans out keeps a shadow of its sources as its key map
+ * (`mapKind` 'shadow'; _make_key_map in 0033_source_shadows.sql; ADR 0051): for each
+ * source occurrence (column `o`), every column the definition reads of it and its key, one
+ * row per source row. The invariant: **the target is the definition computed over the
+ * shadow**. A statement over the changed keys reads two states of the sources, both built
+ * from the shadow: before (the shadow as it is) and after (the shadow with the changed
+ * rows replaced by the sources' current rows of those keys, or gone). The groups the
+ * changed rows' join rows fall in, in either state, are recomputed from the after state,
+ * and the changed rows are replaced in the shadow: the invariant holds again. A source row
+ * changed since the range, but not among its keys, is read as the shadow has it, so
+ * nothing the drain has yet to apply leaks into a group.
+ *
+ * Its size follows the sources (each occurrence's rows, only the columns read), whatever
+ * the join's row combinations; a change costs its join rows in both states and its
+ * groups' rows. The join is evaluated over the shadow through its own indexes (each
+ * occurrence's key, join columns and bare GROUP BY columns).
+ *
+ * A transform's ranges are applied one at a time (a join's are kept to one bucket,
+ * ranges.ts): two statements on one group at once would each miss the other's rows.
+ */
+
+type State = 'before' | 'after';
+
+function shadowOf(plan: TransformPlan, source: PlanSource): ShadowSource {
+  const shadow = plan.shadow?.find((x) => x.ordinal === source.ordinal);
+  if (!shadow) throw new Error(`transform ${plan.target} keeps no shadow of ${source.alias}`);
+  return shadow;
+}
+
+/** The shadow's columns of a source's key, in key order. */
+function shadowKeys(plan: TransformPlan, source: PlanSource, alias: string): string[] {
+  const shadow = shadowOf(plan, source);
+  return source.keyColumns.map((k) => {
+    const c = shadow.columns.find((x) => x.name === k);
+    if (!c) throw new Error(`the shadow of ${source.alias} lacks its key column ${k}`);
+    return `${alias}.${q(c.col)}`;
+  });
+}
+
+/** The changed keys of a source, typed: a subquery over the `changed` CTE. */
+function changedOf(source: PlanSource): string {
+  return `SELECT ${list(typedKeys(source))} FROM changed c WHERE c.source_id = ${source.sourceId}`;
+}
+
+/** A source occurrence in a state, as a relation with its columns' names. */
+function relation(plan: TransformPlan, source: PlanSource, state: State): string {
+  const shadow = shadowOf(plan, source);
+  const m = own('m');
+  const before = `SELECT ${list(shadow.columns.map((c) => `${m}.${q(c.col)} AS ${q(c.name)}`))}
+         FROM ${plan.mapSql} ${m} WHERE ${m}.o = ${source.ordinal}`;
+  if (state === 'before') return `(${before})`;
+  const s = own('s');
+  return `(${before}
+          AND ${tuple(shadowKeys(plan, source, m))} NOT IN (${changedOf(source)})
+        UNION ALL
+        SELECT ${list(shadow.columns.map((c) => `${s}.${q(c.name)}`))} FROM ${source.table} ${s}
+         WHERE ${tuple(source.keyColumns.map((k) => `${s}.${q(k)}`))} IN (${changedOf(source)}))`;
+}
+
+/** The definition's FROM over the sources in a state (the same aliases and conditions). */
+function fromIn(plan: TransformPlan, state: State): string {
+  return plan.sources
+    .map((s, i) => {
+      const rel = `${relation(plan, s, state)} AS ${q(s.alias)}`;
+      if (i === 0) return rel;
+      return `\n    ${s.joinType === 'left' ? 'LEFT JOIN' : 'JOIN'} ${rel} ON (${s.joinCondition})`;
+    })
+    .join('');
+}
+
+/** The columns of the `groups` CTE: one per GROUP BY expression, the engine's names. */
+function groupColumns(plan: TransformPlan): string[] {
+  return plan.groups.map((_, i) => own(`g${i + 1}`));
+}
+
+function sourceKeys(source: PlanSource): string[] {
+  return source.keyColumns.map((k) => col(source.alias, k));
+}
+
+const hasLeftJoin = (plan: TransformPlan) => plan.sources.some((s) => s.joinType === 'left');
+
+/**
+ * CTE `affected` (a join with a LEFT JOIN only): the FROM table's keys whose join rows the
+ * changes touch, in either state, WHERE left aside. A LEFT JOIN's NULL-extended row holds
+ * none of the rows whose coming or going made it: its FROM row is found through the join
+ * row that did hold one, in the other state.
+ */
+function affectedCte(plan: TransformPlan): string {
+  const driving = plan.sources[0]!;
+  const names = driving.keyColumns.map((_, i) => `k${i + 1}`);
+  const branches = (['before', 'after'] as State[]).flatMap((state) =>
+    requireSourceIds(plan).map(
+      (s) => `SELECT ${list(sourceKeys(driving).map((k, i) => `${k} AS ${names[i]}`))}
+    FROM ${fromIn(plan, state)}
+   WHERE ${tuple(sourceKeys(s))} IN (${changedOf(s)})`,
+    ),
+  );
+  return `affected AS MATERIALIZED (
+  ${branches.join('\n  UNION\n  ')}
+),`;
+}
+
+/**
+ * The groups (columns `groupColumns`) the changes touch in a state: those of the join
+ * rows, passing WHERE, that hold a changed row (with a LEFT JOIN, every join row of an
+ * affected FROM row).
+ */
+function touched(plan: TransformPlan, state: State): string[] {
+  const named = groupColumns(plan);
+  const select = list(plan.groups.map((g, i) => `(${g.expression}) AS ${named[i]}`));
+  if (hasLeftJoin(plan)) {
+    const driving = plan.sources[0]!;
+    const names = driving.keyColumns.map((_, i) => `k${i + 1}`);
+    return [
+      `SELECT ${select}
+    FROM ${fromIn(plan, state)}
+   WHERE ${restrictedWhere(`${tuple(sourceKeys(driving))} IN (SELECT ${list(names)} FROM affected)`, plan.where)}`,
+    ];
+  }
+  return requireSourceIds(plan).map(
+    (s) => `SELECT ${select}
+    FROM ${fromIn(plan, state)}
+   WHERE ${restrictedWhere(`${tuple(sourceKeys(s))} IN (${changedOf(s)})`, plan.where)}`,
+  );
+}
+
+/**
+ * The groups of the `groups` CTE, recomputed over `from`: those without a NULL through
+ * `IN` (index-friendly), those with one through a null-safe match in a branch that runs
+ * only when such a group is there. With HAVING, whether each passes (`"trellis#kept"`).
+ */
+function recomputed(plan: TransformPlan, from: string): string {
+  const exprs = plan.groups.map((g) => `(${g.expression})`);
+  const cols = groupColumns(plan);
+  const select = list([
+    selectList(plan),
+    ...(plan.having ? [`coalesce((${plan.having}), false) AS ${own('kept')}`] : []),
+  ]);
+  const g = own('g');
+  const anyNull = cols.map((c) => `${c} IS NULL`).join(' OR ');
+  const inNullGroup = `EXISTS (
+       SELECT 1 FROM groups ${g}
+        WHERE (${cols.map((c) => `${g}.${c} IS NULL`).join(' OR ')})
+          AND ${cols.map((c, i) => `${g}.${c} IS NOT DISTINCT FROM ${exprs[i]}`).join(' AND ')})`;
+  return `SELECT ${select}
+    FROM ${from}
+   WHERE ${restrictedWhere(`${tuple(exprs)} IN (SELECT ${list(cols)} FROM groups)`, plan.where)}
+   GROUP BY ${list(plan.groupBy)}
+  UNION ALL
+  SELECT ${select}
+    FROM ${from}
+   WHERE (SELECT coalesce(bool_or(${anyNull}), false) FROM groups)
+     AND ${restrictedWhere(inNullGroup, plan.where)}
+   GROUP BY ${list(plan.groupBy)}`;
+}
+
+/** CTEs writing the changed rows' current state into the shadow (one pair per occurrence). */
+function shadowReplaced(plan: TransformPlan): string {
+  return requireSourceIds(plan)
+    .map((source) => {
+      const shadow = shadowOf(plan, source);
+      const s = own('s');
+      return `
+shadow_removed_${source.ordinal} AS (
+  DELETE FROM ${plan.mapSql} m
+   WHERE m.o = ${source.ordinal} AND ${tuple(shadowKeys(plan, source, 'm'))} IN (${changedOf(source)})
+  RETURNING 1
+),
+shadow_added_${source.ordinal} AS (
+  INSERT INTO ${plan.mapSql} (o, ${list(shadow.columns.map((c) => q(c.col)))})
+  SELECT ${source.ordinal}, ${list(shadow.columns.map((c) => `${s}.${q(c.name)}`))} FROM ${source.table} ${s}
+   WHERE ${tuple(source.keyColumns.map((k) => `${s}.${q(k)}`))} IN (${changedOf(source)})
+  RETURNING 1
+),`;
+    })
+    .join('');
+}
+
+/** CTEs filling the (empty) shadow from the sources: one per occurrence (`shadow_<n>`). */
+function shadowFilled(plan: TransformPlan): string {
+  return plan.sources
+    .map((source) => {
+      const shadow = shadowOf(plan, source);
+      const s = own('s');
+      return `
+shadow_${source.ordinal} AS (
+  INSERT INTO ${plan.mapSql} (o, ${list(shadow.columns.map((c) => q(c.col)))})
+  SELECT ${source.ordinal}, ${list(shadow.columns.map((c) => `${s}.${q(c.name)}`))} FROM ${source.table} ${s}
+  RETURNING 1
+),`;
+    })
+    .join('');
+}
+
+function shadowFilledCount(plan: TransformPlan): string {
+  return plan.sources.map((s) => `(SELECT count(*) FROM shadow_${s.ordinal})`).join(' + ');
+}
+
+/** The tail every statement writing groups shares: upsert `derived`, delete `gone`. */
+function written(plan: TransformPlan): string {
+  return `upserted AS (
+  ${upsert(plan, 'derived')}
+  RETURNING 1
+),
+gone AS MATERIALIZED (
+  SELECT ${list(groupColumns(plan).map((c, i) => `${c} AS ${q(plan.key[i]!)}`))} FROM groups
+  EXCEPT
+  SELECT ${list(plan.key.map((k) => `d.${q(k)}`))} FROM derived d
+),
+removed AS (
+  DELETE FROM ${plan.targetSql} t USING gone g
+   WHERE ${keyMatch(plan, 't', 'g')}
+  RETURNING 1
+)`;
+}
+
+const derivedCte = (plan: TransformPlan) => `derived AS MATERIALIZED (
+  SELECT * FROM aggregated${plan.having ? ` WHERE ${own('kept')}` : ''}
+),`;
+
+/**
+ * Re-derivation of a transform whose key map is a shadow, for the `changed` CTE
+ * (`changedSql` its body). 'recompute': every group computed from the sources in one
+ * pass and merged into the target, the shadow emptied and filled again from the sources
+ * in the same snapshot (ADR 0029).
+ */
+export function shadowRederiveSql(
+  plan: TransformPlan,
+  changedSql: string,
+  mode: ApplyMode = 'rederive',
+): string {
+  const named = groupColumns(plan);
+  if (mode === 'recompute') {
+    return `WITH changed AS MATERIALIZED (
+  ${changedSql}
+),
+groups AS MATERIALIZED (
+  SELECT ${list(plan.key.map((k, i) => `t.${q(k)} AS ${named[i]}`))} FROM ${plan.targetSql} t
+),
+aggregated AS MATERIALIZED (
+  SELECT ${list([selectList(plan), ...(plan.having ? [`coalesce((${plan.having}), false) AS ${own('kept')}`] : [])])}
+    FROM ${plan.fromSql}${plan.where ? `\n   WHERE (${plan.where})` : ''}
+   GROUP BY ${list(plan.groupBy)}
+),
+${derivedCte(plan)}
+shadow_cleared AS (
+  DELETE FROM ${plan.mapSql}
+  RETURNING 1
+),${shadowFilled(plan)}
+${written(plan)}
+SELECT (SELECT count(*) FROM changed)::int AS keys,
+       (SELECT count(*) FROM upserted)::int AS upserted,
+       (SELECT count(*) FROM removed)::int AS removed,
+       (SELECT count(*) FROM shadow_cleared)::int AS map_removed,
+       (${shadowFilledCount(plan)})::int AS map_added`;
+  }
+  const replaced = requireSourceIds(plan);
+  return `WITH changed AS MATERIALIZED (
+  ${changedSql}
+),${hasLeftJoin(plan) ? `\n${affectedCte(plan)}` : ''}
+groups AS MATERIALIZED (
+  ${[...touched(plan, 'before'), ...touched(plan, 'after')].join('\n  UNION\n  ')}
+),
+aggregated AS MATERIALIZED (
+  ${recomputed(plan, fromIn(plan, 'after'))}
+),
+${derivedCte(plan)}${shadowReplaced(plan)}
+${written(plan)}
+SELECT (SELECT count(*) FROM (SELECT DISTINCT source_id, key FROM changed) c)::int AS keys,
+       (SELECT count(*) FROM upserted)::int AS upserted,
+       (SELECT count(*) FROM removed)::int AS removed,
+       (${replaced.map((s) => `(SELECT count(*) FROM shadow_removed_${s.ordinal})`).join(' + ')})::int AS map_removed,
+       (${replaced.map((s) => `(SELECT count(*) FROM shadow_added_${s.ordinal})`).join(' + ')})::int AS map_added`;
+}
+
+/**
+ * The groups (target keys, as text: column `k`) a set of changes re-derives, as
+ * shadowRederiveSql finds them, narrowed by `filter` (a condition on the group columns,
+ * or null): what the self-check asks (see affectedGroupsSql).
+ */
+export function shadowAffectedGroupsSql(
+  plan: TransformPlan,
+  changedSql: string,
+  filter: (groupColumns: string[]) => string | null,
+): string {
+  const named = groupColumns(plan);
+  const where = filter(named);
+  return `WITH changed AS MATERIALIZED (
+  ${changedSql}
+),${hasLeftJoin(plan) ? `\n${affectedCte(plan)}` : ''}
+groups AS MATERIALIZED (
+  ${[...touched(plan, 'before'), ...touched(plan, 'after')].join('\n  UNION\n  ')}
+)
+SELECT DISTINCT ARRAY[${list(named.map((c) => `${c}::text COLLATE "C"`))}]::text[] AS k
+  FROM groups${where ? `\n WHERE ${where}` : ''}`;
+}
+
+/**
+ * Recomputes the groups given as `$1` (a JSON array of text arrays, one per group key)
+ * from the shadow as it is: what a self-check's repair runs after re-deriving the rows of
+ * those groups (see shadowGroupRowsSql), for a group the target holds and no row is in.
+ */
+export function shadowRegroupSql(plan: TransformPlan): string {
+  const named = groupColumns(plan);
+  const typed = plan.groups.map((g, i) => `(e->>${i})::${g.type} AS ${named[i]}`);
+  return `WITH groups AS MATERIALIZED (
+  SELECT ${list(typed)} FROM jsonb_array_elements($1::jsonb) e
+),
+aggregated AS MATERIALIZED (
+  ${recomputed(plan, fromIn(plan, 'before'))}
+),
+${derivedCte(plan)}
+${written(plan)}
+SELECT (SELECT count(*) FROM upserted)::int AS upserted, (SELECT count(*) FROM removed)::int AS removed`;
+}
+
+/**
+ * Every source row (`s` its source id, `k` its key as text) in the groups `inGroups`
+ * selects (given the group expressions), in the sources now and in the shadow: what a
+ * self-check's repair re-derives for groups it found diverged.
+ */
+export function shadowGroupRowsSql(
+  plan: TransformPlan,
+  inGroups: (items: string[]) => string,
+): string {
+  const exprs = plan.groups.map((g) => `(${g.expression})`);
+  const sources = requireSourceIds(plan);
+  const branches = [plan.fromSql, fromIn(plan, 'before')].flatMap((from) =>
+    sources.map(
+      (s) => `SELECT ${s.sourceId} AS s, ARRAY[${list(sourceKeys(s).map((k) => `${k}::text`))}] AS k
+    FROM ${from}
+   WHERE ${restrictedWhere(inGroups(exprs), plan.where)} AND ${sourceKeys(s)[0]} IS NOT NULL`,
+    ),
+  );
+  return `SELECT DISTINCT s, k FROM (
+  ${branches.join('\n  UNION ALL\n  ')}) x`;
+}
+
+/**
+ * Build (stage 'groups') of a transform whose key map is a shadow: the shadow filled from
+ * the sources and every group computed from them, in one statement (one snapshot: the
+ * target is the definition over the shadow). Returns the shadow's rows as `rows`.
+ */
+export function shadowFillSql(plan: TransformPlan, fill: string): string {
+  return `WITH ${shadowFilled(plan).replace(/^\n/, '')}
+filled AS (
+  ${fill}
+  RETURNING 1
+)
+SELECT (${shadowFilledCount(plan)})::int AS rows, (SELECT count(*) FROM filled)::int AS groups`;
+}
