@@ -40,6 +40,7 @@ class Writer {
           this.errors.push(`${statement}: ${(error as Error).message}`);
         }
       }
+      // Pacing: the writes spread over the change, not a wait for anything.
       await new Promise((resolve) => setTimeout(resolve, 5));
     }
   }
@@ -143,6 +144,7 @@ class Reader {
           this.errors.push(`${target}: ${(error as Error).message}`);
         }
       }
+      // Pacing: the reads spread over the change, not a wait for anything.
       await new Promise((resolve) => setTimeout(resolve, 2));
     }
   }

@@ -189,7 +189,7 @@ describe('capture on a busy table', () => {
           await tx`SET LOCAL lock_timeout = '10s'`;
           await tx`INSERT INTO parts VALUES (${2000 + i}, ${`w${i}`}, ${i})`;
         });
-        await sleep(150);
+        await sleep(150); // pacing: the writes spread over the worker's lock attempts
       }
       const [{ n }] = (await writerSql`SELECT count(*)::int AS n FROM parts WHERE id >= 2000`) as [
         { n: number },

@@ -121,6 +121,7 @@ export class CaseFailure extends Error {
   override name = 'CaseFailure';
 }
 
+/** The poll interval of the waits below (each ends on a status or convergence). */
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /**

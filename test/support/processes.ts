@@ -1,6 +1,5 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import type postgres from 'postgres';
 
 const running = new Set<ChildProcess>();
 
@@ -56,33 +55,6 @@ export function startWorkerProcess(
     'ignore',
     onOutput,
   );
-}
-
-/**
- * Watches the backends whose application_name is `applicationName` (a worker process's
- * sessions) until stopped, and says whether one was ever seen inside a transaction
- * running one of the drain's statements (a page, a range, a backfill chunk).
- */
-export function watchDrainWork(sql: postgres.Sql, applicationName: string): () => Promise<boolean> {
-  let stopped = false;
-  let seen = false;
-  const done = (async () => {
-    while (!stopped && !seen) {
-      const [row] = await sql<{ n: number }[]>`
-        SELECT count(*)::int AS n FROM pg_stat_activity
-         WHERE application_name = ${applicationName} AND xact_start IS NOT NULL
-           AND state IN ('active', 'idle in transaction')
-           AND (query LIKE 'WITH changed%' OR query LIKE '%pages%' OR query LIKE 'WITH filled%'
-                OR query LIKE 'WITH mapped%')`;
-      if ((row?.n ?? 0) > 0) seen = true;
-      else await new Promise((resolve) => setTimeout(resolve, 10));
-    }
-  })();
-  return async () => {
-    stopped = true;
-    await done;
-    return seen;
-  };
 }
 
 /** What an app process's calls met (see test/fixtures/app-process.ts). */
