@@ -10,6 +10,7 @@ import { Trellis } from '../src/engine/index.js';
 import { findPgDump } from '../src/migration/dump/find-pg-dump.js';
 import { resumeCaptureDisruptions } from '../src/testing/index.js';
 import { freshDatabase, serverInfo, type TestDatabase } from './support/database.js';
+import { waitForStatus } from './support/trellis.js';
 
 // The README's example of a suite that loads fixtures with triggers disabled (issue #9):
 // a loader that disables triggers disables Trellis's capture too; Trellis stops the
@@ -46,9 +47,7 @@ beforeAll(async () => {
   );
   // The suite's global setup: transforms defined and live (capture installed) before any
   // fixture is loaded.
-  while ((await trellis.status('customer_totals')).status !== 'live') {
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
+  await waitForStatus(trellis, 'customer_totals', 'live');
 });
 afterAll(async () => {
   await trellis?.shutdown();
