@@ -192,7 +192,7 @@ describe('awaitConverged', () => {
         const status = await trellis.status('item_sizes');
         expect(status.target).toBe('item_sizes');
         // Calls spread over the waits' checks on purpose (pacing, not a wait for anything).
-        await new Promise((resolve) => setTimeout(resolve, 50));
+        await new Promise((resolve) => setTimeout(resolve, 50)); // pacing of the calls
       }
       const [sessions] = await db.sql<{ n: number }[]>`
         SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = ${app}`;

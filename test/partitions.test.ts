@@ -18,7 +18,7 @@ function keepWriting(table: string, from: number): () => Promise<void> {
     for (let id = from; !stopped; id += 1) {
       await sql.unsafe(`INSERT INTO ${table} (id, kind, amount) VALUES (${id}, 'w', ${id % 50})`);
       // Pacing: the inserts spread over the change, not a wait for anything.
-      await new Promise((resolve) => setTimeout(resolve, 5));
+      await new Promise((resolve) => setTimeout(resolve, 5)); // pacing of the writer
     }
   })();
   return async () => {

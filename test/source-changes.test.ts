@@ -41,7 +41,7 @@ class Writer {
         }
       }
       // Pacing: the writes spread over the change, not a wait for anything.
-      await new Promise((resolve) => setTimeout(resolve, 5));
+      await new Promise((resolve) => setTimeout(resolve, 5)); // pacing of the writer
     }
   }
 
@@ -145,7 +145,7 @@ class Reader {
         }
       }
       // Pacing: the reads spread over the change, not a wait for anything.
-      await new Promise((resolve) => setTimeout(resolve, 2));
+      await new Promise((resolve) => setTimeout(resolve, 2)); // pacing of the reader
     }
   }
 

@@ -43,7 +43,7 @@ describe('WAL capture edges', () => {
         expect((error as { code?: string }).code).toBe('55000');
         failures += 1;
         // The app's retry interval: this loop waits for its UPDATE to go through.
-        await new Promise((resolve) => setTimeout(resolve, 20));
+        await new Promise((resolve) => setTimeout(resolve, 20)); // the app's retry interval
       }
       if (Date.now() - altered > 30_000) throw new Error('UPDATEs still failing after 30 s');
     }

@@ -97,7 +97,7 @@ export async function startAppProcess(url: string, targets: string[]): Promise<A
           .find((l) => l.startsWith('stats ') && output.slice(seen).includes(`${l}\n`));
         if (line) return JSON.parse(line.slice('stats '.length)) as AppProcessReport;
         if (child.exitCode !== null) throw new Error(`app process exited (${child.exitCode})`);
-        await new Promise((resolve) => setTimeout(resolve, 20));
+        await new Promise((resolve) => setTimeout(resolve, 20)); // the poll interval of this wait
       }
     },
     async stop() {
