@@ -13,6 +13,6 @@ export default defineConfig({
   test: {
     ...base.test,
     globalSetup: ['test/support/global-setup.ts'],
-    include: ['test/delta-aggregates.test.ts', 'test/quarantine.test.ts', 'test/pipeline.test.ts'],
+    include: ['test/quarantine.test.ts'],
   },
 });
