@@ -1,13 +1,12 @@
 import { defineConfig } from 'vitest/config';
 import base from './vitest.config.js';
 
-// The focused subset of the scoped mutation run (`npm run test:mutations:drain`,
-// stryker.drain.config.mjs): the two files it mutates, `drain/sql-parts.ts` (the upsert,
-// key match, select list and restricted WHERE every re-derivation is built from) and
-// `drain/delta-sql.ts` (aggregates kept by delta), are reached by the live pipeline, its
-// held keys and the delta-kept aggregates. Each mutant runs only the tests that reach it
-// (Stryker's per-test coverage): seconds a mutant, about an hour for the run on two cores.
-// No build step (the sandbox's sources are instrumented; these tests import src/).
+// The test file of the scoped mutation run (`npm run test:mutations:drain`,
+// stryker.drain.config.mjs), which mutates heldFor, selectList and restrictedWhere
+// (src/engine/drain/sql-parts.ts): quarantine reaches all three (held columns, a failing
+// WHERE). Add `test/delta-aggregates.test.ts` for delta-sql.ts, `test/pipeline.test.ts`
+// for the upsert. Every test of the file runs for each mutant until one fails.
+// No build step (the sandbox's sources are instrumented; the tests import src/).
 export default defineConfig({
   ...base,
   test: {
