@@ -5,10 +5,10 @@ import {
   killAllWorkerProcesses,
   startWorkerProcess,
   stopWorkerProcess,
-  watchDrainWork,
 } from './support/processes.js';
 import { announceSeed, scaled, testSeeds, timeoutFor } from './support/seeds.js';
 import { awaitConvergedWithin, migratedTrellis } from './support/trellis.js';
+import { collectPrintedEvents, type WorkEvent } from './support/work-events.js';
 import { runWorkload } from './support/workload.js';
 import { ORDERS_DDL, ordersWorkload } from './support/workload-orders.js';
 
@@ -96,13 +96,14 @@ describe.each(testSeeds([101, 202]))(
       const db = await freshDatabase();
       await db.sql.unsafe(ORDERS_DDL);
       await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
-      const other = await startWorkerProcess(db.url, {
-        drainThreads: 1,
-        staging: false,
-        applicationName: 'second-process',
-      });
-      // The second process must really share the work (seen applying one), and live on.
-      const otherDrained = watchDrainWork(db.sql, 'second-process:worker');
+      // The second process must really share the work: the drain's records of its work
+      // (a page applied, a build chunk filled) that it prints, not a sample of its sessions.
+      const otherWork: WorkEvent[] = [];
+      const other = await startWorkerProcess(
+        db.url,
+        { drainThreads: 1, staging: false, applicationName: 'second-process' },
+        collectPrintedEvents(otherWork, 'second-process'),
+      );
       try {
         for (const d of ALL) await trellis.apply(transformStatement(d));
         const truncates = seed % 2 === 0 ? 1 : 0;
@@ -127,10 +128,9 @@ describe.each(testSeeds([101, 202]))(
           await expectMatchesDefinition(db.sql, d);
           expect((await trellis.status(d.target)).heldKeys).toBe(0);
         }
-        expect(await otherDrained()).toBe(true);
+        expect(otherWork.length).toBeGreaterThan(0);
         expect(other.exitCode).toBeNull();
       } finally {
-        await otherDrained();
         await stopWorkerProcess(other);
       }
     });

@@ -3,7 +3,14 @@ import { Trellis } from '../src/engine/index.js';
 import { MAX_WAIT_MS } from '../src/engine/watermark.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
-import { migratedTrellis, quietLogger, rejection, waitForStatus } from './support/trellis.js';
+import { scrape } from './support/prometheus.js';
+import {
+  migratedTrellis,
+  quietLogger,
+  rejection,
+  waitFor,
+  waitForStatus,
+} from './support/trellis.js';
 
 // awaitConverged is a wait, not a call stuck on the server: it lasts as long as its caller
 // asks (even past the call timeout), holds no pooled connection between its checks, and
@@ -43,6 +50,29 @@ function caller(pool = { max: 2, acquireTimeoutMs: 1_000 }): Promise<Trellis> {
 }
 
 /**
+ * Rounds of `trellis`'s convergence checks so far: each round is a call of its own,
+ * counted in the call metrics as `awaitConverged` (src/engine/watermark.ts), as is each
+ * wait when it ends.
+ */
+async function checkRounds(trellis: Trellis): Promise<number> {
+  return (await scrape()).count('trellis_call_duration_seconds', {
+    trellis_instance: trellis.instance,
+    method: 'awaitConverged',
+  });
+}
+
+/** Waits until a round of `trellis`'s convergence checks has run after `at` (Date.now()). */
+async function checkedAfter(trellis: Trellis, at: number, what: string): Promise<void> {
+  let before: number | undefined;
+  await waitFor(async () => {
+    const rounds = await checkRounds(trellis);
+    if (Date.now() <= at) return false;
+    before ??= rounds;
+    return rounds > before;
+  }, what);
+}
+
+/**
  * Writes, with the drain held back, and returns a token covering the write (not yet
  * applied) and what lets the drain go on. The drain is held by a lock on the target
  * (an open transaction holding ACCESS EXCLUSIVE): its page waits for it. Not by a pause:
@@ -73,8 +103,16 @@ describe('awaitConverged', () => {
     await using trellis = await caller();
     const { token, release } = await pendingWrite(trellis, 1001);
     const started = Date.now();
+    let settled = false;
     const waited = trellis.awaitConverged('item_sizes', token, { timeoutMs: 20_000 });
-    await new Promise((resolve) => setTimeout(resolve, CALL_TIMEOUT_MS * 2));
+    void waited.then(
+      () => (settled = true),
+      () => (settled = true),
+    );
+    // Time is what this test is about: the wait outlives the call timeout. It is still
+    // checking (a round of its checks ran) after twice the call timeout, and not settled.
+    await checkedAfter(trellis, started + CALL_TIMEOUT_MS * 2, 'a check past the call timeout');
+    expect(settled).toBe(false);
     await release();
     await waited;
     expect(Date.now() - started).toBeGreaterThan(CALL_TIMEOUT_MS * 2);
@@ -153,7 +191,8 @@ describe('awaitConverged', () => {
       for (let i = 0; i < 20; i += 1) {
         const status = await trellis.status('item_sizes');
         expect(status.target).toBe('item_sizes');
-        await new Promise((resolve) => setTimeout(resolve, 50));
+        // Calls spread over the waits' checks on purpose (pacing, not a wait for anything).
+        await new Promise((resolve) => setTimeout(resolve, 50)); // pacing of the calls
       }
       const [sessions] = await db.sql<{ n: number }[]>`
         SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = ${app}`;
@@ -170,8 +209,10 @@ describe('awaitConverged', () => {
     const trellis = await caller();
     const { token, release } = await pendingWrite(trellis, 1005);
     try {
+      const asked = Date.now();
       const waited = rejection(trellis.awaitConverged('item_sizes', token, { timeoutMs: 30_000 }));
-      await new Promise((resolve) => setTimeout(resolve, 300));
+      // The wait is under way: a round of checks has run since it was asked for.
+      await checkedAfter(trellis, asked, 'a check of the wait');
       const started = Date.now();
       await trellis.shutdown();
       const error = await waited;

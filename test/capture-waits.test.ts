@@ -1,6 +1,7 @@
 import type postgres from 'postgres';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Status, Trellis } from '../src/engine/index.js';
+import { skipUnlessCi } from './support/ci.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import { migratedTrellis, waitFor, waitForStatus } from './support/trellis.js';
@@ -243,7 +244,7 @@ describe('what a backfill waits on', () => {
   });
 
   it('a transaction prepared after running the older trigger code holds up the backfill until COMMIT PREPARED', async (ctx) => {
-    if (!twoPhase) ctx.skip(NO_TWO_PHASE);
+    if (!twoPhase) skipUnlessCi(ctx, NO_TWO_PHASE);
     const levels: Definition = {
       target: 'valve_levels',
       from: 'valves',
@@ -320,7 +321,7 @@ describe('what a backfill waits on', () => {
   });
 
   it('a prepared transaction that wrote a source blocks capture install, and status names it by gid', async (ctx) => {
-    if (!twoPhase) ctx.skip(NO_TWO_PHASE);
+    if (!twoPhase) skipUnlessCi(ctx, NO_TWO_PHASE);
     const weights: Definition = {
       target: 'crate_weights',
       from: 'crates',

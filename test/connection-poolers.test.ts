@@ -208,8 +208,20 @@ describe.skipIf(!available)('through PgBouncer', () => {
         (await holders(LOCK_CLASS.wal)).length === 1,
       'a staging worker and a WAL decoder elected',
     );
-    // Both have had many turns at the locks by now (every 0.5 s and 1 s).
-    await new Promise((resolve) => setTimeout(resolve, 2_000));
+    // The standing-by staging worker and WAL decoder (whichever handle each is in) have
+    // each tried their lock again, twice, since both were elected: they had their chances
+    // to be elected too. Told by the try's statement starting again on their sessions
+    // (pg_stat_activity's query_start only moves forward: not a sample of what runs).
+    for (let turn = 1; turn <= 2; turn += 1) {
+      const [mark] = await db.sql<{ at: string }[]>`SELECT clock_timestamp()::text AS at`;
+      await waitFor(async () => {
+        const [row] = await db.sql<{ n: number }[]>`
+          SELECT count(*)::int AS n FROM pg_stat_activity
+           WHERE datname = current_database() AND query LIKE 'SELECT pg_try_advisory_lock($1, hashtext($2))%'
+             AND query_start > ${mark!.at}::timestamptz`;
+        return row!.n >= 2;
+      }, `turn ${turn} of the standbys at their locks`);
+    }
     expect(await holders(LOCK_CLASS.staging)).toHaveLength(1);
     expect(await holders(LOCK_CLASS.wal)).toHaveLength(1);
     const elected = [...byFirst, ...bySecond];

@@ -291,10 +291,12 @@ class Cutter {
         // The server restarted under this client: take a new one.
         void this.sql.end({ timeout: 0 });
         this.sql = sqlClient(this.url, { max: 1 });
-        await new Promise((resolve) => setTimeout(resolve, 100));
+        // A back-off before reconnecting to a restarting server (not a wait for an event).
+        await new Promise((resolve) => setTimeout(resolve, 100)); // back-off before reconnecting
         continue;
       }
-      await new Promise((resolve) => setTimeout(resolve, Math.floor(this.random() * 60)));
+      // Pacing: the disruptions spread over the run at random, not a wait for anything.
+      await new Promise((resolve) => setTimeout(resolve, Math.floor(this.random() * 60))); // pacing of the disruptions
     }
   }
 

@@ -25,7 +25,7 @@ function runDemo(
       output += chunk.toString();
     });
     // SIGINT, not SIGKILL: the demo then stops the cluster it started.
-    const timer = setTimeout(() => child.kill('SIGINT'), 110_000);
+    const timer = setTimeout(() => child.kill('SIGINT'), 110_000); // a deadline, not a wait
     child.on('error', reject);
     child.on('close', (code) => {
       clearTimeout(timer);

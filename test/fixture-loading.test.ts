@@ -9,7 +9,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Trellis } from '../src/engine/index.js';
 import { findPgDump } from '../src/migration/dump/find-pg-dump.js';
 import { resumeCaptureDisruptions } from '../src/testing/index.js';
+import { skipUnlessCi } from './support/ci.js';
 import { freshDatabase, serverInfo, type TestDatabase } from './support/database.js';
+import { waitForStatus } from './support/trellis.js';
 
 // The README's example of a suite that loads fixtures with triggers disabled (issue #9):
 // a loader that disables triggers disables Trellis's capture too; Trellis stops the
@@ -46,9 +48,7 @@ beforeAll(async () => {
   );
   // The suite's global setup: transforms defined and live (capture installed) before any
   // fixture is loaded.
-  while ((await trellis.status('customer_totals')).status !== 'live') {
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
+  await waitForStatus(trellis, 'customer_totals', 'live');
 });
 afterAll(async () => {
   await trellis?.shutdown();
@@ -89,7 +89,8 @@ describe('fixtures loaded with triggers disabled', () => {
     const pgDump = process.env.TRELLIS_PG_DUMP
       ? await findPgDump(serverMajor, process.env.TRELLIS_PG_DUMP)
       : await findPgDump(serverMajor).catch(() => undefined);
-    if (!pgDump) return context.skip();
+    if (!pgDump)
+      skipUnlessCi(context, `no pg_dump for Postgres ${serverMajor} (see test/dump.test.ts)`);
     const beside = join(dirname(pgDump.path), 'pg_restore');
     const pgRestore = pgDump.path.includes('/') && existsSync(beside) ? beside : 'pg_restore';
     const dir = await mkdtemp(join(tmpdir(), 'trellis-fixture-'));

@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
-import { freshDatabase, type TestDatabase } from './support/database.js';
+import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
-import { migratedTrellis } from './support/trellis.js';
+import { migratedTrellis, waitFor } from './support/trellis.js';
 
 // I8, idle half: live transforms with nothing written cost next to nothing. No tick is
 // taken (there is nothing to seal), so no cursor moves and no drain transaction runs; the
@@ -30,6 +30,38 @@ const definitions = [...Array.from({ length: TABLES }, (_, i) => projection(i + 
 
 /** The longest a worker stays inside one wait (their commits are counted when it ends). */
 const LONGEST_WAIT_MS = 5_000;
+
+/**
+ * Waits until every wait the worker's sessions were in when this began has ended, `rounds`
+ * times over: each worker (staging, drain loops, jobs) has ended a wait and had
+ * its chance to act (tick, move a cursor, commit) that many times (a WAL decoder's
+ * replication stream is one endless statement, not a wait: left out). Read from
+ * pg_stat_activity's `query_start`, which only moves forward (not a sample of what runs),
+ * by a session on another database, so that its own commits are not counted in this one's.
+ */
+async function workersWaited(rounds: number): Promise<void> {
+  const u = new URL(db.url);
+  u.pathname = '/postgres';
+  const observer = sqlClient(u.toString(), { max: 1 });
+  try {
+    for (let round = 1; round <= rounds; round += 1) {
+      const [mark] = await observer<{ at: string }[]>`SELECT clock_timestamp()::text AS at`;
+      await waitFor(
+        async () => {
+          const [row] = await observer<{ n: number }[]>`
+            SELECT count(*)::int AS n FROM pg_stat_activity
+             WHERE datname = ${db.name} AND application_name LIKE 'trellis-pg%'
+               AND backend_type = 'client backend' AND state = 'active' AND query_start < ${mark!.at}::timestamptz`;
+          return row!.n === 0;
+        },
+        `round ${round} of the workers' waits ending`,
+        4 * LONGEST_WAIT_MS,
+      );
+    }
+  } finally {
+    await observer.end({ timeout: 2 });
+  }
+}
 
 beforeAll(async () => {
   db = await freshDatabase();
@@ -79,12 +111,14 @@ describe('an idle instance', () => {
     for (const d of definitions) expect((await worker.status(d.target)).status).toBe('live');
     // Autovacuum has the new tables to analyse: done now, its commits would count below.
     await db.sql.unsafe('VACUUM ANALYZE');
-    // Long enough for every worker to have ended the wait it began while the
-    // transforms went live, and the next one (a backend reports its commits when it goes
-    // idle, at most once a second): so no commit of that busy time is counted below.
-    await new Promise((resolve) => setTimeout(resolve, 2 * LONGEST_WAIT_MS + 2_000));
+    // Every worker has ended the wait it began while the transforms went live, and the
+    // next one (a backend reports its commits when a transaction ends, at most once a
+    // second): so no commit of that busy time is counted below.
+    await workersWaited(2);
     const before = await snapshot();
-    await new Promise((resolve) => setTimeout(resolve, 8_000));
+    // Every worker has had two chances to tick, move a cursor or commit since `before`
+    // (each ended two waits), and found nothing to do.
+    await workersWaited(2);
     const after = await snapshot();
     expect(after.tick).toBe(before.tick);
     expect(after.pipeline).toBe(before.pipeline);

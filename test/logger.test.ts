@@ -66,7 +66,7 @@ describe('a logger that misbehaves', () => {
   }, async () => {
     const lines: Line[] = [];
     // Each line takes 3 s: the 60-odd lines below would take minutes to hand over one by one.
-    const slow = recordingLogger(lines, () => new Promise((resolve) => setTimeout(resolve, 3_000)));
+    const slow = recordingLogger(lines, () => new Promise((resolve) => setTimeout(resolve, 3_000))); // a slow log sink, not a wait
     const trellis = await Trellis.connect({
       url: db.url,
       staging: true,

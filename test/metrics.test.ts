@@ -26,7 +26,7 @@ async function scrapeUntil(
   while (Date.now() < deadline) {
     last = await scrape();
     if (check(last)) return last;
-    await new Promise((resolve) => setTimeout(resolve, 100));
+    await new Promise((resolve) => setTimeout(resolve, 100)); // the poll interval of this wait
   }
   throw new Error(`timed out waiting for ${what}; last scrape:\n${last?.text}`);
 }
@@ -126,10 +126,12 @@ describe('renderPrometheus()', () => {
         state: 'catching_up',
       }),
     ).toBe(1);
+    // The lag grows while the transform stays paused: waited for on the metric itself.
     const lagBefore = paused.value('trellis_target_lag_seconds', labels)!;
-    await new Promise((resolve) => setTimeout(resolve, 1_200));
-    const later = await scrape();
-    expect(later.value('trellis_target_lag_seconds', labels)!).toBeGreaterThan(lagBefore + 1);
+    await scrapeUntil(
+      (x) => x.value('trellis_target_lag_seconds', labels)! > lagBefore + 1,
+      'the lag to grow by more than a second',
+    );
 
     await live.trellis.apply(`RESUME TRANSFORM ${items.target}`);
     await live.db.sql`DELETE FROM m_items WHERE id > 2900 AND id <= 3000`;
@@ -288,10 +290,11 @@ describe('renderPrometheus()', () => {
         'the capture wait and its blocker',
       );
       expect(s.value('trellis_capture_wait_seconds', wait)).toBeGreaterThanOrEqual(0);
-      await new Promise((resolve) => setTimeout(resolve, 1_100));
-      const later = await scrape();
-      expect(later.value('trellis_capture_wait_seconds', wait)!).toBeGreaterThan(
-        s.value('trellis_capture_wait_seconds', wait)! + 0.5,
+      // The wait's seconds grow while its blocker holds on: waited for on the metric itself.
+      const waited = s.value('trellis_capture_wait_seconds', wait)!;
+      await scrapeUntil(
+        (x) => x.value('trellis_capture_wait_seconds', wait)! > waited + 0.5,
+        'the capture wait to grow by more than half a second',
       );
     } finally {
       release();

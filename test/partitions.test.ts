@@ -17,7 +17,8 @@ function keepWriting(table: string, from: number): () => Promise<void> {
   const done = (async () => {
     for (let id = from; !stopped; id += 1) {
       await sql.unsafe(`INSERT INTO ${table} (id, kind, amount) VALUES (${id}, 'w', ${id % 50})`);
-      await new Promise((resolve) => setTimeout(resolve, 5));
+      // Pacing: the inserts spread over the change, not a wait for anything.
+      await new Promise((resolve) => setTimeout(resolve, 5)); // pacing of the writer
     }
   })();
   return async () => {

@@ -106,6 +106,43 @@ describe('quarantine per address', () => {
     expect((await live.trellis.status(q.ratios.target)).heldKeys).toBe(5);
   });
 
+  it('holds a row of a two-column key at its column with its last value, while the rows around it flow', async () => {
+    // The held check matches every key column of the held row (a mutation run found a
+    // two-column key untested: its conditions joined without AND went unseen).
+    await live.db.sql.unsafe(`
+      CREATE TABLE qk_items (region text NOT NULL, id int NOT NULL, a numeric NOT NULL,
+                             b numeric NOT NULL, PRIMARY KEY (region, id));
+      INSERT INTO qk_items SELECT r, i, i * 10, 2 FROM unnest(ARRAY['n', 's']) r, generate_series(1, 5) i;`);
+    const ratios: Definition = {
+      target: 'qk_ratios',
+      from: 'qk_items',
+      select: 'a / b AS ratio, a AS plain',
+      implicit: 'region, id',
+    };
+    await live.define(ratios);
+    const row = async (region: string, id: number) =>
+      (
+        await live.db
+          .sql`SELECT ratio, plain FROM qk_ratios WHERE region = ${region} AND id = ${id}`
+      )[0];
+    // s/3 was good and goes bad: its ratio is held, with its last value; plain moves on.
+    await live.db.sql`UPDATE qk_items SET b = 0, a = 90 WHERE region = 's' AND id = 3`;
+    await settle(ratios);
+    expect(await row('s', 3)).toEqual({ ratio: '15.0000000000000000', plain: '90' });
+    expect((await live.trellis.status(ratios.target)).heldKeys).toBe(1);
+    // While it is held, the rows sharing its id or its region are written as usual.
+    await live.db.sql`UPDATE qk_items SET a = a + 1 WHERE id = 3 OR region = 's'`;
+    await settle(ratios);
+    expect(await row('n', 3)).toEqual({ ratio: '15.5000000000000000', plain: '31' });
+    expect(await row('s', 4)).toEqual({ ratio: '20.5000000000000000', plain: '41' });
+    expect(await row('s', 3)).toEqual({ ratio: '15.0000000000000000', plain: '91' });
+    // Fixed and retried: the target equals its definition again.
+    await live.db.sql`UPDATE qk_items SET b = 7 WHERE region = 's' AND id = 3`;
+    await live.trellis.apply(`RESUME TRANSFORM ${ratios.target}`);
+    await live.converged([ratios]);
+    expect((await live.trellis.status(ratios.target)).heldKeys).toBe(0);
+  });
+
   it('refuses unknown addresses with not_found, and a bad cursor with validation', async () => {
     const q = await scene('qb');
     expect((await rejection(live.trellis.quarantineStatus('nope'))).code).toBe('not_found');

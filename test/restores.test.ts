@@ -8,6 +8,7 @@ import { afterAll, describe, expect, inject, it } from 'vitest';
 import { Trellis } from '../src/engine/index.js';
 import { findPgDump } from '../src/migration/dump/find-pg-dump.js';
 import { startPostgres, type TestPostgres } from '../src/testing/index.js';
+import { IN_CI } from './support/ci.js';
 import { freshDatabase, serverInfo, sqlClient } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import { migratedTrellis, quietLogger, rejection, waitForStatus } from './support/trellis.js';
@@ -29,7 +30,7 @@ const serverMajor = Math.floor(pg.serverVersion / 10_000);
 const pgDump = process.env.TRELLIS_PG_DUMP
   ? await findPgDump(serverMajor, process.env.TRELLIS_PG_DUMP)
   : await findPgDump(serverMajor).catch(() => undefined);
-if (!pgDump && process.env.CI) {
+if (!pgDump && IN_CI) {
   throw new Error(
     `the restore tests need a pg_dump for Postgres ${serverMajor} under CI: run \`node scripts/fetch-pg-client.mjs --major ${serverMajor}\` and set TRELLIS_PG_DUMP=<the directory it prints>/pg_dump`,
   );

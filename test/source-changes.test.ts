@@ -40,7 +40,8 @@ class Writer {
           this.errors.push(`${statement}: ${(error as Error).message}`);
         }
       }
-      await new Promise((resolve) => setTimeout(resolve, 5));
+      // Pacing: the writes spread over the change, not a wait for anything.
+      await new Promise((resolve) => setTimeout(resolve, 5)); // pacing of the writer
     }
   }
 
@@ -143,7 +144,8 @@ class Reader {
           this.errors.push(`${target}: ${(error as Error).message}`);
         }
       }
-      await new Promise((resolve) => setTimeout(resolve, 2));
+      // Pacing: the reads spread over the change, not a wait for anything.
+      await new Promise((resolve) => setTimeout(resolve, 2)); // pacing of the reader
     }
   }
 

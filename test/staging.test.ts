@@ -14,7 +14,7 @@ import { ACCOUNTS_DDL, accountsWorkload, seedAccounts } from './support/workload
 // reclaimed by TRUNCATE, capture that narrows again, and triggers that fire in
 // replication mode.
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms)); // pacing of the writer (below)
 
 /** The transforms this file defines, each as its statement means it. */
 const D = {
@@ -189,7 +189,7 @@ describe('capture on a busy table', () => {
           await tx`SET LOCAL lock_timeout = '10s'`;
           await tx`INSERT INTO parts VALUES (${2000 + i}, ${`w${i}`}, ${i})`;
         });
-        await sleep(150);
+        await sleep(150); // pacing: writes spread over the lock attempts
       }
       const [{ n }] = (await writerSql`SELECT count(*)::int AS n FROM parts WHERE id >= 2000`) as [
         { n: number },

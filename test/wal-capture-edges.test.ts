@@ -42,7 +42,8 @@ describe('WAL capture edges', () => {
       } catch (error) {
         expect((error as { code?: string }).code).toBe('55000');
         failures += 1;
-        await new Promise((resolve) => setTimeout(resolve, 20));
+        // The app's retry interval: this loop waits for its UPDATE to go through.
+        await new Promise((resolve) => setTimeout(resolve, 20)); // the app's retry interval
       }
       if (Date.now() - altered > 30_000) throw new Error('UPDATEs still failing after 30 s');
     }

@@ -112,8 +112,9 @@ describe('running a workload', () => {
     const tight = sqlClient(db.url, { max: 2 });
     const squeezed = await Promise.race([
       runWorkload(tight, crossed, { seed: 1, writers: 2, operations: 1, longTransactions: 2 }),
-      new Promise<never>((_, reject) =>
-        setTimeout(() => reject(new Error('the writers hung on a pool of two')), 30_000),
+      new Promise<never>(
+        (_, reject) =>
+          setTimeout(() => reject(new Error('the writers hung on a pool of two')), 30_000), // a deadline, not a wait
       ),
     ]);
     expect(squeezed.expected.deadlock).toBeGreaterThan(0);

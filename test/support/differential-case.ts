@@ -121,7 +121,8 @@ export class CaseFailure extends Error {
   override name = 'CaseFailure';
 }
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+/** The poll interval of the waits below (each ends on a status or convergence). */
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms)); // the poll interval of the waits below
 
 /**
  * Waits until `target` has every write committed before `token`; fails at once when the
@@ -140,7 +141,7 @@ async function converged(trellis: Trellis, target: string, token: string, timeou
     if (status.status === 'paused' || Date.now() > deadline) {
       throw new CaseFailure(`${target} did not converge: ${JSON.stringify(status)}`);
     }
-    await sleep(10);
+    await sleep(10); // the poll interval of this wait
   }
 }
 
@@ -156,7 +157,7 @@ async function writersWithin(
 ): Promise<WorkloadResult> {
   let timer: NodeJS.Timeout | undefined;
   const late = new Promise<'late'>((resolve) => {
-    timer = setTimeout(() => resolve('late'), ms);
+    timer = setTimeout(() => resolve('late'), ms); // a deadline, not a wait
   });
   try {
     const result = await Promise.race([writers, late]);
@@ -193,7 +194,7 @@ async function isLive(trellis: Trellis, target: string, timeoutMs: number): Prom
     if (status.status === 'paused' || Date.now() > deadline) {
       throw new CaseFailure(`${target} did not become live: ${JSON.stringify(status)}`);
     }
-    await sleep(20);
+    await sleep(20); // the poll interval of this wait
   }
 }
 

@@ -37,7 +37,7 @@ try {
       if (status.pauseReason !== null || Date.now() > deadline) {
         throw new Error(`${target} did not become live: ${JSON.stringify(status)}`);
       }
-      await new Promise((resolve) => setTimeout(resolve, 50));
+      await new Promise((resolve) => setTimeout(resolve, 50)); // the poll interval of this wait
     }
   }
   const sql = postgres(url, { max: 1, onnotice: () => undefined });

@@ -161,7 +161,7 @@ export class PgBouncer {
         socket.once('error', () => resolve(false));
       });
       if (open) return;
-      await new Promise((resolve) => setTimeout(resolve, 50));
+      await new Promise((resolve) => setTimeout(resolve, 50)); // the poll interval of this wait
     }
     throw new Error(`pgbouncer did not listen on ${this.port} within 10 s: ${await this.log()}`);
   }
@@ -170,7 +170,7 @@ export class PgBouncer {
     if (this.running) {
       const exited = new Promise((resolve) => this.child.once('exit', resolve));
       this.child.kill('SIGINT');
-      await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 5_000))]);
+      await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 5_000))]); // a deadline, not a wait
       if (this.running) this.child.kill('SIGKILL');
     }
     this.reaper.kill();

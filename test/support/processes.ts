@@ -1,6 +1,5 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import type postgres from 'postgres';
 
 const running = new Set<ChildProcess>();
 
@@ -58,36 +57,6 @@ export function startWorkerProcess(
   );
 }
 
-/**
- * Watches the backends whose application_name is `applicationName` (a worker process's
- * sessions) until stopped, and says whether one was ever seen inside a transaction
- * running one of the drain's statements (a page, a range, a backfill chunk).
- */
-export function watchDrainWork(sql: postgres.Sql, applicationName: string): () => Promise<boolean> {
-  let stopped = false;
-  let seen = false;
-  const done = (async () => {
-    while (!stopped && !seen) {
-      const [row] = await sql<{ n: number }[]>`
-        SELECT count(*)::int AS n FROM pg_stat_activity
-         WHERE application_name = ${applicationName} AND xact_start IS NOT NULL
-           AND state IN ('active', 'idle in transaction')
-           AND (query LIKE 'WITH changed%' OR query LIKE '%pages%' OR query LIKE 'WITH mapped%'
-                OR query LIKE 'WITH filled%'
-                -- A build's fill: into a target, or a key map.
-                OR (query LIKE 'INSERT INTO %' AND query NOT LIKE 'INSERT INTO "trellis".%')
-                OR query LIKE 'INSERT INTO "trellis"."map_%')`;
-      if ((row?.n ?? 0) > 0) seen = true;
-      else await new Promise((resolve) => setTimeout(resolve, 10));
-    }
-  })();
-  return async () => {
-    stopped = true;
-    await done;
-    return seen;
-  };
-}
-
 /** What an app process's calls met (see test/fixtures/app-process.ts). */
 export interface AppProcessReport {
   outcomes: Record<string, number>;
@@ -128,7 +97,7 @@ export async function startAppProcess(url: string, targets: string[]): Promise<A
           .find((l) => l.startsWith('stats ') && output.slice(seen).includes(`${l}\n`));
         if (line) return JSON.parse(line.slice('stats '.length)) as AppProcessReport;
         if (child.exitCode !== null) throw new Error(`app process exited (${child.exitCode})`);
-        await new Promise((resolve) => setTimeout(resolve, 20));
+        await new Promise((resolve) => setTimeout(resolve, 20)); // the poll interval of this wait
       }
     },
     async stop() {

@@ -15,7 +15,7 @@ export async function finishedJob(
     if (!last) throw new Error(`self-check job ${id} is gone`);
     onProgress?.(last);
     if (last.state === 'done' || last.state === 'failed' || last.state === 'cancelled') return last;
-    await new Promise((resolve) => setTimeout(resolve, 20));
+    await new Promise((resolve) => setTimeout(resolve, 20)); // the poll interval of this wait
   }
   throw new Error(
     `self-check job ${id} did not finish within ${timeoutMs} ms: ${JSON.stringify(last)}`,

@@ -78,6 +78,7 @@ function startShopProcess(
     },
   };
   return new Promise((done, fail) => {
+    // A deadline for the start, not a wait (the start is told by its output).
     const timer = setTimeout(() => {
       child.kill('SIGKILL');
       fail(new Error(`${file} did not start in 60 s:\n${seen}`));

@@ -47,7 +47,7 @@ export async function waitForStatus(
   while (Date.now() < deadline) {
     last = await trellis.status(target);
     if (last.status === status) return last;
-    await new Promise((resolve) => setTimeout(resolve, 25));
+    await new Promise((resolve) => setTimeout(resolve, 25)); // the poll interval of this wait
   }
   throw new Error(
     `${target} did not reach ${status} within ${timeoutMs} ms: ${JSON.stringify(last)}`,
@@ -63,7 +63,7 @@ export async function waitFor(
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     if (await check()) return;
-    await new Promise((resolve) => setTimeout(resolve, 25));
+    await new Promise((resolve) => setTimeout(resolve, 25)); // the poll interval of this wait
   }
   throw new Error(`timed out waiting for ${what}`);
 }

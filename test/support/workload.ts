@@ -382,7 +382,7 @@ async function classify(
   throw suspect('an unexpected error');
 }
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms)); // pacing of the writers (below)
 
 /**
  * A transaction step written out (BEGIN, SAVEPOINT, ROLLBACK TO, COMMIT or ROLLBACK) on a
@@ -496,7 +496,7 @@ export async function runPlan(
         // A client that lost its connection is not reused.
         void sql.end({ timeout: 0 });
         sql = options.newClient();
-        await sleep(50);
+        await sleep(50); // back-off before a new client
       }
     };
     try {
@@ -543,7 +543,7 @@ export async function runPlan(
                   else await tally(error, `${context}, in a savepoint: ${part.savepoint}`, tx);
                 }
               }
-              if (step.holdMs > 0 && i < step.body.length - 1) await sleep(step.holdMs);
+              if (step.holdMs > 0 && i < step.body.length - 1) await sleep(step.holdMs); // pacing: a transaction held open
             }
             if (step.rollback) throw new PlannedRollback();
           });
