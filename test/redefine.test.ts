@@ -292,4 +292,198 @@ describe('ALTER TRANSFORM … AS: redefined in place under writers and readers',
       writes: churn('rd_items'),
     });
   });
+
+  it('a GROUP BY: another key, other aggregates (the key constraint replaced, FROM-first form)', async () => {
+    await makeItems('rd_g_items');
+    await redefineUnderLoad({
+      before: [
+        {
+          target: 'rd_g',
+          from: 'rd_g_items',
+          select: 'cat, count(*) AS n, sum(price) AS total',
+          groupBy: 'cat',
+        },
+      ],
+      next: {
+        target: 'rd_g',
+        from: 'rd_g_items',
+        select: 'qty, count(*) AS n, max(price) AS top, sum(price) AS total',
+        where: 'price > 2',
+        groupBy: 'qty',
+        key: ['qty'],
+      },
+      writes: churn('rd_g_items'),
+    });
+  });
+
+  it('a join: a column added, the filter changed, the key and the join index kept', async () => {
+    await makeItems('rd_j_items');
+    await live.db.sql.unsafe(`
+      CREATE TABLE rd_j_cats (id int PRIMARY KEY, label text NOT NULL);
+      INSERT INTO rd_j_cats SELECT i, 'cat ' || i FROM generate_series(0, 6) i;`);
+    await redefineUnderLoad({
+      before: [
+        {
+          target: 'rd_j',
+          from: 'rd_j_items i JOIN rd_j_cats c ON c.id = i.cat',
+          select: 'i.name, c.label',
+          implicit: 'i.id AS id, c.id AS c_id',
+        },
+      ],
+      next: {
+        target: 'rd_j',
+        from: 'rd_j_items i JOIN rd_j_cats c ON c.id = i.cat',
+        select: 'i.name, c.label, i.price',
+        where: "c.label <> 'cat 3'",
+        implicit: 'i.id AS id, c.id AS c_id',
+      },
+      writes: (n) => [
+        ...churn('rd_j_items')(n),
+        `UPDATE rd_j_cats SET label = 'cat ' || id || '.' || ${n % 3} WHERE id = ${n % 7}`,
+      ],
+    });
+  });
+
+  it("a chain's upstream: the chain reads a column that changes type, follows it and is re-derived", async () => {
+    await makeItems('rd_c_items');
+    const up: Definition = {
+      target: 'rd_up',
+      from: 'rd_c_items',
+      select: 'name, price, qty',
+      implicit: 'id',
+    };
+    const next: Definition = {
+      target: 'rd_up',
+      from: 'rd_c_items',
+      select: 'name, price * 2 AS price, qty::bigint AS qty',
+      where: 'qty < 8',
+      implicit: 'id',
+    };
+    const down: Definition = {
+      target: 'rd_down',
+      from: 'rd_up',
+      select: 'qty, count(*) AS n, sum(price) AS total',
+      groupBy: 'qty',
+      reads: [up],
+    };
+    await redefineUnderLoad({
+      before: [up, down],
+      next,
+      writes: churn('rd_c_items'),
+      after: [{ ...down, reads: [next] }],
+    });
+    const [type] = await live.db.sql<{ type: string }[]>`
+      SELECT format_type(atttypid, atttypmod) AS type FROM pg_attribute
+       WHERE attrelid = 'rd_down'::regclass AND attname = 'qty'`;
+    expect(type!.type).toBe('bigint');
+  });
+});
+
+describe('ALTER TRANSFORM … AS: what the target keeps, and what refuses it', () => {
+  it('keeps grants, an app index, a comment and a view over it; says what the switch does', async () => {
+    await makeItems('rd_d_items');
+    const d: Definition = {
+      target: 'rd_dep',
+      from: 'rd_d_items',
+      select: 'name, price, qty',
+      implicit: 'id',
+    };
+    await live.define(d);
+    await live.db.sql.unsafe(`
+      DO $$ BEGIN CREATE ROLE rd_reader; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+      GRANT SELECT ON rd_dep TO rd_reader;
+      CREATE INDEX rd_dep_name ON rd_dep (name);
+      COMMENT ON TABLE rd_dep IS 'read by the reports';
+      CREATE VIEW rd_dep_view AS SELECT id, name FROM rd_dep WHERE id <= 50;`);
+    const oid = await targetOid('rd_dep');
+    const [index] = await live.db.sql<
+      { oid: number }[]
+    >`SELECT 'rd_dep_name'::regclass::oid AS oid`;
+    const next: Definition = {
+      ...d,
+      select: 'name, price * 2 AS price, qty::bigint AS qty, note',
+    };
+    const result = await live.trellis.apply(alterStatement(next));
+    expect(result).toEqual({
+      kind: 'redefining',
+      target: 'rd_dep',
+      changes: ['column qty retyped from integer to bigint', 'column note added (text)'],
+    });
+    // Nothing else is altered while it is built.
+    const busy = await rejection(live.trellis.apply('ALTER TRANSFORM rd_dep ADD COLUMN 1 AS one'));
+    expect(busy).toMatchObject({ code: 'conflict' });
+    expect(busy.message).toContain('is being redefined');
+    await waitFor(
+      async () => (await redefinition('rd_dep'))?.state === 'switched',
+      'rd_dep to switch',
+      40_000,
+    );
+    await live.converged([next]);
+    expect(await targetOid('rd_dep')).toBe(oid);
+    const [kept] = await live.db.sql<
+      { granted: boolean; index: number; comment: string; viewed: number }[]
+    >`
+      SELECT has_table_privilege('rd_reader', 'rd_dep', 'SELECT') AS granted,
+             to_regclass('rd_dep_name')::oid AS index,
+             obj_description('rd_dep'::regclass, 'pg_class') AS comment,
+             (SELECT count(*)::int FROM rd_dep_view) AS viewed`;
+    expect(kept).toEqual({
+      granted: true,
+      index: index!.oid,
+      comment: 'read by the reports',
+      viewed: 50,
+    });
+    const recorded = await redefinition('rd_dep');
+    expect(recorded).toMatchObject({
+      state: 'switched',
+      changes: ['column qty retyped from integer to bigint', 'column note added (text)'],
+    });
+  });
+
+  it('refuses a change Postgres would drop or refuse dependants for, naming them', async () => {
+    await makeItems('rd_r_items');
+    const d: Definition = {
+      target: 'rd_ref',
+      from: 'rd_r_items',
+      select: 'name, price, qty',
+      implicit: 'id',
+    };
+    await live.define(d);
+    await live.db.sql.unsafe(`
+      CREATE INDEX rd_ref_qty ON rd_ref (qty);
+      CREATE VIEW rd_ref_names AS SELECT id, name FROM rd_ref;
+      CREATE TABLE rd_ref_notes (ref int REFERENCES rd_ref (id), body text);`);
+    // A column a view reads and one an index is on, dropped.
+    const dropped = await rejection(
+      live.trellis.apply('ALTER TRANSFORM rd_ref AS FROM rd_r_items SELECT id, price'),
+    );
+    expect(dropped).toMatchObject({ code: 'conflict' });
+    expect(dropped.message).toContain(
+      'column name would be dropped, and view rd_ref_names depends on it',
+    );
+    expect(dropped.message).toContain(
+      'column qty would be dropped, and index rd_ref_qty depends on it',
+    );
+    // A column a view reads, retyped.
+    const retyped = await rejection(
+      live.trellis.apply(
+        'ALTER TRANSFORM rd_ref AS SELECT id, name::varchar(20) AS name, price, qty FROM rd_r_items',
+      ),
+    );
+    expect(retyped.message).toContain(
+      'column name would change type from text to character varying(20), which Postgres refuses while view rd_ref_names reads it',
+    );
+    // Another key, which a foreign key references.
+    const rekeyed = await rejection(
+      live.trellis.apply(
+        'ALTER TRANSFORM rd_ref AS SELECT qty, count(*) AS n FROM rd_r_items GROUP BY qty',
+      ),
+    );
+    expect(rekeyed.message).toContain(
+      'its key would change from (id) to (qty), and foreign key rd_ref_notes_ref_fkey of rd_ref_notes references it',
+    );
+    // Nothing was started; the transform is as it was.
+    expect(await redefinition('rd_ref')).toBeNull();
+    await live.converged([d]);
+  });
 });
