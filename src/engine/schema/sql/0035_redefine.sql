@@ -1003,7 +1003,8 @@ BEGIN
          redefinition = jsonb_build_object('state', 'switched', 'statement', s.statement,
                                            'previous', t.statement, 'since', t.redefinition->'since',
                                            'at', now(), 'changes', plan->'changes',
-                                           'deleted', deleted, 'written', written)
+                                           'deleted', deleted, 'written', written,
+                                           'lockMs', round((extract(epoch FROM clock_timestamp() - locked_at) * 1000)::numeric, 2))
    WHERE y.id = s.id;
   EXECUTE 'DROP TABLE ' || shadow_rel;
   RETURN jsonb_build_object('switched', true, 'target', t.target_name, 'changes', plan->'changes',
