@@ -197,7 +197,7 @@ describe('trellis generate', () => {
   });
 
   // Child processes are slow on a loaded machine: a longer timeout than the suite's.
-  it('--from writes what changed since the migrations: new, altered, defined again with its chain, dropped; nothing when nothing changed', {
+  it('--from writes what changed since the migrations: new, altered, redefined in place (its chain follows), dropped; nothing when nothing changed', {
     timeout: 240_000,
   }, async () => {
     const dir = await project();

@@ -487,3 +487,61 @@ describe('ALTER TRANSFORM … AS: what the target keeps, and what refuses it', (
     await live.converged([d]);
   });
 });
+
+describe('ALTER TRANSFORM … AS: the statement, and a redefinition given up', () => {
+  it('parses both forms, renders them back, and points at a mistake where it is', async () => {
+    const rendered = async (statement: string) => {
+      const [row] = await live.db.sql<{ text: string }[]>`
+        SELECT trellis.render_statement(trellis.parse_statement(${statement})) AS text`;
+      return row!.text;
+    };
+    expect(await rendered('alter transform t as select a, b total from s where a > 1')).toBe(
+      'ALTER TRANSFORM t AS SELECT a, b total FROM s WHERE a > 1',
+    );
+    expect(await rendered('ALTER TRANSFORM t AS FROM s SELECT a AS a GROUP BY a')).toBe(
+      'ALTER TRANSFORM t AS FROM s SELECT a AS a GROUP BY a',
+    );
+    const parse = await rejection(live.trellis.apply('ALTER TRANSFORM t AS SELEC a FROM s'));
+    expect(parse).toMatchObject({ code: 'parse' });
+    expect(parse.message).toBe('expected SELECT or FROM after AS, found "SELEC" at character 22');
+    const inner = await rejection(live.trellis.apply('ALTER TRANSFORM t AS FROM s SELEC a'));
+    // Positions are the ALTER statement's own (SELEC is read as an alias of s).
+    expect(inner.message).toBe('expected JOIN or SELECT, found "a" at character 35');
+    const missing = await rejection(live.trellis.apply('ALTER TRANSFORM nope AS FROM s SELECT a'));
+    expect(missing).toMatchObject({ code: 'not_found' });
+    const define = await rejection(live.trellis.define('ALTER TRANSFORM t AS FROM s SELECT a'));
+    expect(define).toMatchObject({ code: 'validation' });
+  });
+
+  it('a dependant created while the new definition is built: the switch is refused, the old definition stays', async () => {
+    await makeItems('rd_f_items');
+    const d: Definition = {
+      target: 'rd_fail',
+      from: 'rd_f_items',
+      select: 'name, price',
+      implicit: 'id',
+    };
+    await live.define(d);
+    const release = await holdRead('rd_fail');
+    const result = await live.trellis.apply(
+      'ALTER TRANSFORM rd_fail AS FROM rd_f_items SELECT id, name',
+    );
+    expect(result).toMatchObject({ kind: 'redefining', changes: ['column price dropped'] });
+    await live.db.sql.unsafe('CREATE VIEW rd_fail_prices AS SELECT id, price FROM rd_fail');
+    // The switch needs the target's lock, which the long reader holds: the view is there first.
+    await release();
+    await waitFor(
+      async () => (await redefinition('rd_fail'))?.state === 'failed',
+      'the redefinition to be given up',
+    );
+    expect(String((await redefinition('rd_fail'))?.error)).toContain(
+      'column price would be dropped, and view rd_fail_prices depends on it',
+    );
+    const [shadows] = await live.db.sql<{ n: number }[]>`
+      SELECT count(*)::int AS n FROM trellis.transforms WHERE redefines IS NOT NULL`;
+    expect(shadows!.n).toBe(0);
+    await live.db.sql`UPDATE rd_f_items SET price = price + 1 WHERE id <= 10`;
+    await live.converged([d]);
+    expect((await live.trellis.status('rd_fail')).status).toBe('live');
+  });
+});
