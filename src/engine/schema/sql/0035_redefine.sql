@@ -721,6 +721,16 @@ BEGIN
   IF t.redefines IS NOT NULL THEN
     PERFORM @schema@._fail('TRN01', format('there is no transform named %I', t.target_name));
   END IF;
+  -- A switch to a redefinition being replaced finishes first (it holds these rows, taken
+  -- in the drain's order): the transform is then the one it switched to.
+  PERFORM 1 FROM @schema@.pipeline px
+   WHERE px.transform_id = t.id
+      OR px.transform_id IN (SELECT y.id FROM @schema@.transforms y WHERE y.redefines = t.id)
+   ORDER BY px.transform_id FOR UPDATE;
+  IF NOT EXISTS (SELECT 1 FROM @schema@.transforms y WHERE y.id = t.id) THEN
+    PERFORM @schema@._fail('TRT01', format(
+      'transform %I was switched to another definition while this statement waited: apply it again', t.target_name));
+  END IF;
   def := jsonb_set(def, '{target}', jsonb_build_object('schema', NULL, 'name', t.target_name));
   spec := @schema@._analyze_transform(def);
   spec := jsonb_set(spec, '{ast,target}', jsonb_build_object('schema', NULL, 'name', t.target_name));
@@ -830,8 +840,12 @@ BEGIN
   PERFORM 1 FROM @schema@.page_slots ps WHERE ps.transform_id = ANY (ids)
    ORDER BY ps.transform_id, ps.bucket FOR UPDATE;
   PERFORM 1 FROM @schema@.pipeline px WHERE px.transform_id = ANY (ids) ORDER BY px.transform_id FOR UPDATE;
-  SELECT * INTO s FROM @schema@.transforms y WHERE y.id = shadow_id;
+  SELECT * INTO s FROM @schema@.transforms y WHERE y.id = shadow_id AND y.redefines IS NOT NULL;
   SELECT * INTO t FROM @schema@.transforms y WHERE y.id = s.redefines;
+  IF s.id IS NULL OR t.id IS NULL THEN
+    -- Dropped, or replaced by another ALTER TRANSFORM … AS, while this waited.
+    RETURN jsonb_build_object('switched', false, 'why', 'no such redefinition');
+  END IF;
   SELECT * INTO p FROM @schema@.pipeline px WHERE px.transform_id = s.id;
   IF p.phase <> 'live' OR p.follow_pending OR s.paused_at IS NOT NULL THEN
     RETURN jsonb_build_object('switched', false, 'why', 'the new definition is not live yet');
