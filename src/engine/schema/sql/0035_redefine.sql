@@ -952,22 +952,36 @@ BEGIN
   cols := (SELECT string_agg(quote_ident(cc.name), ', ' ORDER BY cc.ordinal)
              FROM @schema@.transform_columns cc WHERE cc.transform_id = s.id);
   IF NOT key_changed THEN
-    key_match := (SELECT string_agg(format('n.%I IS NOT DISTINCT FROM t.%I', k, k), ' AND ') FROM unnest(new_key) k);
+    -- `=` where the key column cannot be NULL (a hash anti-join); IS NOT DISTINCT FROM,
+    -- which Postgres can only join by nested loop, only where it can (a nullable key).
+    key_match := (SELECT string_agg(format(CASE WHEN a.attnotnull THEN 'n.%I = t.%I' ELSE 'n.%I IS NOT DISTINCT FROM t.%I' END,
+                                           k, k), ' AND ')
+                    FROM unnest(new_key) k
+                    LEFT JOIN pg_attribute a ON a.attrelid = s.target_oid AND a.attname = k);
     EXECUTE 'DELETE FROM ' || rel || ' t WHERE NOT EXISTS (SELECT 1 FROM ' || shadow_rel || ' n'
       || coalesce(' WHERE ' || key_match, '') || ')';
     GET DIAGNOSTICS gone = ROW_COUNT;
     deleted := deleted + gone;
   END IF;
-  EXECUTE 'INSERT INTO ' || rel || ' AS t (' || cols || ') SELECT ' || cols || ' FROM ' || shadow_rel
-    || CASE WHEN cardinality(new_key) = 0 THEN ' ON CONFLICT ((true))'
-            ELSE ' ON CONFLICT (' || (SELECT string_agg(quote_ident(k), ', ') FROM unnest(new_key) k) || ')' END
-    || ' DO UPDATE SET ' || (SELECT string_agg(format('%I = EXCLUDED.%I', cc.name, cc.name), ', ' ORDER BY cc.ordinal)
-                               FROM @schema@.transform_columns cc WHERE cc.transform_id = s.id)
-    || ' WHERE record_image_ne(ROW(' || (SELECT string_agg('t.' || quote_ident(cc.name), ', ' ORDER BY cc.ordinal)
-                               FROM @schema@.transform_columns cc WHERE cc.transform_id = s.id)
-    || '), ROW(' || (SELECT string_agg('EXCLUDED.' || quote_ident(cc.name), ', ' ORDER BY cc.ordinal)
-                      FROM @schema@.transform_columns cc WHERE cc.transform_id = s.id) || '))';
-  GET DIAGNOSTICS written = ROW_COUNT;
+  -- Rows the target holds otherwise, updated, and rows it lacks, inserted, each by one join
+  -- (a hash join where the key cannot be NULL): an unchanged row is not touched. No writer
+  -- but this one can reach the target meanwhile (the drain's locks are held).
+  IF NOT key_changed THEN
+    EXECUTE 'UPDATE ' || rel || ' t SET (' || cols || ') = ROW(' || (
+        SELECT string_agg('n.' || quote_ident(cc.name), ', ' ORDER BY cc.ordinal)
+          FROM @schema@.transform_columns cc WHERE cc.transform_id = s.id) || ')'
+      || ' FROM ' || shadow_rel || ' n WHERE ' || coalesce(key_match || ' AND ', '')
+      || 'record_image_ne(ROW(' || (SELECT string_agg('t.' || quote_ident(cc.name), ', ' ORDER BY cc.ordinal)
+                                      FROM @schema@.transform_columns cc WHERE cc.transform_id = s.id)
+      || '), ROW(' || (SELECT string_agg('n.' || quote_ident(cc.name), ', ' ORDER BY cc.ordinal)
+                        FROM @schema@.transform_columns cc WHERE cc.transform_id = s.id) || '))';
+    GET DIAGNOSTICS written = ROW_COUNT;
+  END IF;
+  EXECUTE 'INSERT INTO ' || rel || ' (' || cols || ') SELECT ' || cols || ' FROM ' || shadow_rel || ' n'
+    || CASE WHEN key_changed THEN '' ELSE
+         ' WHERE NOT EXISTS (SELECT 1 FROM ' || rel || ' t' || coalesce(' WHERE ' || key_match, '') || ')' END;
+  GET DIAGNOSTICS gone = ROW_COUNT;
+  written := written + gone;
   -- NOT NULL where the new definition's columns are (the rows are in now).
   FOR r IN SELECT a.attname FROM pg_attribute a JOIN pg_attribute n ON n.attname = a.attname
             WHERE a.attrelid = t.target_oid AND n.attrelid = s.target_oid AND a.attnum > 0
