@@ -14,6 +14,9 @@ import { rejection, waitFor } from './support/trellis.js';
 
 const live = livePipeline();
 
+/** Writers, readers and two builds on a shared machine: more than the default minute. */
+const LOAD = { timeout: 180_000 };
+
 /** The redefinition statement for `d`, in the form `d` is written in. */
 function alterStatement(d: Definition): string {
   const statement = transformStatement(d);
@@ -270,113 +273,129 @@ function churn(table: string): (n: number) => string[] {
 }
 
 describe('ALTER TRANSFORM … AS: redefined in place under writers and readers', () => {
-  it('a projection: a column dropped, two added, another filter (AS SELECT form)', async () => {
-    await makeItems('rd_items');
-    await redefineUnderLoad({
-      before: [
-        {
+  it(
+    'a projection: a column dropped, two added, another filter (AS SELECT form)',
+    LOAD,
+    async () => {
+      await makeItems('rd_items');
+      await redefineUnderLoad({
+        before: [
+          {
+            target: 'rd_proj',
+            from: 'rd_items',
+            select: 'name, price',
+            where: 'price > 3',
+            implicit: 'id',
+          },
+        ],
+        next: {
           target: 'rd_proj',
+          form: 'as',
           from: 'rd_items',
-          select: 'name, price',
-          where: 'price > 3',
-          implicit: 'id',
+          select: 'id, name, price * qty AS amount, qty',
+          where: 'price > 30',
         },
-      ],
-      next: {
-        target: 'rd_proj',
-        form: 'as',
-        from: 'rd_items',
-        select: 'id, name, price * qty AS amount, qty',
-        where: 'price > 30',
-      },
-      writes: churn('rd_items'),
-    });
-  });
+        writes: churn('rd_items'),
+      });
+    },
+  );
 
-  it('a GROUP BY: another key, other aggregates (the key constraint replaced, FROM-first form)', async () => {
-    await makeItems('rd_g_items');
-    await redefineUnderLoad({
-      before: [
-        {
+  it(
+    'a GROUP BY: another key, other aggregates (the key constraint replaced, FROM-first form)',
+    LOAD,
+    async () => {
+      await makeItems('rd_g_items');
+      await redefineUnderLoad({
+        before: [
+          {
+            target: 'rd_g',
+            from: 'rd_g_items',
+            select: 'cat, count(*) AS n, sum(price) AS total',
+            groupBy: 'cat',
+          },
+        ],
+        next: {
           target: 'rd_g',
           from: 'rd_g_items',
-          select: 'cat, count(*) AS n, sum(price) AS total',
-          groupBy: 'cat',
+          select: 'qty, count(*) AS n, max(price) AS top, sum(price) AS total',
+          where: 'price > 2',
+          groupBy: 'qty',
+          key: ['qty'],
         },
-      ],
-      next: {
-        target: 'rd_g',
-        from: 'rd_g_items',
-        select: 'qty, count(*) AS n, max(price) AS top, sum(price) AS total',
-        where: 'price > 2',
-        groupBy: 'qty',
-        key: ['qty'],
-      },
-      writes: churn('rd_g_items'),
-    });
-  });
+        writes: churn('rd_g_items'),
+      });
+    },
+  );
 
-  it('a join: a column added, the filter changed, the key and the join index kept', async () => {
-    await makeItems('rd_j_items');
-    await live.db.sql.unsafe(`
+  it(
+    'a join: a column added, the filter changed, the key and the join index kept',
+    LOAD,
+    async () => {
+      await makeItems('rd_j_items');
+      await live.db.sql.unsafe(`
       CREATE TABLE rd_j_cats (id int PRIMARY KEY, label text NOT NULL);
       INSERT INTO rd_j_cats SELECT i, 'cat ' || i FROM generate_series(0, 6) i;`);
-    await redefineUnderLoad({
-      before: [
-        {
+      await redefineUnderLoad({
+        before: [
+          {
+            target: 'rd_j',
+            from: 'rd_j_items i JOIN rd_j_cats c ON c.id = i.cat',
+            select: 'i.name, c.label',
+            implicit: 'i.id AS id, c.id AS c_id',
+          },
+        ],
+        next: {
           target: 'rd_j',
           from: 'rd_j_items i JOIN rd_j_cats c ON c.id = i.cat',
-          select: 'i.name, c.label',
+          select: 'i.name, c.label, i.price',
+          where: "c.label <> 'cat 3'",
           implicit: 'i.id AS id, c.id AS c_id',
         },
-      ],
-      next: {
-        target: 'rd_j',
-        from: 'rd_j_items i JOIN rd_j_cats c ON c.id = i.cat',
-        select: 'i.name, c.label, i.price',
-        where: "c.label <> 'cat 3'",
-        implicit: 'i.id AS id, c.id AS c_id',
-      },
-      writes: (n) => [
-        ...churn('rd_j_items')(n),
-        `UPDATE rd_j_cats SET label = 'cat ' || id || '.' || ${n % 3} WHERE id = ${n % 7}`,
-      ],
-    });
-  });
+        writes: (n) => [
+          ...churn('rd_j_items')(n),
+          `UPDATE rd_j_cats SET label = 'cat ' || id || '.' || ${n % 3} WHERE id = ${n % 7}`,
+        ],
+      });
+    },
+  );
 
-  it("a chain's upstream: the chain reads a column that changes type, follows it and is re-derived", async () => {
-    await makeItems('rd_c_items');
-    const up: Definition = {
-      target: 'rd_up',
-      from: 'rd_c_items',
-      select: 'name, price, qty',
-      implicit: 'id',
-    };
-    const next: Definition = {
-      target: 'rd_up',
-      from: 'rd_c_items',
-      select: 'name, price * 2 AS price, qty::bigint AS qty',
-      where: 'qty < 8',
-      implicit: 'id',
-    };
-    const down: Definition = {
-      target: 'rd_down',
-      from: 'rd_up',
-      select: 'qty, count(*) AS n, sum(price) AS total',
-      groupBy: 'qty',
-      reads: [up],
-    };
-    await redefineUnderLoad({
-      before: [up, down],
-      next,
-      writes: churn('rd_c_items'),
-      after: [{ ...down, reads: [next] }],
-    });
-    const [type] = await live.db.sql<{ type: string }[]>`
+  it(
+    "a chain's upstream: the chain reads a column that changes type, follows it and is re-derived",
+    LOAD,
+    async () => {
+      await makeItems('rd_c_items');
+      const up: Definition = {
+        target: 'rd_up',
+        from: 'rd_c_items',
+        select: 'name, price, qty',
+        implicit: 'id',
+      };
+      const next: Definition = {
+        target: 'rd_up',
+        from: 'rd_c_items',
+        select: 'name, price * 2 AS price, qty::bigint AS qty',
+        where: 'qty < 8',
+        implicit: 'id',
+      };
+      const down: Definition = {
+        target: 'rd_down',
+        from: 'rd_up',
+        select: 'qty, count(*) AS n, sum(price) AS total',
+        groupBy: 'qty',
+        reads: [up],
+      };
+      await redefineUnderLoad({
+        before: [up, down],
+        next,
+        writes: churn('rd_c_items'),
+        after: [{ ...down, reads: [next] }],
+      });
+      const [type] = await live.db.sql<{ type: string }[]>`
       SELECT format_type(atttypid, atttypmod) AS type FROM pg_attribute
        WHERE attrelid = 'rd_down'::regclass AND attname = 'qty'`;
-    expect(type!.type).toBe('bigint');
-  });
+      expect(type!.type).toBe('bigint');
+    },
+  );
 });
 
 describe('ALTER TRANSFORM … AS: what the target keeps, and what refuses it', () => {
