@@ -66,6 +66,23 @@ export async function switchRedefinitions(
       pending = true;
       continue;
     }
+    // A transaction holding a lock on the target for longer than the switch would wait for
+    // it (a long report): no attempt this pass. An attempt holds the drain's row locks of
+    // the transform, its shadow and its chains while it waits for the table, and attempts
+    // one after another would starve their drains for as long as that reader runs.
+    const [busy] = await session.query<{ busy: boolean }>(
+      `SELECT EXISTS (
+         SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+          WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+            AND l.relation = (SELECT t.target_oid FROM ${s}.transforms t
+                               JOIN ${s}.transforms x ON x.redefines = t.id WHERE x.id = $1)
+            AND a.xact_start < clock_timestamp() - make_interval(secs => $2::float8 / 1000)) AS busy`,
+      [shadow.id, SWITCH_LOCK_TIMEOUT_MS],
+    );
+    if (busy?.busy) {
+      pending = true;
+      continue;
+    }
     const started = performance.now();
     let report: SwitchReport;
     try {
