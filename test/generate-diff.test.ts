@@ -1,6 +1,11 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { parseStatements } from '../src/cli/generate/check-statements.js';
-import { type Ast, alterations, diffTransforms } from '../src/cli/generate/transform-diff.js';
+import {
+  type Ast,
+  alterations,
+  diffTransforms,
+  redefinition,
+} from '../src/cli/generate/transform-diff.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
 
 // What `trellis generate transform --from` writes for each kind of change (ADR 0048), with
@@ -27,7 +32,7 @@ const V1 =
   'TRANSFORM "t" FROM "o" SELECT "o"."a" AS "a", "o"."b" AS "b", "o"."c" AS "c" WHERE "o"."a" > 1';
 
 describe('what a changed statement becomes', () => {
-  it('columns appended: ADD COLUMN; columns removed: DROP COLUMN; anything else: defined again', async () => {
+  it('columns appended: ADD COLUMN; columns removed: DROP COLUMN; anything else: no column ALTER says it', async () => {
     const cases: Array<[string, string[] | null]> = [
       [
         'TRANSFORM "t" FROM "o" SELECT "o"."a" AS "a", "o"."b" AS "b", "o"."c" AS "c", "o"."d" + 1 AS "d" WHERE "o"."a" > 1',
@@ -61,7 +66,40 @@ describe('what a changed statement becomes', () => {
     }
   });
 
-  it('drops dependants first and defines upstream first; a chain over a target defined again is too', async () => {
+  it('anything else: redefined in place (ALTER TRANSFORM … AS), the statement as written', async () => {
+    expect(redefinition('TRANSFORM "t" FROM "o" SELECT "o"."a" AS "a" WHERE "o"."a" > 2')).toBe(
+      'ALTER TRANSFORM "t" AS FROM "o" SELECT "o"."a" AS "a" WHERE "o"."a" > 2',
+    );
+    // Line breaks kept, as written: the snapshot made from migrations gives the statement back.
+    expect(redefinition('transform  public.t\n  AS SELECT a FROM o')).toBe(
+      'ALTER TRANSFORM public.t\n  AS SELECT a FROM o',
+    );
+    expect(redefinition('TRANSFORM "t"\nFROM "o"\nSELECT "o"."a" AS "a"')).toBe(
+      'ALTER TRANSFORM "t" AS\nFROM "o"\nSELECT "o"."a" AS "a"',
+    );
+    expect(redefinition('TRANSFORM "a ""b""" AS SELECT 1 AS x FROM o')).toBe(
+      'ALTER TRANSFORM "a ""b""" AS SELECT 1 AS x FROM o',
+    );
+    // Each is a statement the grammar reads as the redefinition it is.
+    const statements = [
+      'ALTER TRANSFORM "t" AS FROM "o" SELECT "o"."a" AS "a" WHERE "o"."a" > 2',
+      'ALTER TRANSFORM public.t AS SELECT a FROM o',
+    ];
+    const trees = await parse(...statements);
+    expect(trees.get(statements[0]!)).toMatchObject({
+      kind: 'redefine',
+      transform: 't',
+      definition: { kind: 'transform', target: { name: 't' }, where: '"o"."a" > 2' },
+    });
+    expect(trees.get(statements[1]!)).toMatchObject({
+      kind: 'redefine',
+      transform: 't',
+      schema: 'public',
+      definition: { kind: 'transform', form: 'as', select: [{ expr: 'a' }] },
+    });
+  });
+
+  it('drops dependants first and defines upstream first; a chain over a redefined target follows it', async () => {
     const up1 = 'TRANSFORM "up" FROM "o" SELECT "o"."a" AS "a" WHERE "o"."a" > 1';
     const up2 = 'TRANSFORM "up" FROM "o" SELECT "o"."a" AS "a" WHERE "o"."a" > 2';
     const down = 'TRANSFORM "down" FROM "up" SELECT "up"."a" AS "a"';
@@ -85,13 +123,10 @@ describe('what a changed statement becomes', () => {
     expect(diffTransforms({ declared, previous, parsed, allowDrop: true })).toEqual({
       statements: [
         'DROP TRANSFORM "gone"',
-        'DROP TRANSFORM "down"',
-        'DROP TRANSFORM "up"',
-        up2,
-        down,
+        'ALTER TRANSFORM "up" AS FROM "o" SELECT "o"."a" AS "a" WHERE "o"."a" > 2',
         fresh,
       ],
-      summary: ['- gone', '± up', '± down', '+ fresh'],
+      summary: ['- gone', '± up', '+ fresh'],
       removed: ['gone'],
     });
   });

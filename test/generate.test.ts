@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { writeCustomMigration } from '../src/cli/generate/migration-folder.js';
+import { redefinition } from '../src/cli/generate/transform-diff.js';
 import { runCli } from '../src/cli/run.js';
 import { installSql } from '../src/engine/schema/install-sql.js';
 import { migrations } from '../src/engine/schema/migrations.generated.js';
@@ -196,7 +197,7 @@ describe('trellis generate', () => {
   });
 
   // Child processes are slow on a loaded machine: a longer timeout than the suite's.
-  it('--from writes what changed since the migrations: new, altered, defined again with its chain, dropped; nothing when nothing changed', {
+  it('--from writes what changed since the migrations: new, altered, redefined in place (its chain follows), dropped; nothing when nothing changed', {
     timeout: 240_000,
   }, async () => {
     const dir = await project();
@@ -257,7 +258,8 @@ describe('trellis generate', () => {
     expect((await generate('--check')).code).toBe(0);
     expect((await kit(dir, ['migrate'])).code).toBe(0);
 
-    // A column added (ALTER), a filter changed (defined again, and the chain reading it).
+    // A column added (ALTER … ADD COLUMN), a filter changed (redefined in place: ALTER
+    // TRANSFORM … AS; the chain reading it follows on its own).
     await writeFile(join(dir, 'transforms.ts'), transforms({ extraColumn: true, minimum: 10 }));
     const check = await generate('--check');
     expect(check).toMatchObject({
@@ -267,22 +269,23 @@ describe('trellis generate', () => {
     const second = await generate();
     expect(second).toMatchObject({ code: 0, err: '' });
     expect(second.out).toBe(
-      'Wrote migrations/0003_trellis_drop_spend_tiers_and_4_more.sql: drizzle-kit migrate applies it\n~ big_orders\n± customer_spend\n± spend_tiers\n',
+      'Wrote migrations/0003_trellis_alter_add_column_big_orders_and_1_more.sql: drizzle-kit migrate applies it\n~ big_orders\n± customer_spend\n',
     );
-    expect(await body('0003_trellis_drop_spend_tiers_and_4_more.sql')).toEqual([
-      first0(apply('DROP TRANSFORM "spend_tiers"')),
-      apply('DROP TRANSFORM "customer_spend"'),
-      apply(`ALTER TRANSFORM "big_orders" ADD COLUMN "orders"."customer_id" AS "customerId"`),
-      apply(customerSpend(10)),
-      apply(SPEND_TIERS),
+    expect(await body('0003_trellis_alter_add_column_big_orders_and_1_more.sql')).toEqual([
+      first0(
+        apply(`ALTER TRANSFORM "big_orders" ADD COLUMN "orders"."customer_id" AS "customerId"`),
+      ),
+      apply(redefinition(customerSpend(10))),
     ]);
     expect((await kit(dir, ['migrate'])).code).toBe(0);
     const columns = await own.sql`
       SELECT c.name FROM trellis.transform_columns c JOIN trellis.transforms t ON t.id = c.transform_id
        WHERE t.target_name = 'big_orders' ORDER BY c.ordinal`;
     expect(columns.map((c) => c.name)).toEqual(['id', 'amount', 'customerId']);
+    // Being redefined (no worker runs here to switch to it): the new definition recorded.
     const [spend] = await own.sql`
-      SELECT statement FROM trellis.transforms WHERE target_name = 'customer_spend'`;
+      SELECT redefinition->>'statement' AS statement FROM trellis.transforms
+       WHERE target_name = 'customer_spend'`;
     expect(spend?.statement).toContain(`"orders"."amount" > '10'`);
 
     // Removed: refused without --allow-drop (nothing written), dropped with it.
@@ -302,7 +305,8 @@ describe('trellis generate', () => {
       first0(apply('DROP TRANSFORM "big_orders"')),
     ]);
     expect((await kit(dir, ['migrate'])).code).toBe(0);
-    const left = await own.sql`SELECT target_name FROM trellis.transforms ORDER BY 1`;
+    const left =
+      await own.sql`SELECT target_name FROM trellis.transforms WHERE redefines IS NULL ORDER BY 1`;
     expect(left.map((r) => r.target_name)).toEqual(['customer_spend', 'spend_tiers']);
 
     // A folder whose migrations predate the snapshot: it is made from them.

@@ -702,8 +702,12 @@ describe('parse_statement: refusals', () => {
     ['PAUSE TRANSFORM a.', 'expected a column name after ".", found end of statement', '<end>'],
     ['DROP TABLE t', 'expected TRANSFORM, found "TABLE"', 'TABLE'],
     ['DROP TRANSFORM a b', 'expected end of statement, found "b"', 'b'],
-    ['ALTER TRANSFORM t', 'expected ADD, DROP, SET or RESET, found end of statement', '<end>'],
-    ['ALTER TRANSFORM t RENAME TO u', 'expected ADD, DROP, SET or RESET, found "RENAME"', 'RENAME'],
+    ['ALTER TRANSFORM t', 'expected ADD, DROP, SET, RESET or AS, found end of statement', '<end>'],
+    [
+      'ALTER TRANSFORM t RENAME TO u',
+      'expected ADD, DROP, SET, RESET or AS, found "RENAME"',
+      'RENAME',
+    ],
     [
       'ALTER TRANSFORM t ADD COLUMN x',
       "expected AS and the new column's name, found end of statement",

@@ -17,6 +17,11 @@ function describe(result: ApplyResult): string {
       return `dropped transform ${result.target} and its target`;
     case 'altered':
       return `altered transform ${result.target}`;
+    case 'redefining':
+      return [
+        `redefining transform ${result.target}: its new definition is built while the target keeps serving reads, then switched to`,
+        ...result.changes.map((change) => `  ${change}`),
+      ].join('\n');
   }
 }
 

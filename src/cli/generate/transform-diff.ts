@@ -4,9 +4,9 @@
  * - a new target: its TRANSFORM statement;
  * - a removed one: DROP TRANSFORM, only when the caller confirmed drops;
  * - a changed one: ALTER TRANSFORM … ADD COLUMN / DROP COLUMN when that is all that
- *   changed (columns appended, or columns removed), else DROP TRANSFORM and its new
- *   statement; a target reading one dropped and defined again (a chain) is dropped and
- *   defined again with it;
+ *   changed (columns appended, or columns removed), else `ALTER TRANSFORM … AS` and its new
+ *   definition (redefined in place, readers never interrupted: ADR 0055); a chain reading
+ *   it follows on its own (its unchanged statement is not written again);
  * - drops first, dependants before what they read; then definitions and ALTERs, a chain's
  *   upstream first.
  */
@@ -25,7 +25,7 @@ export interface Declared {
 
 export interface TransformDiff {
   statements: string[];
-  /** One line per target changed: `+ x` defined, `- x` dropped, `~ x` altered, `± x` defined again. */
+  /** One line per target changed: `+ x` defined, `- x` dropped, `~ x` altered, `± x` redefined. */
   summary: string[];
   /** Targets the module no longer declares. */
   removed: string[];
@@ -80,6 +80,27 @@ export function alterations(target: string, before: Ast, after: Ast): string[] |
   return null;
 }
 
+/** A TRANSFORM's name (a bare word or a quoted identifier, with a schema or without), and the space after it. */
+const TRANSFORM_HEAD =
+  /^\s*TRANSFORM\s+((?:"(?:[^"]|"")*"|[^\s".]+)(?:\s*\.\s*(?:"(?:[^"]|"")*"|[^\s".]+))?)(\s+)/i;
+
+/**
+ * `TRANSFORM t FROM … SELECT …` → `ALTER TRANSFORM t AS FROM … SELECT …`, and
+ * `TRANSFORM t AS SELECT …` → `ALTER TRANSFORM t AS SELECT …` (ADR 0055): the redefinition
+ * of a target to the statement it is now declared by, its text kept as written (line
+ * breaks included), so the snapshot made from migrations gives the statement back.
+ */
+export function redefinition(statement: string): string {
+  const head = TRANSFORM_HEAD.exec(statement);
+  if (!head) {
+    throw new TrellisError('validation', `not a TRANSFORM statement: ${statement.slice(0, 80)}`);
+  }
+  const rest = statement.slice(head[0].length);
+  return /^AS\s/i.test(rest)
+    ? `ALTER TRANSFORM ${head[1]}${head[2]}${rest}`
+    : `ALTER TRANSFORM ${head[1]} AS${head[2]}${rest}`;
+}
+
 /** `names` ordered so a target comes after those it reads (as far as `reads` says). */
 function upstreamFirst(names: string[], reads: (name: string) => string[]): string[] {
   const ordered: string[] = [];
@@ -132,28 +153,15 @@ export function diffTransforms(options: {
     if (alters === null) redefined.add(d.target);
     else altered.set(d.target, alters);
   }
-  // A target reading one defined again is defined again too (DROP refuses while it reads).
+  // A target reading a redefined one follows it (ADR 0055): nothing to write for it.
   const reads = new Map(declared.map((d) => [d.target, d.reads]));
-  let grew = true;
-  while (grew) {
-    grew = false;
-    for (const d of declared) {
-      if (!(d.target in previous) || redefined.has(d.target)) continue;
-      const upstream = [...d.reads, ...previousReads(d.target)];
-      if (upstream.some((u) => redefined.has(u))) {
-        redefined.add(d.target);
-        altered.delete(d.target);
-        grew = true;
-      }
-    }
-  }
 
   const statements: string[] = [];
   const summary: string[] = [];
-  const drops = upstreamFirst([...removed, ...redefined], previousReads).reverse();
+  const drops = upstreamFirst(removed, previousReads).reverse();
   for (const name of drops) {
     statements.push(`DROP TRANSFORM ${quoteIdent(name)}`);
-    if (!redefined.has(name)) summary.push(`- ${name}`);
+    summary.push(`- ${name}`);
   }
   const order = upstreamFirst([...declaredNames], (n) => reads.get(n) ?? []);
   for (const name of order) {
@@ -162,7 +170,7 @@ export function diffTransforms(options: {
       statements.push(d.statement);
       summary.push(`+ ${name}`);
     } else if (redefined.has(name)) {
-      statements.push(d.statement);
+      statements.push(redefinition(d.statement));
       summary.push(`± ${name}`);
     } else if (altered.has(name)) {
       const alters = altered.get(name) as string[];

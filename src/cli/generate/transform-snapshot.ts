@@ -7,8 +7,9 @@
  *
  * A folder whose transform migrations predate the snapshot has it made from them: each
  * `SELECT <schema>.apply('…')` line they hold, in journal order, a TRANSFORM defining its
- * target and a DROP TRANSFORM dropping it (other statements, ALTERs written by hand, are
- * not followed: the next diff writes such a target again when its statement differs).
+ * target, an `ALTER TRANSFORM … AS` redefining it (ADR 0055) and a DROP TRANSFORM dropping
+ * it (other statements, ALTERs of columns written by hand, are not followed: the next diff
+ * writes such a target again when its statement differs).
  */
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -80,6 +81,7 @@ const APPLY = /SELECT\s+("(?:[^"]|"")+"|[A-Za-z_][\w$]*)\.apply\(\s*'((?:[^']|''
 const NAME = String.raw`("(?:[^"]|"")+"|[A-Za-z_][\w$]*)`;
 const DEFINE = new RegExp(String.raw`^\s*TRANSFORM\s+${NAME}`, 'i');
 const DROP = new RegExp(String.raw`^\s*DROP\s+TRANSFORM\s+${NAME}`, 'i');
+const REDEFINE = new RegExp(String.raw`^\s*ALTER\s+TRANSFORM\s+${NAME}(\s+)AS(\s+)`, 'i');
 
 export function unquoteName(name: string): string {
   return name.startsWith('"') ? name.slice(1, -1).replaceAll('""', '"') : name.toLowerCase();
@@ -94,8 +96,20 @@ function fromMigrations(out: string, schema: string): TransformSnapshot {
         const statement = (match[2] as string).replaceAll("''", "'");
         const dropped = DROP.exec(statement);
         const defined = DEFINE.exec(statement);
+        const redefined = REDEFINE.exec(statement);
         if (dropped) delete transforms[unquoteName(dropped[1] as string)];
         else if (defined) transforms[unquoteName(defined[1] as string)] = { statement, reads: [] };
+        else if (redefined) {
+          // The TRANSFORM statement it redefines the target to, as `redefinition` wrote it.
+          const [head, name, before, after] = redefined as unknown as string[];
+          const rest = statement.slice((head as string).length);
+          transforms[unquoteName(name as string)] = {
+            statement: /^FROM\s/i.test(rest)
+              ? `TRANSFORM ${name}${after}${rest}`
+              : `TRANSFORM ${name}${before}AS${after}${rest}`,
+            reads: [],
+          };
+        }
       }
     }
   }

@@ -13,6 +13,7 @@ import { refillFollowed } from './follow-refill.js';
 import { maintainLedger } from './ledger-maintenance.js';
 import { LedgerSummaries } from './ledger-summaries.js';
 import { correctionStep, trackMembers } from './partition-corrections.js';
+import { switchRedefinitions } from './redefine-switch.js';
 import { checkSourceChanges } from './source-changes.js';
 import { KEEPALIVE_TICK_MS, tick } from './ticker.js';
 import { settleWidenWaits } from './widen-wait.js';
@@ -104,6 +105,8 @@ export class StagingWorker {
   private nextCaptureCheck = 0;
   /** What capture depended on when it was last reconciled (`_capture_fingerprint()`). */
   private fingerprint: string | null = null;
+  /** Some redefinition was not switched yet on the last pass (ADR 0055): come back soon. */
+  private redefining = false;
   private readonly capture: CaptureReconciler;
   private readonly summaries: LedgerSummaries;
 
@@ -222,6 +225,8 @@ export class StagingWorker {
       await checkSlot(session, this.schema, this.log);
       await trackMembers(session, this.schema, this.log);
       await this.capture.reconcile(session);
+      // A redefinition switched may leave a chain reading its target to follow (ADR 0055).
+      this.redefining = await switchRedefinitions(session, this.schema, this.log);
       await refillFollowed(session, this.schema, this.log);
       await correctionStep(session, this.schema);
       await settleWidenWaits(session, this.schema, this.log);
@@ -240,7 +245,10 @@ export class StagingWorker {
         `SELECT ${quoteIdent(this.schema)}._capture_pending() AS pending`,
       );
       this.nextReconcile =
-        now + (left?.pending ? this.timings.pendingReconcileMs : this.timings.reconcileMs);
+        now +
+        (left?.pending || this.redefining
+          ? this.timings.pendingReconcileMs
+          : this.timings.reconcileMs);
     }
     if (maintain) {
       // The slot's retained WAL grows while nothing else happens: checked here too.

@@ -9,7 +9,12 @@ export type ApplyResult =
   | { kind: 'paused'; address: string }
   | { kind: 'resumed'; addresses: string[] }
   | { kind: 'dropped'; target: string }
-  | { kind: 'altered'; target: string };
+  | { kind: 'altered'; target: string }
+  /**
+   * `ALTER TRANSFORM t AS …` (ADR 0055): the new definition is being built beside the old
+   * one, which keeps serving reads; `changes` says what the switch will do to the target.
+   */
+  | { kind: 'redefining'; target: string; changes: string[] };
 
 const KINDS = new Set<ApplyResult['kind']>([
   'transform_defined',
@@ -17,6 +22,7 @@ const KINDS = new Set<ApplyResult['kind']>([
   'resumed',
   'dropped',
   'altered',
+  'redefining',
 ]);
 
 function toApplyResult(value: unknown): ApplyResult {

@@ -918,7 +918,8 @@ RETURNS SETOF jsonb LANGUAGE sql STABLE AS $fn$
                   FROM @schema@.transforms p WHERE p.part_of = t.id))
               ELSE '{}'::jsonb END
     FROM @schema@.transforms t
-   WHERE t.part_of IS NULL
+   -- 0035: a redefinition being built is not a transform of its own either.
+   WHERE t.part_of IS NULL AND t.redefines IS NULL
    ORDER BY t.target_name
 $fn$;
 
@@ -967,3 +968,30 @@ $fn$;
 CREATE TRIGGER follow_part AFTER UPDATE OF spec ON @schema@.transforms
   FOR EACH ROW WHEN (NEW.part_of IS NOT NULL AND NEW.spec IS DISTINCT FROM OLD.spec)
   EXECUTE FUNCTION @schema@._follow_part();
+
+-- ALTER TRANSFORM ... AS (0035) redefines a transform through one shadow transform; a
+-- statement with parts is several. Until redefinitions build parts too, a statement with
+-- parts, or a transform that has some (or is one), is refused by name: DROP TRANSFORM and
+-- TRANSFORM again (or change the parts' sources) instead.
+ALTER FUNCTION @schema@._redefine(jsonb) RENAME TO _redefine_one;
+
+CREATE FUNCTION @schema@._redefine(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  t @schema@.transforms := @schema@._transform_named(ast);
+BEGIN
+  IF t.part_of IS NOT NULL THEN
+    PERFORM @schema@._fail('TRC01', format(
+      '%I is part of transform %I (its %s): ALTER TRANSFORM %I AS redefines the whole statement',
+      t.target_name, (SELECT o.target_name FROM @schema@.transforms o WHERE o.id = t.part_of),
+      t.part_name, (SELECT o.target_name FROM @schema@.transforms o WHERE o.id = t.part_of)));
+  END IF;
+  IF jsonb_array_length(coalesce(ast->'definition'->'parts', '[]')) > 0
+     OR EXISTS (SELECT 1 FROM @schema@.transforms p WHERE p.part_of = t.id) THEN
+    PERFORM @schema@._fail('TRV01', format(
+      'transform %I cannot be redefined in place to or from a statement with subqueries in FROM or WITH queries yet',
+      t.target_name), 'DROP TRANSFORM it and define it again');
+  END IF;
+  RETURN @schema@._redefine_one(ast);
+END
+$fn$;

@@ -1,0 +1,134 @@
+import type { Session } from '../db/session.js';
+import { quoteIdent } from '../identifiers.js';
+import type { Logger } from '../logger.js';
+import { SQLSTATE, sqlstateOf } from '../sqlstate.js';
+
+/**
+ * How long the switch waits for the target's lock before it gives up for this pass and
+ * tries again on the next (ADR 0055). A switch queued behind a long reader would hold every
+ * later reader behind it; this bounds what a reader can wait for a switch to start.
+ */
+export const SWITCH_LOCK_TIMEOUT_MS = 500;
+
+/** What `<schema>._redefine_switch` reports. */
+export interface SwitchReport {
+  switched: boolean;
+  why?: string;
+  target?: string;
+  changes?: string[];
+  deleted?: number;
+  written?: number;
+  /** From the moment the target's lock was granted to the end of the switch's statements. */
+  lockMs?: number;
+}
+
+interface Shadow {
+  id: number;
+  target: string;
+  phase: string;
+  paused: boolean;
+  reason: string | null;
+}
+
+/**
+ * The staging worker's step for redefinitions (`ALTER TRANSFORM t AS …`, ADR 0055): each
+ * shadow that is live is switched to, in one transaction of its own
+ * (`<schema>._redefine_switch`); one that paused (its build failed, a source broke it) is
+ * given up, and so is one whose switch is refused, the transform saying why
+ * (`redefinition.state = 'failed'`). A switch that meets a lock held too long (a long read
+ * of the target) is tried again on the next pass. Returns whether some redefinition is
+ * still to switch (the worker comes back soon).
+ */
+export async function switchRedefinitions(
+  session: Session,
+  schema: string,
+  log: Logger,
+): Promise<boolean> {
+  const s = quoteIdent(schema);
+  const shadows = await session.query<Shadow>(
+    `SELECT x.id, t.target_name AS target, p.phase, x.paused_at IS NOT NULL AS paused,
+            coalesce(x.capture_failure->>'error', p.build_error, x.pause_reason) AS reason
+       FROM ${s}.transforms x
+       JOIN ${s}.transforms t ON t.id = x.redefines
+       JOIN ${s}.pipeline p ON p.transform_id = x.id
+      WHERE x.redefines IS NOT NULL
+      ORDER BY x.id`,
+  );
+  let pending = false;
+  for (const shadow of shadows) {
+    if (shadow.paused) {
+      const reason = `its new definition stopped while it was built: ${shadow.reason ?? 'paused'}`;
+      await session.query(`SELECT ${s}._redefine_abandon($1, $2)`, [shadow.id, reason]);
+      log.warn({ target: shadow.target, reason }, 'a redefinition was given up');
+      continue;
+    }
+    if (shadow.phase !== 'live') {
+      pending = true;
+      continue;
+    }
+    // A transaction holding a lock on the target for longer than the switch would wait for
+    // it (a long report): no attempt this pass. An attempt holds the drain's row locks of
+    // the transform, its shadow and its chains while it waits for the table, and attempts
+    // one after another would starve their drains for as long as that reader runs.
+    const [busy] = await session.query<{ busy: boolean }>(
+      `SELECT EXISTS (
+         SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+          WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+            AND l.relation = (SELECT t.target_oid FROM ${s}.transforms t
+                               JOIN ${s}.transforms x ON x.redefines = t.id WHERE x.id = $1)
+            AND a.xact_start < clock_timestamp() - make_interval(secs => $2::float8 / 1000)) AS busy`,
+      [shadow.id, SWITCH_LOCK_TIMEOUT_MS],
+    );
+    if (busy?.busy) {
+      pending = true;
+      continue;
+    }
+    const started = performance.now();
+    let report: SwitchReport;
+    try {
+      report = await session.transaction(async () => {
+        await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
+        const [row] = await session.query<{ report: SwitchReport }>(
+          `SELECT ${s}._redefine_switch($1) AS report`,
+          [shadow.id],
+        );
+        return row!.report;
+      });
+    } catch (error) {
+      const state = sqlstateOf(error);
+      if (
+        state === SQLSTATE.lockNotAvailable ||
+        state === SQLSTATE.deadlockDetected ||
+        state === SQLSTATE.serializationFailure
+      ) {
+        pending = true;
+        log.info(
+          { target: shadow.target, error: (error as Error).message },
+          'a redefinition waits for a lock on its target: tried again on the next pass',
+        );
+        continue;
+      }
+      if (state === undefined || state.startsWith('08')) throw error;
+      const reason = (error as Error).message;
+      await session.query(`SELECT ${s}._redefine_abandon($1, $2)`, [shadow.id, reason]);
+      log.warn({ target: shadow.target, reason }, 'a redefinition was given up');
+      continue;
+    }
+    if (!report.switched) {
+      pending = true;
+      continue;
+    }
+    log.info(
+      {
+        target: shadow.target,
+        changes: report.changes,
+        deleted: report.deleted,
+        written: report.written,
+        lockMs: report.lockMs,
+        switchMs: Math.round((performance.now() - started) * 100) / 100,
+      },
+      'a transform was switched to its new definition',
+    );
+  }
+  return pending;
+}

@@ -1,0 +1,566 @@
+import type postgres from 'postgres';
+import { describe, expect, it } from 'vitest';
+import { sqlClient } from './support/database.js';
+import { livePipeline } from './support/live.js';
+import { type Definition, definitionQuery, transformStatement } from './support/oracle.js';
+import { rejection, waitFor } from './support/trellis.js';
+
+// ALTER TRANSFORM t AS <definition> (issue #25 item 1, ADR 0055): the new definition is
+// built beside the old one while writers keep writing and readers keep reading; then the
+// target is switched in one short transaction, keeping its identity (OID, grants, the
+// app's indexes, views). Readers never see an error, a missing table or a half-built
+// target: every read made while the switch can happen is the old definition's contents or
+// the new one's, exactly.
+
+const live = livePipeline();
+
+/** Writers, readers and two builds on a shared machine: more than the default minute. */
+const LOAD = { timeout: 180_000 };
+
+/** The redefinition statement for `d`, in the form `d` is written in. */
+function alterStatement(d: Definition): string {
+  const statement = transformStatement(d);
+  if (d.form === 'as') return `ALTER ${statement}`;
+  return `ALTER TRANSFORM ${d.target} AS ${statement.slice(`TRANSFORM ${d.target} `.length)}`;
+}
+
+/** A relation's rows as one canonical text (any column order, any row order). */
+function rowsOf(relation: string): string {
+  return `SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY to_jsonb(r)::text), '[]')::text AS rows FROM ${relation} r`;
+}
+
+async function contents(d: Definition): Promise<string> {
+  const [row] = await live.db.sql.unsafe<{ rows: string }[]>(rowsOf(`(${definitionQuery(d)})`));
+  return row!.rows;
+}
+
+/** A writer running `statements` in a loop until stopped; it records every error it gets. */
+class Writer {
+  private stopped = false;
+  readonly errors: string[] = [];
+  writes = 0;
+  private readonly sql: postgres.Sql;
+  private readonly done: Promise<void>;
+
+  constructor(private readonly statements: (n: number) => string[]) {
+    this.sql = sqlClient(live.db.url, { max: 1 });
+    this.done = this.run();
+  }
+
+  private async run(): Promise<void> {
+    let n = 0;
+    while (!this.stopped) {
+      n += 1;
+      for (const statement of this.statements(n)) {
+        try {
+          await this.sql.unsafe(statement);
+          this.writes += 1;
+        } catch (error) {
+          this.errors.push(`${statement}: ${(error as Error).message}`);
+        }
+      }
+      await new Promise((resolve) => setTimeout(resolve, 3));
+    }
+  }
+
+  async wroteMore(n: number): Promise<void> {
+    const goal = this.writes + n;
+    await waitFor(async () => this.writes >= goal, `${n} more writes`);
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    await this.done;
+    await this.sql.end({ timeout: 2 });
+  }
+}
+
+/**
+ * Readers reading a target's rows in a loop: every error, the fewest rows seen, and, once
+ * `keep` is set, every read as canonical text.
+ */
+class Reader {
+  private stopped = false;
+  readonly errors: string[] = [];
+  fewest = Number.POSITIVE_INFINITY;
+  keep = false;
+  readonly kept: string[] = [];
+  reads = 0;
+  private readonly sql: postgres.Sql;
+  private readonly done: Promise<void>;
+
+  constructor(private readonly target: string) {
+    this.sql = sqlClient(live.db.url, { max: 1 });
+    this.done = this.run();
+  }
+
+  private async run(): Promise<void> {
+    while (!this.stopped) {
+      try {
+        const keep = this.keep;
+        const [row] = await this.sql.unsafe<{ rows: string; n: number }[]>(
+          `SELECT x.rows, jsonb_array_length(x.rows::jsonb) AS n FROM (${rowsOf(this.target)}) x`,
+        );
+        this.fewest = Math.min(this.fewest, row!.n);
+        if (keep) this.kept.push(row!.rows);
+        this.reads += 1;
+      } catch (error) {
+        this.errors.push((error as Error).message);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 2));
+    }
+  }
+
+  async readMore(n: number): Promise<void> {
+    const goal = this.reads + n;
+    await waitFor(async () => this.reads >= goal, `${n} more reads`);
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    await this.done;
+    await this.sql.end({ timeout: 2 });
+  }
+}
+
+/** Holds an ACCESS SHARE lock on a table (a long reader) until released. */
+async function holdRead(table: string): Promise<() => Promise<void>> {
+  const sql = sqlClient(live.db.url, { max: 1 });
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => {
+    release = resolve;
+  });
+  let locked!: () => void;
+  const isLocked = new Promise<void>((resolve) => {
+    locked = resolve;
+  });
+  const done = sql.begin(async (tx) => {
+    await tx.unsafe(`LOCK TABLE ${table} IN ACCESS SHARE MODE`);
+    locked();
+    await released;
+  });
+  await isLocked;
+  return async () => {
+    release();
+    await done;
+    await sql.end({ timeout: 2 });
+  };
+}
+
+async function targetOid(target: string): Promise<number> {
+  const [row] = await live.db.sql<{ oid: number }[]>`SELECT ${target}::regclass::oid AS oid`;
+  return Number(row!.oid);
+}
+
+async function redefinition(target: string): Promise<Record<string, unknown> | null> {
+  const [row] = await live.db.sql<{ r: Record<string, unknown> | null }[]>`
+    SELECT redefinition AS r FROM trellis.transforms WHERE target_name = ${target} AND redefines IS NULL`;
+  return row?.r ?? null;
+}
+
+/** The shadow of `target`'s redefinition: its id, once it is live. */
+async function liveShadow(target: string): Promise<number> {
+  let id = 0;
+  await waitFor(
+    async () => {
+      const [row] = await live.db.sql<{ id: number; phase: string }[]>`
+        SELECT x.id, p.phase FROM trellis.transforms x
+          JOIN trellis.transforms t ON t.id = x.redefines
+          JOIN trellis.pipeline p ON p.transform_id = x.id
+         WHERE t.target_name = ${target}`;
+      id = row?.id ?? 0;
+      return row?.phase === 'live';
+    },
+    `the new definition of ${target} to be built`,
+    40_000,
+  );
+  return id;
+}
+
+/** Waits until the transform `id` holds every write committed so far. */
+async function convergedById(id: number): Promise<void> {
+  const [token] = await live.db.sql<{ snap: string }[]>`SELECT pg_current_snapshot()::text AS snap`;
+  await waitFor(async () => {
+    const [row] = await live.db.sql<{ ok: boolean }[]>`
+      SELECT trellis._converged(${id}, ${token!.snap}::pg_snapshot) AS ok`;
+    return row?.ok === true;
+  }, `transform ${id} to converge`);
+}
+
+interface Scenario {
+  /** The transforms defined first: the last is the one redefined (others: a chain on it). */
+  before: Definition[];
+  next: Definition;
+  writes: (n: number) => string[];
+  /** Chains reading the target, as they are after the switch (checked by the oracle). */
+  after?: Definition[];
+}
+
+/**
+ * Defines the transforms, starts writers and a reader, redefines, and checks: no writer or
+ * reader error; while the switch can happen (writes stopped, both definitions converged, a
+ * long reader holding the switch off until then), every read is the old contents or the
+ * new, exactly; the target keeps its OID; after more writes, it equals the new definition.
+ */
+async function redefineUnderLoad(s: Scenario): Promise<void> {
+  for (const d of s.before) await live.define(d);
+  const old = s.before.find((d) => d.target === s.next.target)!;
+  const oid = await targetOid(old.target);
+  const writer = new Writer(s.writes);
+  const reader = new Reader(old.target);
+  await writer.wroteMore(20);
+  const release = await holdRead(old.target);
+  const result = await live.trellis.apply(alterStatement(s.next));
+  expect(result.kind).toBe('redefining');
+  await writer.wroteMore(40);
+  await writer.stop();
+  const shadow = await liveShadow(old.target);
+  await convergedById(shadow);
+  await live.converged(s.before);
+  const before = await contents(old);
+  const after = await contents(s.next);
+  expect(before).not.toBe(after);
+  const floor = JSON.parse(before).length;
+  reader.keep = true;
+  await release();
+  await waitFor(
+    async () => (await redefinition(old.target))?.state === 'switched',
+    `${old.target} to switch`,
+  );
+  await reader.readMore(3);
+  await reader.stop();
+  expect(reader.errors).toEqual([]);
+  expect(writer.errors).toEqual([]);
+  for (const read of reader.kept) {
+    if (read !== before && read !== after) {
+      throw new Error(`a read was neither definition's contents: ${read.slice(0, 300)}`);
+    }
+  }
+  expect(reader.kept.at(-1)).toBe(after);
+  expect(reader.fewest).toBeGreaterThan(0);
+  expect(Math.min(floor, JSON.parse(after).length)).toBeGreaterThan(0);
+  expect(await targetOid(old.target)).toBe(oid);
+  // Maintained by its new definition from then on.
+  const more = new Writer(s.writes);
+  await more.wroteMore(20);
+  await more.stop();
+  expect(more.errors).toEqual([]);
+  await live.converged([s.next, ...(s.after ?? [])]);
+  const status = await live.trellis.status(old.target);
+  expect(status.status).toBe('live');
+  const [definition] = (await live.trellis.definitions()).filter((d) => d.target === old.target);
+  expect(definition).toBeDefined();
+  expect((await live.trellis.definitions()).some((d) => d.target.startsWith('redefine#'))).toBe(
+    false,
+  );
+}
+
+async function makeItems(table: string, rows = 300): Promise<void> {
+  await live.db.sql.unsafe(`
+    CREATE TABLE ${table} (id int PRIMARY KEY GENERATED BY DEFAULT AS IDENTITY (START 100000),
+                           name text NOT NULL, price numeric NOT NULL DEFAULT 1,
+                           qty int NOT NULL DEFAULT 0, cat int NOT NULL DEFAULT 0, note text);
+    INSERT INTO ${table} (id, name, price, qty, cat)
+    SELECT i, 'n' || i, i * 1.5, i % 10, i % 7 FROM generate_series(1, ${rows}) i;`);
+}
+
+function churn(table: string): (n: number) => string[] {
+  return (n) => [
+    `UPDATE ${table} SET qty = qty + 1, price = price + 0.5 WHERE id = ${1 + ((n * 7) % 300)}`,
+    `INSERT INTO ${table} (name, price, qty, cat) VALUES ('w${n}', ${n % 90}, ${n % 10}, ${n % 7})`,
+    `DELETE FROM ${table} WHERE id = ${1 + ((n * 13) % 300)}`,
+  ];
+}
+
+describe('ALTER TRANSFORM … AS: redefined in place under writers and readers', () => {
+  it(
+    'a projection: a column dropped, two added, another filter (AS SELECT form)',
+    LOAD,
+    async () => {
+      await makeItems('rd_items');
+      await redefineUnderLoad({
+        before: [
+          {
+            target: 'rd_proj',
+            from: 'rd_items',
+            select: 'name, price',
+            where: 'price > 3',
+            implicit: 'id',
+          },
+        ],
+        next: {
+          target: 'rd_proj',
+          form: 'as',
+          from: 'rd_items',
+          select: 'id, name, price * qty AS amount, qty',
+          where: 'price > 30',
+        },
+        writes: churn('rd_items'),
+      });
+    },
+  );
+
+  it(
+    'a GROUP BY: another key, other aggregates (the key constraint replaced, FROM-first form)',
+    LOAD,
+    async () => {
+      await makeItems('rd_g_items');
+      await redefineUnderLoad({
+        before: [
+          {
+            target: 'rd_g',
+            from: 'rd_g_items',
+            select: 'cat, count(*) AS n, sum(price) AS total',
+            groupBy: 'cat',
+          },
+        ],
+        next: {
+          target: 'rd_g',
+          from: 'rd_g_items',
+          select: 'qty, count(*) AS n, max(price) AS top, sum(price) AS total',
+          where: 'price > 2',
+          groupBy: 'qty',
+          key: ['qty'],
+        },
+        writes: churn('rd_g_items'),
+      });
+    },
+  );
+
+  it(
+    'a join: a column added, the filter changed, the key and the join index kept',
+    LOAD,
+    async () => {
+      await makeItems('rd_j_items');
+      await live.db.sql.unsafe(`
+      CREATE TABLE rd_j_cats (id int PRIMARY KEY, label text NOT NULL);
+      INSERT INTO rd_j_cats SELECT i, 'cat ' || i FROM generate_series(0, 6) i;`);
+      await redefineUnderLoad({
+        before: [
+          {
+            target: 'rd_j',
+            from: 'rd_j_items i JOIN rd_j_cats c ON c.id = i.cat',
+            select: 'i.name, c.label',
+            implicit: 'i.id AS id, c.id AS c_id',
+          },
+        ],
+        next: {
+          target: 'rd_j',
+          from: 'rd_j_items i JOIN rd_j_cats c ON c.id = i.cat',
+          select: 'i.name, c.label, i.price',
+          where: "c.label <> 'cat 3'",
+          implicit: 'i.id AS id, c.id AS c_id',
+        },
+        writes: (n) => [
+          ...churn('rd_j_items')(n),
+          `UPDATE rd_j_cats SET label = 'cat ' || id || '.' || ${n % 3} WHERE id = ${n % 7}`,
+        ],
+      });
+    },
+  );
+
+  it(
+    "a chain's upstream: the chain reads a column that changes type, follows it and is re-derived",
+    LOAD,
+    async () => {
+      await makeItems('rd_c_items');
+      const up: Definition = {
+        target: 'rd_up',
+        from: 'rd_c_items',
+        select: 'name, price, qty',
+        implicit: 'id',
+      };
+      const next: Definition = {
+        target: 'rd_up',
+        from: 'rd_c_items',
+        select: 'name, price * 2 AS price, qty::bigint AS qty',
+        where: 'qty < 8',
+        implicit: 'id',
+      };
+      const down: Definition = {
+        target: 'rd_down',
+        from: 'rd_up',
+        select: 'qty, count(*) AS n, sum(price) AS total',
+        groupBy: 'qty',
+        reads: [up],
+      };
+      await redefineUnderLoad({
+        before: [up, down],
+        next,
+        writes: churn('rd_c_items'),
+        after: [{ ...down, reads: [next] }],
+      });
+      const [type] = await live.db.sql<{ type: string }[]>`
+      SELECT format_type(atttypid, atttypmod) AS type FROM pg_attribute
+       WHERE attrelid = 'rd_down'::regclass AND attname = 'qty'`;
+      expect(type!.type).toBe('bigint');
+    },
+  );
+});
+
+describe('ALTER TRANSFORM … AS: what the target keeps, and what refuses it', () => {
+  it('keeps grants, an app index, a comment and a view over it; says what the switch does', async () => {
+    await makeItems('rd_d_items');
+    const d: Definition = {
+      target: 'rd_dep',
+      from: 'rd_d_items',
+      select: 'name, price, qty',
+      implicit: 'id',
+    };
+    await live.define(d);
+    await live.db.sql.unsafe(`
+      DO $$ BEGIN CREATE ROLE rd_reader; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+      GRANT SELECT ON rd_dep TO rd_reader;
+      CREATE INDEX rd_dep_name ON rd_dep (name);
+      COMMENT ON TABLE rd_dep IS 'read by the reports';
+      CREATE VIEW rd_dep_view AS SELECT id, name FROM rd_dep WHERE id <= 50;`);
+    const oid = await targetOid('rd_dep');
+    const [index] = await live.db.sql<
+      { oid: number }[]
+    >`SELECT 'rd_dep_name'::regclass::oid AS oid`;
+    const next: Definition = {
+      ...d,
+      select: 'name, price * 2 AS price, qty::bigint AS qty, note',
+    };
+    const result = await live.trellis.apply(alterStatement(next));
+    expect(result).toEqual({
+      kind: 'redefining',
+      target: 'rd_dep',
+      changes: ['column qty retyped from integer to bigint', 'column note added (text)'],
+    });
+    // Nothing else is altered while it is built.
+    const busy = await rejection(live.trellis.apply('ALTER TRANSFORM rd_dep ADD COLUMN 1 AS one'));
+    expect(busy).toMatchObject({ code: 'conflict' });
+    expect(busy.message).toContain('is being redefined');
+    await waitFor(
+      async () => (await redefinition('rd_dep'))?.state === 'switched',
+      'rd_dep to switch',
+      40_000,
+    );
+    await live.converged([next]);
+    expect(await targetOid('rd_dep')).toBe(oid);
+    const [kept] = await live.db.sql<
+      { granted: boolean; index: number; comment: string; viewed: number }[]
+    >`
+      SELECT has_table_privilege('rd_reader', 'rd_dep', 'SELECT') AS granted,
+             to_regclass('rd_dep_name')::oid AS index,
+             obj_description('rd_dep'::regclass, 'pg_class') AS comment,
+             (SELECT count(*)::int FROM rd_dep_view) AS viewed`;
+    expect(kept).toEqual({
+      granted: true,
+      index: index!.oid,
+      comment: 'read by the reports',
+      viewed: 50,
+    });
+    const recorded = await redefinition('rd_dep');
+    expect(recorded).toMatchObject({
+      state: 'switched',
+      changes: ['column qty retyped from integer to bigint', 'column note added (text)'],
+    });
+  });
+
+  it('refuses a change Postgres would drop or refuse dependants for, naming them', async () => {
+    await makeItems('rd_r_items');
+    const d: Definition = {
+      target: 'rd_ref',
+      from: 'rd_r_items',
+      select: 'name, price, qty',
+      implicit: 'id',
+    };
+    await live.define(d);
+    await live.db.sql.unsafe(`
+      CREATE INDEX rd_ref_qty ON rd_ref (qty);
+      CREATE VIEW rd_ref_names AS SELECT id, name FROM rd_ref;
+      CREATE TABLE rd_ref_notes (ref int REFERENCES rd_ref (id), body text);`);
+    // A column a view reads and one an index is on, dropped.
+    const dropped = await rejection(
+      live.trellis.apply('ALTER TRANSFORM rd_ref AS FROM rd_r_items SELECT id, price'),
+    );
+    expect(dropped).toMatchObject({ code: 'conflict' });
+    expect(dropped.message).toContain(
+      'column name would be dropped, and view rd_ref_names depends on it',
+    );
+    expect(dropped.message).toContain(
+      'column qty would be dropped, and index rd_ref_qty depends on it',
+    );
+    // A column a view reads, retyped.
+    const retyped = await rejection(
+      live.trellis.apply(
+        'ALTER TRANSFORM rd_ref AS SELECT id, name::varchar(20) AS name, price, qty FROM rd_r_items',
+      ),
+    );
+    expect(retyped.message).toContain(
+      'column name would change type from text to character varying(20), which Postgres refuses while view rd_ref_names reads it',
+    );
+    // Another key, which a foreign key references.
+    const rekeyed = await rejection(
+      live.trellis.apply(
+        'ALTER TRANSFORM rd_ref AS SELECT qty, count(*) AS n FROM rd_r_items GROUP BY qty',
+      ),
+    );
+    expect(rekeyed.message).toContain(
+      'its key would change from (id) to (qty), and foreign key rd_ref_notes_ref_fkey of rd_ref_notes references it',
+    );
+    // Nothing was started; the transform is as it was.
+    expect(await redefinition('rd_ref')).toBeNull();
+    await live.converged([d]);
+  });
+});
+
+describe('ALTER TRANSFORM … AS: the statement, and a redefinition given up', () => {
+  it('parses both forms, renders them back, and points at a mistake where it is', async () => {
+    const rendered = async (statement: string) => {
+      const [row] = await live.db.sql<{ text: string }[]>`
+        SELECT trellis.render_statement(trellis.parse_statement(${statement})) AS text`;
+      return row!.text;
+    };
+    expect(await rendered('alter transform t as select a, b total from s where a > 1')).toBe(
+      'ALTER TRANSFORM t AS SELECT a, b total FROM s WHERE a > 1',
+    );
+    expect(await rendered('ALTER TRANSFORM t AS FROM s SELECT a AS a GROUP BY a')).toBe(
+      'ALTER TRANSFORM t AS FROM s SELECT a AS a GROUP BY a',
+    );
+    const parse = await rejection(live.trellis.apply('ALTER TRANSFORM t AS SELEC a FROM s'));
+    expect(parse).toMatchObject({ code: 'parse' });
+    expect(parse.message).toBe('expected SELECT or FROM after AS, found "SELEC" at character 22');
+    const inner = await rejection(live.trellis.apply('ALTER TRANSFORM t AS FROM s SELEC a'));
+    // Positions are the ALTER statement's own (SELEC is read as an alias of s).
+    expect(inner.message).toBe('expected JOIN or SELECT, found "a" at character 35');
+    const missing = await rejection(live.trellis.apply('ALTER TRANSFORM nope AS FROM s SELECT a'));
+    expect(missing).toMatchObject({ code: 'not_found' });
+    const define = await rejection(live.trellis.define('ALTER TRANSFORM t AS FROM s SELECT a'));
+    expect(define).toMatchObject({ code: 'validation' });
+  });
+
+  it('a dependant created while the new definition is built: the switch is refused, the old definition stays', async () => {
+    await makeItems('rd_f_items');
+    const d: Definition = {
+      target: 'rd_fail',
+      from: 'rd_f_items',
+      select: 'name, price',
+      implicit: 'id',
+    };
+    await live.define(d);
+    const release = await holdRead('rd_fail');
+    const result = await live.trellis.apply(
+      'ALTER TRANSFORM rd_fail AS FROM rd_f_items SELECT id, name',
+    );
+    expect(result).toMatchObject({ kind: 'redefining', changes: ['column price dropped'] });
+    await live.db.sql.unsafe('CREATE VIEW rd_fail_prices AS SELECT id, price FROM rd_fail');
+    // The switch needs the target's lock, which the long reader holds: the view is there first.
+    await release();
+    await waitFor(
+      async () => (await redefinition('rd_fail'))?.state === 'failed',
+      'the redefinition to be given up',
+    );
+    expect(String((await redefinition('rd_fail'))?.error)).toContain(
+      'column price would be dropped, and view rd_fail_prices depends on it',
+    );
+    const [shadows] = await live.db.sql<{ n: number }[]>`
+      SELECT count(*)::int AS n FROM trellis.transforms WHERE redefines IS NOT NULL`;
+    expect(shadows!.n).toBe(0);
+    await live.db.sql`UPDATE rd_f_items SET price = price + 1 WHERE id <= 10`;
+    await live.converged([d]);
+    expect((await live.trellis.status('rd_fail')).status).toBe('live');
+  });
+});
