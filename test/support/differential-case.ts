@@ -13,6 +13,7 @@ import {
   tableChoicesArb,
 } from './random-schema.js';
 import {
+  constructsOf,
   definitionOf,
   readTransform,
   type Transform,
@@ -77,6 +78,34 @@ export function caseArb(sizes: CaseSizes): fc.Arbitrary<Case> {
       };
       return Object.assign(c, { [fc.toStringMethod]: () => `\n${caseText(c, PRINT_PREFIX)}` });
     });
+}
+
+/** A step's statements, each as its text. */
+function statementsOf(step: Step): string[] {
+  if (step.kind !== 'transaction') return [step.sql];
+  return step.body.flatMap((part) => (typeof part === 'string' ? [part] : part.savepoint));
+}
+
+/**
+ * What a case is made of, by name: each transform's constructs (`constructsOf`), and the
+ * writers' (`COPY`, `MERGE`...). test/generator-coverage.test.ts checks that the default
+ * seeds' cases make every one of them.
+ */
+export function caseConstructs(c: Case): Set<string> {
+  const found = new Set(c.transforms.flatMap(constructsOf));
+  const statements = [...c.writers.building, ...c.writers.live].flat().flatMap(statementsOf);
+  for (const s of statements) {
+    if (s.startsWith('COPY ')) found.add('COPY');
+    if (s.startsWith('MERGE ')) {
+      found.add('MERGE');
+      if (s.includes('THEN DELETE')) found.add('MERGE deleting');
+      if (s.includes('WHEN NOT MATCHED')) found.add('MERGE inserting');
+    }
+  }
+  if (c.transforms.some((t) => t.sources[0]!.alias === 'q' && t.sources.length > 1)) {
+    found.add('chain joined with a table');
+  }
+  return found;
 }
 
 /** A case in one line: its tables, transforms and writes. */

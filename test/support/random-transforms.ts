@@ -48,6 +48,8 @@ interface Source {
   keys: ScopeColumn[];
   columns: ScopeColumn[];
   join: { left: boolean; on: string } | null;
+  /** What its join is made of, for the generator's coverage (`constructsOf`). */
+  constructs?: string[];
 }
 
 /** What an expression is: its SQL, its type, and the column when it is one, bare. */
@@ -79,12 +81,18 @@ export interface JoinChoice {
   values: number | null;
   /** A predicate on the joined table, in ON. */
   extra: Pick | null;
+  /** One more condition in ON: two columns of one type compared (the joined table's and any). */
+  cross: Pick | null;
 }
 
 interface QueryChoice {
-  kind: 'rows' | 'groups' | 'total';
-  items: Array<{ pick: Pick; name: number }>;
+  /** `distinct`: SELECT DISTINCT of GROUP BY expressions (ADR 0049), no aggregates. */
+  kind: 'rows' | 'groups' | 'total' | 'distinct';
+  /** `with`: the item combines the column with a second one (of any source): `a.i1 + b.i2`. */
+  items: Array<{ pick: Pick; name: number; with: Pick | null }>;
   where: Pick | null;
+  /** A second condition in WHERE, AND or OR the first: on a column, or two compared. */
+  alsoWhere: { pick: Pick; or: boolean; cross: boolean } | null;
   groups: Array<{ pick: Pick; selected: boolean; name: number }>;
   aggregates: Array<{ pick: Pick; filter: Pick | null; name: number }>;
   having: Pick | null;
@@ -102,6 +110,12 @@ export interface TransformChoice extends QueryChoice {
   anti: boolean;
   /** A transform reading this one's target (when it is a projection keyed by non-NULL keys). */
   chain: QueryChoice | null;
+  /**
+   * How the statement is written: 1 in `options`' range, `WITHOUT SOURCE INDEX`; 1 in
+   * `form`'s, the AS form (`TRANSFORM x AS SELECT …`, ADR 0049), 2 with a trailing ORDER BY.
+   */
+  options: number;
+  form: number;
 }
 
 const SYSTEM_COLUMNS = ['tableoid', 'xmin', 'cmin', 'xmax', 'cmax', 'ctid'];
@@ -295,6 +309,45 @@ const NULL_PREDICATES: Array<(c: string) => string> = [
   (c) => `${c} IS NOT NULL`,
 ];
 
+/** Comparisons of two columns of one type (in WHERE and ON). */
+const COMPARISONS = ['=', '<', '<>', 'IS DISTINCT FROM'];
+
+/**
+ * A comparison of the picked column with another column of its type, from any source, or
+ * (when it has none) a predicate on it.
+ */
+function crossPredicate(sources: Source[], pick: Pick, first = column(sources, pick)): string {
+  const others = sources.flatMap((s) =>
+    s.columns.filter((c) => c.type === first.type && col(c) !== col(first)),
+  );
+  if (others.length === 0) return predicate(sources, pick);
+  const other = at(others, pick.template);
+  return `${col(first)} ${at(COMPARISONS, pick.template >> 2)} ${col(other)}`;
+}
+
+const NUMBERS: ReadonlySet<ColumnType> = new Set(['int', 'bigint', 'numeric', 'numeric_2']);
+
+/**
+ * Two expressions in one SELECT item: numbers added, anything else joined as text (each
+ * side under "C", so the item's collation is no source's).
+ */
+function combined(x: Expr, y: Expr): Expr {
+  if (NUMBERS.has(x.type) && NUMBERS.has(y.type)) {
+    const type: ColumnType =
+      x.type === 'int' && y.type === 'int'
+        ? 'int'
+        : x.type.startsWith('numeric') || y.type.startsWith('numeric')
+          ? 'numeric'
+          : 'bigint';
+    return { sql: `(${x.sql}) + (${y.sql})`, type, bare: null };
+  }
+  return {
+    sql: `(${x.sql})::text COLLATE "C" || '|' || (${y.sql})::text COLLATE "C"`,
+    type: 'text',
+    bare: null,
+  };
+}
+
 /** HAVING conditions: on counts, integer sums and booleans only (never floats). */
 const HAVINGS: Array<(c: ScopeColumn) => string | null> = [
   () => 'count(*) > 1',
@@ -400,6 +453,12 @@ export interface Transform {
   keys: ScopeColumn[];
   /** Whether its target has a primary key (every key column NOT NULL): it can be a source. */
   readable: boolean;
+  /** Ends with `WITHOUT SOURCE INDEX`. */
+  withoutSourceIndex: boolean;
+  /** Written in the AS form (`TRANSFORM x AS SELECT …`), with a trailing ORDER BY or not. */
+  form: 'from' | 'as' | 'as-ordered';
+  /** What it is made of, for the generator's coverage (`constructsOf`). */
+  constructs: string[];
 }
 
 function tableSource(schema: Schema, index: number, join: Source['join']): Source {
@@ -451,7 +510,19 @@ function fromSources(schema: Schema, choice: TransformChoice): Source[] {
             ];
     const conditions = left.map((l, i) => `${l} = ${right[i]}`);
     const source = tableSource(schema, joined, { left: j.left, on: '' });
-    if (j.extra) conditions.push(predicate([source], j.extra));
+    source.constructs = [];
+    if (j.values !== null && pairs.length > 0) source.constructs.push('join on values');
+    if (j.extra) {
+      conditions.push(predicate([source], j.extra));
+      source.constructs.push('ON with a predicate');
+    }
+    if (j.cross) {
+      conditions.push(
+        crossPredicate([...sources, source], j.cross, at(source.columns, j.cross.column)),
+      );
+      source.constructs.push('ON comparing two columns');
+    }
+    if (conditions.length > 2) source.constructs.push('ON of three conditions or more');
     source.join = { left: j.left, on: conditions.join(' AND ') };
     sources.push(source);
     indexes.push(joined);
@@ -475,11 +546,30 @@ function readQuery(
   const targetKeys: ScopeColumn[] = [];
   /** For GROUP BY: every grouping expression is a bare column (the key's are known). */
   let keyed = false;
+  const constructs: string[] = [];
   const filter = choice.where ? [predicate(sources, choice.where)] : [];
+  const also = choice.alsoWhere;
+  if (also) {
+    const second = also.cross ? crossPredicate(sources, also.pick) : predicate(sources, also.pick);
+    if (also.cross) constructs.push('WHERE comparing two columns');
+    if (also.or && filter.length) {
+      filter[0] = `(${filter[0]}) OR (${second})`;
+      constructs.push('WHERE with OR');
+    } else filter.push(second);
+  }
+  if (where.length + filter.length > 1) constructs.push('WHERE of two conditions or more');
   if (choice.kind === 'rows') {
     choice.items.forEach((item, i) => {
       const e = valueExpr(sources, item.pick);
-      select.push({ ...e, name: itemName(`o${i + 1}`, item.name, used) });
+      const other = item.with ? valueExpr(sources, item.with) : null;
+      const made = other ? combined(e, other) : e;
+      if (other) {
+        const aliases = new Set([e.sql, other.sql].map((x) => /\b(\w+)\./.exec(x)?.[1]));
+        constructs.push(
+          aliases.size > 1 ? 'expression of two tables' : 'expression of two columns',
+        );
+      }
+      select.push({ ...made, name: itemName(`o${i + 1}`, item.name, used) });
     });
     // The key: each source's key columns, a bare SELECT item of it when there is one, else
     // an implicit column named after it, or alias_column when that name is taken
@@ -506,18 +596,21 @@ function readQuery(
     }
   } else {
     const seen = new Set<string>();
-    const groups = choice.kind === 'groups' ? choice.groups : [];
+    const distinct = choice.kind === 'distinct';
+    const groups = choice.kind === 'groups' || distinct ? choice.groups : [];
     groups.forEach((g, i) => {
       const e = groupExpr(sources, g.pick);
       if (seen.has(e.sql)) return;
       seen.add(e.sql);
       groupBy.push(e.sql);
-      if (g.selected || !e.bare) {
+      // SELECT DISTINCT selects every expression it is keyed by.
+      if (g.selected || !e.bare || distinct) {
         select.push({ ...e, name: itemName(`g${i + 1}`, g.name, used) });
       }
     });
-    choice.aggregates.forEach((a, i) => {
+    (distinct ? [] : choice.aggregates).forEach((a, i) => {
       const filterBy = a.filter ? ` FILTER (WHERE ${predicate(sources, a.filter)})` : '';
+      if (a.filter && choice.delta) constructs.push('delta aggregate with FILTER');
       const made = aggregate(sources, a.pick, keys, choice.delta);
       const call = `${made.sql}${filterBy}`;
       select.push({
@@ -546,7 +639,7 @@ function readQuery(
     }
     keyed = groupBy.length > 0 && targetKeys.length === groupBy.length;
   }
-  const aggregates = choice.kind !== 'rows';
+  const aggregates = choice.kind === 'groups' || choice.kind === 'total';
   return {
     name,
     kind: choice.kind,
@@ -561,9 +654,17 @@ function readQuery(
     keys: targetKeys,
     // A target a chain can read has a primary key: every key column NOT NULL (source
     // keys outside LEFT JOINs; GROUP BY expressions that are bare NOT NULL columns).
-    readable: aggregates
-      ? keyed && targetKeys.every((k) => !k.nullable)
-      : sources.every((s) => !s.join?.left),
+    // A SELECT DISTINCT target is keyed by every column, NULLs included: by a unique
+    // index, not a primary key.
+    readable:
+      choice.kind === 'distinct'
+        ? false
+        : aggregates
+          ? keyed && targetKeys.every((k) => !k.nullable)
+          : sources.every((s) => !s.join?.left),
+    withoutSourceIndex: false,
+    form: 'from',
+    constructs,
   };
 }
 
@@ -574,6 +675,8 @@ export function readTransform(schema: Schema, choice: TransformChoice, index: nu
   const anti = Boolean(choice.anti && sources.length > 1 && last.join?.left);
   const where = anti ? [`${col(last.keys[0]!)} IS NULL`] : [];
   const transform = readQuery(`x${index}`, sources, choice, where, anti);
+  transform.withoutSourceIndex = choice.options % 10 === 1;
+  transform.form = (['from', 'as', 'as-ordered'] as const)[choice.form % 6] ?? 'from';
   if (!choice.chain || !transform.readable) return [transform];
   // The upstream target's columns as the chain reads them: its SELECT items (but arrays),
   // then the key columns the target added on its own; key columns are never NULL.
@@ -597,6 +700,34 @@ export function readTransform(schema: Schema, choice: TransformChoice, index: nu
   return [transform, readQuery(`${transform.name}c`, [upstream], choice.chain, [])];
 }
 
+/**
+ * What a transform is made of, as names the generator's coverage test looks for
+ * (test/generator-coverage.test.ts): one per construct of the grammar it makes.
+ */
+export function constructsOf(t: Transform): string[] {
+  const found = new Set<string>(t.constructs);
+  found.add(`${t.kind === 'distinct' ? 'SELECT DISTINCT' : t.kind}`);
+  const chain = t.sources[0]!.alias === 'q';
+  if (chain) found.add('chain');
+  for (const s of t.sources) {
+    for (const c of s.constructs ?? []) found.add(c);
+    if (s.join) found.add(s.join.left ? 'LEFT JOIN' : 'JOIN');
+  }
+  if (t.sources.length >= 3) found.add('three tables or more');
+  if (t.anti) found.add('anti-join');
+  if (t.where.length) found.add('WHERE');
+  if (t.having) found.add(t.delta ? 'delta HAVING' : 'HAVING');
+  if (t.delta) found.add('delta aggregates');
+  if (t.delta && /\b(sum|avg)\([a-z]+\.(num|dec)\d/.test(t.select.map((s) => s.sql).join())) {
+    found.add('delta sum of numerics');
+  }
+  if (t.implicit.length) found.add('implicit key columns');
+  if (t.withoutSourceIndex) found.add('WITHOUT SOURCE INDEX');
+  if (t.form !== 'from') found.add('AS form');
+  if (t.form === 'as-ordered') found.add('AS form with ORDER BY');
+  return [...found];
+}
+
 /** What a transform is, in a few words (for the tests' progress lines): `x1: groups, left join of 3, having`. */
 export function transformShape(t: Transform): string {
   const tags: string[] = [t.kind];
@@ -610,6 +741,8 @@ export function transformShape(t: Transform): string {
   if (t.where.length > (t.anti ? 1 : 0)) tags.push('where');
   if (t.having) tags.push('having');
   if (t.delta) tags.push('delta aggregates');
+  if (t.withoutSourceIndex) tags.push('without source index');
+  if (t.form !== 'from') tags.push('AS form');
   return `${t.name}: ${tags.join(', ')}`;
 }
 
@@ -627,9 +760,13 @@ export function definitionOf(t: Transform, prefix: string): Definition {
     from,
     select: t.select.map((s) => `${s.sql} AS ${s.name}`).join(', '),
     ...(t.where.length ? { where: t.where.map((w) => `(${w})`).join(' AND ') } : {}),
-    ...(t.groupBy.length ? { groupBy: t.groupBy.join(', ') } : {}),
+    ...(t.groupBy.length && t.kind !== 'distinct' ? { groupBy: t.groupBy.join(', ') } : {}),
     ...(t.having ? { having: t.having } : {}),
     ...(t.implicit.length ? { implicit: t.implicit.join(', ') } : {}),
+    ...(t.kind === 'distinct' ? { distinct: true } : {}),
+    ...(t.withoutSourceIndex ? { options: 'WITHOUT SOURCE INDEX' } : {}),
+    ...(t.form !== 'from' ? { form: 'as' as const } : {}),
+    ...(t.form === 'as-ordered' ? { orderBy: '1' } : {}),
   };
 }
 
@@ -642,8 +779,14 @@ const pickArb: fc.Arbitrary<Pick> = fc.record({
 const queryArb = (kinds: Array<QueryChoice['kind']>): fc.Arbitrary<QueryChoice> =>
   fc.record({
     kind: fc.constantFrom(...kinds),
-    items: fc.array(fc.record({ pick: pickArb, name: fc.nat(15) }), { minLength: 1, maxLength: 4 }),
+    items: fc.array(
+      fc.record({ pick: pickArb, name: fc.nat(15), with: fc.option(pickArb, { freq: 6 }) }),
+      { minLength: 1, maxLength: 4 },
+    ),
     where: fc.option(pickArb, { freq: 2 }),
+    alsoWhere: fc.option(fc.record({ pick: pickArb, or: fc.boolean(), cross: fc.boolean() }), {
+      freq: 4,
+    }),
     groups: fc.array(fc.record({ pick: pickArb, selected: fc.boolean(), name: fc.nat(15) }), {
       minLength: 1,
       maxLength: 2,
@@ -658,7 +801,7 @@ const queryArb = (kinds: Array<QueryChoice['kind']>): fc.Arbitrary<QueryChoice> 
 
 export const transformChoiceArb: fc.Arbitrary<TransformChoice> = fc
   .record({
-    query: queryArb(['rows', 'rows', 'groups', 'groups', 'total']),
+    query: queryArb(['rows', 'rows', 'rows', 'groups', 'groups', 'groups', 'total', 'distinct']),
     driving: fc.nat(5),
     joins: fc.array(
       fc.record({
@@ -668,10 +811,13 @@ export const transformChoiceArb: fc.Arbitrary<TransformChoice> = fc
         to: fc.nat(5),
         values: fc.option(fc.nat(40), { freq: 3 }),
         extra: fc.option(pickArb, { freq: 2 }),
+        cross: fc.option(pickArb, { freq: 5 }),
       }),
       { maxLength: 2 },
     ),
     anti: fc.boolean(),
     chain: fc.option(queryArb(['rows', 'groups']), { freq: 4 }),
+    options: fc.nat(9),
+    form: fc.nat(5),
   })
   .map(({ query, ...rest }) => ({ ...query, ...rest }));

@@ -15,7 +15,7 @@ import {
   sameKey,
   type Table,
 } from './random-schema.js';
-import { type ColumnType, valueAt } from './random-values.js';
+import { type ColumnType, SQL_TYPE, valueAt } from './random-values.js';
 import type { SavepointStep, Step } from './workload.js';
 
 /**
@@ -44,6 +44,11 @@ export interface StatementChoice {
   c: number;
   flag: boolean;
   rows: RowChoice[];
+  /**
+   * 0 (most of the time): one of the statements above, by `kind`; 1: the rows loaded by
+   * `COPY … FROM STDIN`; 2: a `MERGE` of the rows (MERGE needs Postgres 15).
+   */
+  form: number;
 }
 
 export type StepChoice =
@@ -111,9 +116,87 @@ const ROW_FILTERS = [
   () => 'true',
 ];
 
+/**
+ * A value's SQL literal (as `valueAt` writes them) as COPY's text format writes it: `\N`
+ * for NULL, a string without its quotes, `repeat('ab', 3000)` spelled out.
+ */
+export function copyValue(literal: string): string {
+  if (literal === 'NULL') return '\\N';
+  const repeat = /^repeat\('(\w+)', (\d+)\)$/.exec(literal);
+  if (repeat) return repeat[1]!.repeat(Number(repeat[2]));
+  const quoted = /^'([\s\S]*)'$/.exec(literal);
+  const text = quoted ? quoted[1]!.replaceAll("''", "'") : literal;
+  return text.replaceAll('\\', '\\\\').replaceAll('\t', '\\t').replaceAll('\n', '\\n');
+}
+
+/** Rows of distinct keys (one statement cannot insert, or MERGE, a key twice). */
+function distinctRows(table: Table, rows: RowChoice[]): RowChoice[] {
+  const seen: string[][] = [];
+  return rows.filter((r) => {
+    const key = keyAt(table.key, r.key);
+    if (seen.some((k) => sameKey(table.key, k, key))) return false;
+    seen.push(key);
+    return true;
+  });
+}
+
+/** Rows loaded with `COPY … FROM STDIN`: the statement, its data lines, `\.`. */
+function copyStatement(schema: Schema, table: Table, rows: RowChoice[]): string {
+  const columns = columnsOf(schema, table).map((c) => c.name);
+  const lines = distinctRows(table, rows).map(
+    (r) =>
+      `${rowLiterals(schema, table, keyAt(table.key, r.key), r.cells)
+        .map(copyValue)
+        .join('\t')}\n`,
+  );
+  return `COPY ${tableRef(table)} (${columns.join(', ')}) FROM STDIN;\n${lines.join('')}\\.`;
+}
+
+/**
+ * A MERGE of rows into the table: matched rows updated (some columns, maybe only under a
+ * condition) or deleted, unmatched ones inserted or left out.
+ */
+function mergeStatement(schema: Schema, table: Table, s: StatementChoice): string {
+  const columns = columnsOf(schema, table);
+  const keys = keyColumns(table);
+  const settable = columns.slice(keys.length);
+  const rows = distinctRows(table, s.rows).map(
+    (r) =>
+      `(${rowLiterals(schema, table, keyAt(table.key, r.key), r.cells)
+        .map((v, i) => `(${v})::${SQL_TYPE[columns[i]!.type]}`)
+        .join(', ')})`,
+  );
+  const on = keys.map((k) => `m.${k.name} = v.${k.name}`).join(' AND ');
+  const update = settable.filter((_, i) => ((s.b >> i) & 1) === 1);
+  const sets = (update.length ? update : [at(settable, s.b)])
+    .map((c) => `${c.name} = v.${c.name}`)
+    .join(', ');
+  const condition = at(ROW_FILTERS, s.c)(`m.${at(settable, s.c >> 2).name}`);
+  const matched = [
+    `WHEN MATCHED AND ${condition} THEN UPDATE SET ${sets}`,
+    `WHEN MATCHED THEN ${s.a % 3 === 1 ? 'DELETE' : `UPDATE SET ${sets}`}`,
+  ].slice(s.a % 2);
+  const notMatched = s.flag
+    ? []
+    : [
+        `WHEN NOT MATCHED THEN INSERT (${columns.map((c) => c.name).join(', ')}) VALUES (${columns
+          .map((c) => `v.${c.name}`)
+          .join(', ')})`,
+      ];
+  return [
+    `MERGE INTO ${tableRef(table)} AS m USING (VALUES ${rows.join(', ')}) AS v (${columns
+      .map((c) => c.name)
+      .join(', ')}) ON ${on}`,
+    ...matched,
+    ...notMatched,
+  ].join(' ');
+}
+
 /** One statement on one of the schema's tables. */
 export function readStatement(schema: Schema, s: StatementChoice): string {
   const table = at(schema.tables, s.table);
+  if (s.form % 20 === 1) return copyStatement(schema, table, s.rows);
+  if (s.form % 20 === 2) return mergeStatement(schema, table, s);
   const t = tableRef(table);
   const keys = keyColumns(table);
   const settable = columnsOf(schema, table).slice(keys.length);
@@ -130,12 +213,7 @@ export function readStatement(schema: Schema, s: StatementChoice): string {
     () => `INSERT INTO ${t} VALUES ${row(first)}`,
     () => {
       // Several rows at once (distinct keys: one statement cannot insert a key twice).
-      const seen: string[][] = [];
-      const rows = s.rows.filter((r) => {
-        if (seen.some((k) => sameKey(table.key, k, key(r.key)))) return false;
-        seen.push(key(r.key));
-        return true;
-      });
+      const rows = distinctRows(table, s.rows);
       return `INSERT INTO ${t} VALUES ${(rows.length ? rows : [first]).map(row).join(', ')}`;
     },
     () => {
@@ -239,6 +317,8 @@ const statementChoiceArb: fc.Arbitrary<StatementChoice> = fc.record({
   c: cellArb,
   flag: fc.boolean(),
   rows: fc.array(rowChoiceArb, { minLength: 1, maxLength: 3 }),
+  // Shrinks to 0, an ordinary statement; a COPY or a MERGE one time in ten.
+  form: fc.nat(19),
 });
 
 const stepChoiceArb: fc.Arbitrary<StepChoice> = fc.oneof(
@@ -297,13 +377,18 @@ export function writersArb(sizes: {
   });
 }
 
+/** A statement as psql takes it: `;` after it, or nothing after a COPY's `\.` (then a line). */
+function terminated(statement: string): string {
+  return statement.endsWith('\\.') ? `${statement}\n` : `${statement};`;
+}
+
 /** A step's statements as one text (for printing a case). */
 export function stepText(step: Step): string {
-  if (step.kind !== 'transaction') return `${step.sql};`;
+  if (step.kind !== 'transaction') return terminated(step.sql);
   const body = step.body.map((part) =>
     typeof part === 'string'
-      ? `${part};`
-      : `SAVEPOINT s; ${part.savepoint.map((s) => `${s};`).join(' ')} ${part.rollback ? 'ROLLBACK TO SAVEPOINT s' : 'RELEASE SAVEPOINT s'};`,
+      ? terminated(part)
+      : `SAVEPOINT s; ${part.savepoint.map(terminated).join(' ')} ${part.rollback ? 'ROLLBACK TO SAVEPOINT s' : 'RELEASE SAVEPOINT s'};`,
   );
   const hold = step.holdMs > 0 ? ` -- held open ${step.holdMs} ms between statements` : '';
   return `BEGIN; ${body.join(' ')} ${step.rollback ? 'ROLLBACK' : 'COMMIT'};${hold}`;
