@@ -102,9 +102,6 @@ export function caseConstructs(c: Case): Set<string> {
       if (s.includes('WHEN NOT MATCHED')) found.add('MERGE inserting');
     }
   }
-  if (c.transforms.some((t) => t.sources[0]!.alias === 'q' && t.sources.length > 1)) {
-    found.add('chain joined with a table');
-  }
   return found;
 }
 

@@ -83,6 +83,8 @@ export interface JoinChoice {
   extra: Pick | null;
   /** One more condition in ON: two columns of one type compared (the joined table's and any). */
   cross: Pick | null;
+  /** Joins a table already in FROM again (a self-join): which one; null for a new table. */
+  again: number | null;
 }
 
 interface QueryChoice {
@@ -110,6 +112,10 @@ export interface TransformChoice extends QueryChoice {
   anti: boolean;
   /** A transform reading this one's target (when it is a projection keyed by non-NULL keys). */
   chain: QueryChoice | null;
+  /** The chain's FROM joins a table to the upstream target (on two columns of one type). */
+  chainJoin: JoinChoice | null;
+  /** A transform reading the chain's target, in turn (a chain of two). */
+  chain2: QueryChoice | null;
   /**
    * How the statement is written: 1 in `options`' range, `WITHOUT SOURCE INDEX`; 1 in
    * `form`'s, the AS form (`TRANSFORM x AS SELECT …`, ADR 0049), 2 with a trailing ORDER BY.
@@ -461,22 +467,51 @@ export interface Transform {
   constructs: string[];
 }
 
-function tableSource(schema: Schema, index: number, join: Source['join']): Source {
+function tableSource(
+  schema: Schema,
+  index: number,
+  join: Source['join'],
+  alias = schema.tables[index]!.name,
+): Source {
   const table = schema.tables[index]!;
   const nullable = join?.left ?? false;
   const scope = (c: Column): ScopeColumn => ({
-    alias: table.name,
+    alias,
     name: c.name,
     type: c.type,
     nullable: nullable || !c.notNull,
   });
   return {
-    alias: table.name,
+    alias,
     name: table.name,
     keys: keyColumns(table).map(scope),
     columns: columnsOf(schema, table).map(scope),
     join,
   };
+}
+
+/** Pairs of columns of one type, one of `x`, one of `y`, for a join on values. */
+function valuePairs(x: Source, y: Source): Array<readonly [string, string]> {
+  return x.columns.flatMap((a) =>
+    y.columns.filter((b) => b.type === a.type).map((b) => [col(a), col(b)] as const),
+  );
+}
+
+/** The rest of a join's ON: a predicate on the joined side, two columns compared. */
+function extraConditions(sources: Source[], source: Source, j: JoinChoice, conditions: string[]) {
+  source.constructs ??= [];
+  if (j.extra) {
+    conditions.push(predicate([source], j.extra));
+    source.constructs.push('ON with a predicate');
+  }
+  if (j.cross) {
+    conditions.push(
+      crossPredicate([...sources, source], j.cross, at(source.columns, j.cross.column)),
+    );
+    source.constructs.push('ON comparing two columns');
+  }
+  if (conditions.length > 2) source.constructs.push('ON of three conditions or more');
+  source.join = { left: j.left, on: conditions.join(' AND ') };
 }
 
 function fromSources(schema: Schema, choice: TransformChoice): Source[] {
@@ -485,45 +520,37 @@ function fromSources(schema: Schema, choice: TransformChoice): Source[] {
   const sources = [tableSource(schema, driving, null)];
   const indexes = [driving];
   for (const j of choice.joins) {
-    if (tables.length === 0) break;
-    const joined = tables.splice(j.table % tables.length, 1)[0]!;
+    // A table already in FROM joined again (a self-join), under an alias of its own; or
+    // one not yet there.
+    if (tables.length === 0 && j.again === null) break;
+    const again = j.again !== null || tables.length === 0;
+    const joined = again ? at(indexes, j.again ?? 0) : tables.splice(j.table % tables.length, 1)[0]!;
+    const toSource = at(sources, j.to);
     const toIndex = at(indexes, j.to);
     const to = schema.tables[toIndex]!;
     const table = schema.tables[joined]!;
-    // Columns of one type on either side, for a join on values rather than keys.
-    const pairs = columnsOf(schema, table).flatMap((x) =>
-      columnsOf(schema, to)
-        .filter((y) => y.type === x.type)
-        .map((y) => [`${table.name}.${x.name}`, `${to.name}.${y.name}`] as const),
-    );
-    const [left, right] =
-      j.values !== null && pairs.length > 0
-        ? [[at(pairs, j.values)[0]], [at(pairs, j.values)[1]]]
-        : j.reverse
-          ? [
-              refColumns(to).map((c) => `${table.name}.${c.name}`),
-              keyColumns(to).map((c) => `${to.name}.${c.name}`),
-            ]
-          : [
-              keyColumns(table).map((c) => `${table.name}.${c.name}`),
-              refColumns(table).map((c) => `${to.name}.${c.name}`),
-            ];
+    const copies = indexes.filter((i) => i === joined).length;
+    const alias = copies ? `${table.name}${copies + 1}` : table.name;
+    const source = tableSource(schema, joined, { left: j.left, on: '' }, alias);
+    source.constructs = again ? ['self-join'] : [];
+    // Columns of one type on either side, for a join on values rather than keys (always,
+    // between two copies of one table: a table holds no reference to itself).
+    const pairs = valuePairs(source, toSource);
+    const byValues = pairs.length > 0 && (j.values !== null || joined === toIndex);
+    const [left, right] = byValues
+      ? [[at(pairs, j.values ?? 0)[0]], [at(pairs, j.values ?? 0)[1]]]
+      : j.reverse
+        ? [
+            refColumns(to).map((c) => `${alias}.${c.name}`),
+            keyColumns(to).map((c) => `${toSource.alias}.${c.name}`),
+          ]
+        : [
+            keyColumns(table).map((c) => `${alias}.${c.name}`),
+            refColumns(table).map((c) => `${toSource.alias}.${c.name}`),
+          ];
+    if (byValues) source.constructs.push('join on values');
     const conditions = left.map((l, i) => `${l} = ${right[i]}`);
-    const source = tableSource(schema, joined, { left: j.left, on: '' });
-    source.constructs = [];
-    if (j.values !== null && pairs.length > 0) source.constructs.push('join on values');
-    if (j.extra) {
-      conditions.push(predicate([source], j.extra));
-      source.constructs.push('ON with a predicate');
-    }
-    if (j.cross) {
-      conditions.push(
-        crossPredicate([...sources, source], j.cross, at(source.columns, j.cross.column)),
-      );
-      source.constructs.push('ON comparing two columns');
-    }
-    if (conditions.length > 2) source.constructs.push('ON of three conditions or more');
-    source.join = { left: j.left, on: conditions.join(' AND ') };
+    extraConditions(sources, source, j, conditions);
     sources.push(source);
     indexes.push(joined);
   }
@@ -677,11 +704,46 @@ export function readTransform(schema: Schema, choice: TransformChoice, index: nu
   const transform = readQuery(`x${index}`, sources, choice, where, anti);
   transform.withoutSourceIndex = choice.options % 10 === 1;
   transform.form = (['from', 'as', 'as-ordered'] as const)[choice.form % 6] ?? 'from';
-  if (!choice.chain || !transform.readable) return [transform];
-  // The upstream target's columns as the chain reads them: its SELECT items (but arrays),
-  // then the key columns the target added on its own; key columns are never NULL.
+  const read = [transform];
+  for (const [depth, query] of [choice.chain, choice.chain2].entries()) {
+    const upstream = read[read.length - 1]!;
+    if (!query || !upstream.readable) break;
+    const sources = [upstreamSource(upstream)];
+    const j = depth === 0 ? choice.chainJoin : null;
+    if (j) {
+      const table = tableSource(schema, j.table % schema.tables.length, { left: j.left, on: '' });
+      const pairs = valuePairs(table, sources[0]!);
+      if (pairs.length) {
+        const [x, y] = at(pairs, j.values ?? 0);
+        extraConditions(sources, table, j, [`${x} = ${y}`]);
+        sources.push(table);
+      }
+    }
+    // A key column would take a name the target has twice over (`q_id` when an item is
+    // named `id` and the upstream has a `q_id`, say): the chain is read without its join,
+    // or, failing that, not made.
+    const attempt = (from: Source[]) => {
+      try {
+        return readQuery(`${upstream.name}c`, from, query, []);
+      } catch (error) {
+        if (!/took the name/.test((error as Error).message)) throw error;
+        return null;
+      }
+    };
+    const chain = attempt(sources) ?? (sources.length > 1 ? attempt(sources.slice(0, 1)) : null);
+    if (!chain) break;
+    read.push(chain);
+  }
+  return read;
+}
+
+/**
+ * A transform's target as a chain reads it (aliased q): its SELECT items (but arrays),
+ * then the key columns the target added on its own; key columns are never NULL.
+ */
+function upstreamSource(transform: Transform): Source {
   const isKey = (name: string) => transform.keys.some((k) => k.name === name);
-  const upstream: Source = {
+  return {
     alias: 'q',
     name: transform.name,
     keys: transform.keys.map((k) => ({ ...k, alias: 'q', nullable: false })),
@@ -697,7 +759,6 @@ export function readTransform(schema: Schema, choice: TransformChoice, index: nu
     ],
     join: null,
   };
-  return [transform, readQuery(`${transform.name}c`, [upstream], choice.chain, [])];
 }
 
 /**
@@ -714,6 +775,9 @@ export function constructsOf(t: Transform): string[] {
     if (s.join) found.add(s.join.left ? 'LEFT JOIN' : 'JOIN');
   }
   if (t.sources.length >= 3) found.add('three tables or more');
+  if (t.sources.length >= 4) found.add('four tables or more');
+  if (chain && t.sources.length > 1) found.add('chain joined with a table');
+  if (chain && t.name.endsWith('cc')) found.add('chain of a chain');
   if (t.anti) found.add('anti-join');
   if (t.where.length) found.add('WHERE');
   if (t.having) found.add(t.delta ? 'delta HAVING' : 'HAVING');
@@ -770,6 +834,18 @@ export function definitionOf(t: Transform, prefix: string): Definition {
   };
 }
 
+/**
+ * `arb`'s value one time in `oneIn`, else null (fast-check's `option` is the other way
+ * round: null one time in `freq`), shrinking to null.
+ */
+function sometimes<T>(arb: fc.Arbitrary<T>, oneIn: number): fc.Arbitrary<T | null> {
+  return fc.oneof(
+    { withCrossShrink: true },
+    { weight: oneIn - 1, arbitrary: fc.constant(null) },
+    { weight: 1, arbitrary: arb },
+  );
+}
+
 const pickArb: fc.Arbitrary<Pick> = fc.record({
   source: fc.nat(5),
   column: fc.nat(20),
@@ -780,13 +856,11 @@ const queryArb = (kinds: Array<QueryChoice['kind']>): fc.Arbitrary<QueryChoice> 
   fc.record({
     kind: fc.constantFrom(...kinds),
     items: fc.array(
-      fc.record({ pick: pickArb, name: fc.nat(15), with: fc.option(pickArb, { freq: 6 }) }),
+      fc.record({ pick: pickArb, name: fc.nat(15), with: sometimes(pickArb, 6) }),
       { minLength: 1, maxLength: 4 },
     ),
     where: fc.option(pickArb, { freq: 2 }),
-    alsoWhere: fc.option(fc.record({ pick: pickArb, or: fc.boolean(), cross: fc.boolean() }), {
-      freq: 4,
-    }),
+    alsoWhere: sometimes(fc.record({ pick: pickArb, or: fc.boolean(), cross: fc.boolean() }), 4),
     groups: fc.array(fc.record({ pick: pickArb, selected: fc.boolean(), name: fc.nat(15) }), {
       minLength: 1,
       maxLength: 2,
@@ -799,24 +873,26 @@ const queryArb = (kinds: Array<QueryChoice['kind']>): fc.Arbitrary<QueryChoice> 
     delta: fc.boolean(),
   });
 
+const joinArb: fc.Arbitrary<JoinChoice> = fc.record({
+  table: fc.nat(5),
+  left: fc.boolean(),
+  reverse: fc.boolean(),
+  to: fc.nat(5),
+  values: fc.option(fc.nat(40), { freq: 3 }),
+  extra: fc.option(pickArb, { freq: 2 }),
+  cross: sometimes(pickArb, 5),
+  again: sometimes(fc.nat(3), 6),
+});
+
 export const transformChoiceArb: fc.Arbitrary<TransformChoice> = fc
   .record({
     query: queryArb(['rows', 'rows', 'rows', 'groups', 'groups', 'groups', 'total', 'distinct']),
     driving: fc.nat(5),
-    joins: fc.array(
-      fc.record({
-        table: fc.nat(5),
-        left: fc.boolean(),
-        reverse: fc.boolean(),
-        to: fc.nat(5),
-        values: fc.option(fc.nat(40), { freq: 3 }),
-        extra: fc.option(pickArb, { freq: 2 }),
-        cross: fc.option(pickArb, { freq: 5 }),
-      }),
-      { maxLength: 2 },
-    ),
+    joins: fc.array(joinArb, { maxLength: 3 }),
     anti: fc.boolean(),
     chain: fc.option(queryArb(['rows', 'groups']), { freq: 4 }),
+    chainJoin: sometimes(joinArb, 4),
+    chain2: sometimes(queryArb(['rows', 'groups']), 3),
     options: fc.nat(9),
     form: fc.nat(5),
   })
