@@ -1,6 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { caseArb, caseConstructs } from './support/differential-case.js';
+import { COLUMN_TYPES } from './support/random-values.js';
 
 // The differential tests' generator (test/support/random-*.ts) makes every construct of
 // the grammar README documents, and the writes the engine must follow: cases drawn from
@@ -45,6 +46,8 @@ const CONSTRUCTS = [
   'WITHOUT SOURCE INDEX',
   'AS form',
   'AS form with ORDER BY',
+  // Every column type (test/support/random-values.ts).
+  ...COLUMN_TYPES.map((type) => `${type} column`),
   // Writes.
   'COPY',
   'MERGE',

@@ -93,6 +93,7 @@ function statementsOf(step: Step): string[] {
  */
 export function caseConstructs(c: Case): Set<string> {
   const found = new Set(c.transforms.flatMap(constructsOf));
+  for (const t of c.db.schema.tables) for (const d of t.data) found.add(`${d.type} column`);
   const statements = [...c.writers.building, ...c.writers.live].flat().flatMap(statementsOf);
   for (const s of statements) {
     if (s.startsWith('COPY ')) found.add('COPY');

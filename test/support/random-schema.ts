@@ -160,6 +160,9 @@ const COLUMN_PREFIX: Record<ColumnType, string> = {
   boolean: 'bool',
   date: 'day',
   jsonb: 'j',
+  timestamp: 'ts',
+  uuid: 'u',
+  int_array: 'arr',
 };
 
 /** The schema a choice stands for: tables named a, b, c, columns after their types. */

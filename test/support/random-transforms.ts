@@ -198,6 +198,19 @@ const VALUES: Record<ColumnType, Template[]> = {
     of('jsonb', (c) => `${c} -> 'k'`),
     of('text', (c) => `jsonb_typeof(${c})`),
   ],
+  timestamp: [
+    same('timestamp'),
+    of('timestamp', (c) => `date_trunc('hour', ${c})`),
+    of('date', (c) => `${c}::date`),
+    of('timestamp', (c) => `${c} + interval '1 day'`),
+  ],
+  uuid: [same('uuid'), of('text', (c) => `${c}::text`), of('text', (c) => `left(${c}::text, 8)`)],
+  int_array: [
+    same('int_array'),
+    of('int', (c) => `cardinality(${c})`),
+    of('int', (c) => `${c}[1]`),
+    of('int_array', (c) => `${c} || 0`),
+  ],
 };
 
 /**
@@ -216,6 +229,9 @@ const GROUPS: Record<ColumnType, Template[]> = {
   boolean: [same('boolean')],
   date: [same('date')],
   jsonb: [of('text', (c) => `${c} ->> 'k'`), of('text', (c) => `jsonb_typeof(${c})`)],
+  timestamp: [same('timestamp'), of('timestamp', (c) => `date_trunc('day', ${c})`)],
+  uuid: [same('uuid'), of('text', (c) => `left(${c}::text, 1)`)],
+  int_array: [same('int_array'), of('int', (c) => `cardinality(${c})`)],
 };
 
 /**
@@ -263,6 +279,9 @@ const AGGREGATES: Record<ColumnType, Aggregate[]> = {
     agg('same', (c) => `percentile_disc(0.5) WITHIN GROUP (ORDER BY ${c})`),
   ],
   jsonb: [],
+  timestamp: [agg('same', (c) => `min(${c})`), agg('same', (c) => `max(${c})`)],
+  uuid: [],
+  int_array: [agg('same', (c) => `min(${c})`), agg('same', (c) => `max(${c})`)],
 };
 
 /**
@@ -294,6 +313,9 @@ const DELTA_AGGREGATES: Record<ColumnType, Aggregate[]> = {
   ],
   date: [agg('same', (c) => `min(${c})`), agg('same', (c) => `max(${c})`)],
   jsonb: [],
+  timestamp: [agg('same', (c) => `min(${c})`), agg('same', (c) => `max(${c})`)],
+  uuid: [],
+  int_array: [],
 };
 
 /** Predicates on a column (WHERE, ON, FILTER). */
@@ -309,6 +331,13 @@ const PREDICATES: Record<ColumnType, Array<(c: string) => string>> = {
   boolean: [(c) => c, (c) => `NOT ${c}`],
   date: [(c) => `${c} > ${comparand('date')}`],
   jsonb: [(c) => `jsonb_typeof(${c}) = 'object'`, (c) => `${c} @> ${comparand('jsonb')}`],
+  timestamp: [(c) => `${c} > ${comparand('timestamp')}`, (c) => `date_trunc('day', ${c}) = ${c}`],
+  uuid: [(c) => `${c} = ${comparand('uuid')}`, (c) => `${c} > 'b0000000-0000-0000-0000-000000000000'`],
+  int_array: [
+    (c) => `${c} @> ${comparand('int_array')}`,
+    (c) => `cardinality(${c}) > 1`,
+    (c) => `2 = ANY (${c})`,
+  ],
 };
 const NULL_PREDICATES: Array<(c: string) => string> = [
   (c) => `${c} IS NULL`,
@@ -401,7 +430,9 @@ function aggregate(
     const a = at([...DELTA_AGGREGATES[c.type], agg('bigint', (x) => `count(${x})`)], pick.template);
     return { sql: a.sql(col(c), keys), type: a.type === 'same' ? c.type : a.type };
   }
-  const a = at([...AGGREGATES[c.type], ...ANY_AGGREGATES], pick.template);
+  // Not array_agg of arrays: arrays of other lengths, or NULL, cannot be accumulated.
+  const any = c.type === 'int_array' ? ANY_AGGREGATES.slice(0, 3) : ANY_AGGREGATES;
+  const a = at([...AGGREGATES[c.type], ...any], pick.template);
   return { sql: a.sql(col(c), keys), type: a.type === 'same' ? c.type : a.type };
 }
 
