@@ -46,6 +46,9 @@ const CONSTRUCTS = [
   'WITHOUT SOURCE INDEX',
   'AS form',
   'AS form with ORDER BY',
+  // Tables named with quotes, or in a schema of their own.
+  'tables named quoted',
+  'tables named schema',
   // Every column type (test/support/random-values.ts).
   ...COLUMN_TYPES.map((type) => `${type} column`),
   // Writes.

@@ -156,7 +156,7 @@ describe('running a workload', () => {
 });
 
 describe('a COPY step', () => {
-  it('loads its rows, and its errors are sorted as any statement\'s (alone, in a transaction, in a savepoint)', async () => {
+  it("loads its rows, and its errors are sorted as any statement's (alone, in a transaction, in a savepoint)", async () => {
     const db = await freshDatabase();
     await db.sql.unsafe(`
       CREATE SCHEMA other;

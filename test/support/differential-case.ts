@@ -4,6 +4,7 @@ import { sqlClient } from './database.js';
 import type { LivePipeline } from './live.js';
 import { compareWithDefinition, type Definition, transformStatement } from './oracle.js';
 import {
+  caseSchema,
   type Database,
   databaseSql,
   physical,
@@ -11,6 +12,8 @@ import {
   readSchema,
   rowChoicesArb,
   tableChoicesArb,
+  tableSql,
+  tableStored,
 } from './random-schema.js';
 import {
   constructsOf,
@@ -65,9 +68,13 @@ export function caseArb(sizes: CaseSizes): fc.Arbitrary<Case> {
       live: writersArb(sizes),
       rows: rowChoicesArb(sizes.rows),
       tables: tableChoicesArb(sizes.tables),
+      // Tables named plainly, but one case in ten quoted and one in ten in a schema of
+      // their own (shrinks to plain).
+      naming: fc.nat(9),
     })
     .map((choice): Case => {
-      const schema = readSchema(choice.tables);
+      const naming = (['plain', 'quoted', 'schema'] as const)[choice.naming] ?? 'plain';
+      const schema = readSchema(choice.tables, naming);
       const c: Case = {
         db: { schema, rows: readRows(schema, choice.rows) },
         transforms: choice.transforms.flatMap((t, i) => readTransform(schema, t, i + 1)),
@@ -93,6 +100,7 @@ function statementsOf(step: Step): string[] {
  */
 export function caseConstructs(c: Case): Set<string> {
   const found = new Set(c.transforms.flatMap(constructsOf));
+  if (c.db.schema.naming !== 'plain') found.add(`tables named ${c.db.schema.naming}`);
   for (const t of c.db.schema.tables) for (const d of t.data) found.add(`${d.type} column`);
   const statements = [...c.writers.building, ...c.writers.live].flat().flatMap(statementsOf);
   for (const s of statements) {
@@ -113,15 +121,18 @@ export function caseSummary(c: Case): string {
   );
   const steps = (writers: Step[][]) => writers.map((w) => w.length).join('+');
   return (
-    `tables ${tables.join(' ')}; ${c.transforms.map(transformShape).join('; ')}; ` +
+    `tables ${tables.join(' ')}${c.db.schema.naming === 'plain' ? '' : ` (named ${c.db.schema.naming})`}; ${c.transforms.map(transformShape).join('; ')}; ` +
     `writers' steps ${steps(c.writers.building)} while building, ${steps(c.writers.live)} live`
   );
 }
 
 /** A case as SQL, with tables and targets named with `prefix`. */
 export function caseText(c: Case, prefix: string): string {
-  const name = (n: string) => physical(prefix, n);
-  const statements = c.transforms.map((t) => `${transformStatement(definitionOf(t, prefix))};`);
+  const naming = c.db.schema.naming;
+  const name = (n: string) => tableSql(prefix, n, naming);
+  const statements = c.transforms.map(
+    (t) => `${transformStatement(definitionOf(t, prefix, naming))};`,
+  );
   const writers = (all: Step[][]) =>
     all.map(
       (steps, i) =>
@@ -254,14 +265,17 @@ export async function runCase(
   convergeMs: number,
 ): Promise<CaseOutcome> {
   const sql = live.db.sql;
-  const name = (n: string) => physical(prefix, n);
+  const naming = c.db.schema.naming;
+  const name = (n: string) => tableSql(prefix, n, naming);
   const tables = c.db.schema.tables.map((t) => name(t.name));
+  // As the writers' errors name them (a unique violation's table).
+  const stored = c.db.schema.tables.map((t) => tableStored(prefix, t.name, naming));
   // A chain (its one source, aliased q, is another transform's target) is recomputed from
   // the base tables through its upstream's definition, not read from the upstream target.
   const defs: Definition[] = [];
   for (const t of c.transforms) {
-    const d = definitionOf(t, prefix);
-    const upstream = defs.find((u) => u.target === name(t.sources[0]!.name));
+    const d = definitionOf(t, prefix, naming);
+    const upstream = defs.find((u) => u.target === physical(prefix, t.sources[0]!.name));
     defs.push(t.sources[0]!.alias === 'q' && upstream ? { ...d, reads: [upstream] } : d);
   }
   const defined: Definition[] = [];
@@ -285,7 +299,7 @@ export async function runCase(
         runPlan(
           sql,
           writers.map((steps) => placeSteps(steps, name)),
-          tables,
+          stored,
           {},
         ),
         convergeMs,
@@ -339,5 +353,6 @@ export async function runCase(
       await live.trellis.apply(`DROP TRANSFORM ${d.target}`).catch(() => undefined);
     }
     await sql.unsafe(`DROP TABLE IF EXISTS ${tables.join(', ')}`);
+    if (naming === 'schema') await sql.unsafe(`DROP SCHEMA IF EXISTS "${caseSchema(prefix)}"`);
   }
 }

@@ -4,9 +4,12 @@ import {
   type Column,
   columnsOf,
   keyColumns,
+  type Naming,
   physical,
   refColumns,
   type Schema,
+  TABLE_NAMES,
+  tableSql,
 } from './random-schema.js';
 import { type ColumnType, comparand } from './random-values.js';
 
@@ -332,7 +335,10 @@ const PREDICATES: Record<ColumnType, Array<(c: string) => string>> = {
   date: [(c) => `${c} > ${comparand('date')}`],
   jsonb: [(c) => `jsonb_typeof(${c}) = 'object'`, (c) => `${c} @> ${comparand('jsonb')}`],
   timestamp: [(c) => `${c} > ${comparand('timestamp')}`, (c) => `date_trunc('day', ${c}) = ${c}`],
-  uuid: [(c) => `${c} = ${comparand('uuid')}`, (c) => `${c} > 'b0000000-0000-0000-0000-000000000000'`],
+  uuid: [
+    (c) => `${c} = ${comparand('uuid')}`,
+    (c) => `${c} > 'b0000000-0000-0000-0000-000000000000'`,
+  ],
   int_array: [
     (c) => `${c} @> ${comparand('int_array')}`,
     (c) => `cardinality(${c}) > 1`,
@@ -555,7 +561,9 @@ function fromSources(schema: Schema, choice: TransformChoice): Source[] {
     // one not yet there.
     if (tables.length === 0 && j.again === null) break;
     const again = j.again !== null || tables.length === 0;
-    const joined = again ? at(indexes, j.again ?? 0) : tables.splice(j.table % tables.length, 1)[0]!;
+    const joined = again
+      ? at(indexes, j.again ?? 0)
+      : tables.splice(j.table % tables.length, 1)[0]!;
     const toSource = at(sources, j.to);
     const toIndex = at(indexes, j.to);
     const to = schema.tables[toIndex]!;
@@ -842,10 +850,14 @@ export function transformShape(t: Transform): string {
 }
 
 /** The Definition of a transform read against its schema, tables and targets named with `prefix`. */
-export function definitionOf(t: Transform, prefix: string): Definition {
+export function definitionOf(t: Transform, prefix: string, naming: Naming = 'plain'): Definition {
   const from = t.sources
     .map((s) => {
-      const table = `${physical(prefix, s.name)} ${s.alias}`;
+      // A base table named as the case names them; an upstream target, plainly.
+      const name = (TABLE_NAMES as readonly string[]).includes(s.name)
+        ? tableSql(prefix, s.name, naming)
+        : physical(prefix, s.name);
+      const table = `${name} ${s.alias}`;
       if (!s.join) return table;
       return `${s.join.left ? 'LEFT JOIN' : 'JOIN'} ${table} ON ${s.join.on}`;
     })
@@ -886,10 +898,10 @@ const pickArb: fc.Arbitrary<Pick> = fc.record({
 const queryArb = (kinds: Array<QueryChoice['kind']>): fc.Arbitrary<QueryChoice> =>
   fc.record({
     kind: fc.constantFrom(...kinds),
-    items: fc.array(
-      fc.record({ pick: pickArb, name: fc.nat(15), with: sometimes(pickArb, 6) }),
-      { minLength: 1, maxLength: 4 },
-    ),
+    items: fc.array(fc.record({ pick: pickArb, name: fc.nat(15), with: sometimes(pickArb, 6) }), {
+      minLength: 1,
+      maxLength: 4,
+    }),
     where: fc.option(pickArb, { freq: 2 }),
     alsoWhere: sometimes(fc.record({ pick: pickArb, or: fc.boolean(), cross: fc.boolean() }), 4),
     groups: fc.array(fc.record({ pick: pickArb, selected: fc.boolean(), name: fc.nat(15) }), {

@@ -148,9 +148,7 @@ function copyStatement(schema: Schema, table: Table, rows: RowChoice[]): string 
   const columns = columnsOf(schema, table).map((c) => c.name);
   const lines = distinctRows(table, rows).map(
     (r) =>
-      `${rowLiterals(schema, table, keyAt(table.key, r.key), r.cells)
-        .map(copyValue)
-        .join('\t')}\n`,
+      `${rowLiterals(schema, table, keyAt(table.key, r.key), r.cells).map(copyValue).join('\t')}\n`,
   );
   return `COPY ${tableRef(table)} (${columns.join(', ')}) FROM STDIN;\n${lines.join('')}\\.`;
 }
