@@ -49,6 +49,13 @@ const CONSTRUCTS = [
   // Tables named with quotes, or in a schema of their own.
   'tables named quoted',
   'tables named schema',
+  // Source DDL the engine follows, between the writers' runs.
+  'DDL: ADD COLUMN',
+  'DDL: CREATE INDEX',
+  'DDL: DROP COLUMN',
+  'DDL: int to bigint',
+  'DDL: numeric(12,2) to numeric',
+  'DDL: RENAME COLUMN',
   // Every column type (test/support/random-values.ts).
   ...COLUMN_TYPES.map((type) => `${type} column`),
   // Writes.

@@ -19,11 +19,21 @@ import {
   constructsOf,
   definitionOf,
   readTransform,
+  sometimes,
   type Transform,
   transformChoiceArb,
   transformShape,
 } from './random-transforms.js';
-import { placeSteps, readSteps, stepText, writersArb } from './random-writes.js';
+import {
+  type Ddl,
+  ddlChoicesArb,
+  placeSteps,
+  placeTables,
+  readDdl,
+  readSteps,
+  stepText,
+  writersArb,
+} from './random-writes.js';
 import { runPlan, type Step, type WorkloadResult } from './workload.js';
 
 /**
@@ -40,6 +50,8 @@ import { runPlan, type Step, type WorkloadResult } from './workload.js';
  * The writers run twice: right after the transforms are defined, while their targets are
  * built (a backfill must not miss what is written meanwhile), and again once every target
  * is live, when each change reaches the targets through the ledger and the drain alone.
+ * Between the two, one case in four changes its sources with DDL the engine follows
+ * (`readDdl`): the live writers write the tables as they are after it.
  */
 export interface Case {
   db: Database;
@@ -47,6 +59,13 @@ export interface Case {
   transforms: Transform[];
   /** Each writer's steps while the targets are built, then once they are live. */
   writers: { building: Step[][]; live: Step[][] };
+  /** Source DDL run once every target is live, before the live writers (random-writes.ts). */
+  ddl: Ddl | null;
+  /**
+   * The transforms as the oracle reads them once the DDL ran: a renamed column under its
+   * new name (the engine rewrites the statements); `transforms` when there is no DDL.
+   */
+  expected: Transform[];
 }
 
 export interface CaseSizes {
@@ -71,17 +90,27 @@ export function caseArb(sizes: CaseSizes): fc.Arbitrary<Case> {
       // Tables named plainly, but one case in ten quoted and one in ten in a schema of
       // their own (shrinks to plain).
       naming: fc.nat(9),
+      // Source DDL between the two runs of the writers, one case in four.
+      ddl: sometimes(ddlChoicesArb, 4),
     })
     .map((choice): Case => {
       const naming = (['plain', 'quoted', 'schema'] as const)[choice.naming] ?? 'plain';
       const schema = readSchema(choice.tables, naming);
+      const ddl = choice.ddl ? readDdl(schema, choice.ddl) : null;
+      const after = ddl?.after ?? schema;
+      const transforms = choice.transforms.flatMap((t, i) => readTransform(schema, t, i + 1));
       const c: Case = {
         db: { schema, rows: readRows(schema, choice.rows) },
-        transforms: choice.transforms.flatMap((t, i) => readTransform(schema, t, i + 1)),
+        transforms,
         writers: {
           building: choice.building.map((steps) => readSteps(schema, steps)),
-          live: choice.live.map((steps) => readSteps(schema, steps)),
+          live: choice.live.map((steps) => readSteps(after, steps)),
         },
+        ddl,
+        expected:
+          after === schema
+            ? transforms
+            : choice.transforms.flatMap((t, i) => readTransform(after, t, i + 1)),
       };
       return Object.assign(c, { [fc.toStringMethod]: () => `\n${caseText(c, PRINT_PREFIX)}` });
     });
@@ -101,6 +130,7 @@ function statementsOf(step: Step): string[] {
 export function caseConstructs(c: Case): Set<string> {
   const found = new Set(c.transforms.flatMap(constructsOf));
   if (c.db.schema.naming !== 'plain') found.add(`tables named ${c.db.schema.naming}`);
+  for (const k of c.ddl?.constructs ?? []) found.add(k);
   for (const t of c.db.schema.tables) for (const d of t.data) found.add(`${d.type} column`);
   const statements = [...c.writers.building, ...c.writers.live].flat().flatMap(statementsOf);
   for (const s of statements) {
@@ -145,6 +175,12 @@ export function caseText(c: Case, prefix: string): string {
     ...statements,
     '-- concurrent writers, at once, while the targets are built',
     ...writers(c.writers.building),
+    ...(c.ddl
+      ? [
+          '-- once every target is live: DDL on the sources',
+          ...c.ddl.statements.map((s) => `${placeTables(s, name)};`),
+        ]
+      : []),
     '-- once every target is live: concurrent writers',
     ...writers(c.writers.live),
   ].join('\n');
@@ -222,6 +258,21 @@ async function writersWithin(
   }
 }
 
+/**
+ * Runs a DDL statement on a source as a migration tool would: again when it is chosen as a
+ * deadlock's victim (ALTER TABLE waits for the engine's sessions reading the table).
+ */
+async function runDdl(sql: LivePipeline['db']['sql'], statement: string): Promise<void> {
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      await sql.unsafe(statement);
+      return;
+    } catch (error) {
+      if ((error as { code?: string }).code !== '40P01' || attempt >= 5) throw error;
+    }
+  }
+}
+
 /** Waits until a transform is live; fails at once when it stops (paused). */
 async function isLive(trellis: Trellis, target: string, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
@@ -272,12 +323,18 @@ export async function runCase(
   const stored = c.db.schema.tables.map((t) => tableStored(prefix, t.name, naming));
   // A chain (its one source, aliased q, is another transform's target) is recomputed from
   // the base tables through its upstream's definition, not read from the upstream target.
-  const defs: Definition[] = [];
-  for (const t of c.transforms) {
-    const d = definitionOf(t, prefix, naming);
-    const upstream = defs.find((u) => u.target === physical(prefix, t.sources[0]!.name));
-    defs.push(t.sources[0]!.alias === 'q' && upstream ? { ...d, reads: [upstream] } : d);
-  }
+  const definitions = (transforms: Transform[]) => {
+    const defs: Definition[] = [];
+    for (const t of transforms) {
+      const d = definitionOf(t, prefix, naming);
+      const upstream = defs.find((u) => u.target === physical(prefix, t.sources[0]!.name));
+      defs.push(t.sources[0]!.alias === 'q' && upstream ? { ...d, reads: [upstream] } : d);
+    }
+    return defs;
+  };
+  const defs = definitions(c.transforms);
+  // What the oracle compares with once the DDL ran (a renamed column under its new name).
+  const expected = definitions(c.expected);
   const defined: Definition[] = [];
   const fail = (what: string) =>
     new CaseFailure(
@@ -306,10 +363,12 @@ export async function runCase(
       );
     const building = await write(c.writers.building);
     for (const d of defs) await isLive(live.trellis, d.target, convergeMs);
+    for (const statement of c.ddl?.statements ?? [])
+      await runDdl(sql, placeTables(statement, name));
     const writes = sumResults(building, await write(c.writers.live));
     const token = await live.trellis.watermarkToken();
     const problems: string[] = [];
-    for (const d of defs) {
+    for (const d of expected) {
       try {
         await converged(live.trellis, d.target, token, convergeMs);
       } catch (error) {

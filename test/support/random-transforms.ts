@@ -881,7 +881,7 @@ export function definitionOf(t: Transform, prefix: string, naming: Naming = 'pla
  * `arb`'s value one time in `oneIn`, else null (fast-check's `option` is the other way
  * round: null one time in `freq`), shrinking to null.
  */
-function sometimes<T>(arb: fc.Arbitrary<T>, oneIn: number): fc.Arbitrary<T | null> {
+export function sometimes<T>(arb: fc.Arbitrary<T>, oneIn: number): fc.Arbitrary<T | null> {
   return fc.oneof(
     { withCrossShrink: true },
     { weight: oneIn - 1, arbitrary: fc.constant(null) },

@@ -409,3 +409,89 @@ export function placeSteps(steps: Step[], physical: (name: string) => string): S
     };
   });
 }
+
+/**
+ * Source DDL the engine follows (README, Changing a transform; ADR 0047), run once every
+ * target is live, before the live writers: a column added (nothing reads it), an index
+ * created, a column added and dropped (a dropped attribute in the rows written after), an
+ * int column retyped to bigint or a numeric(12,2) one to numeric, a column renamed (read or not: the engine rewrites the
+ * statements reading it, and renames a target column named after it).
+ */
+export interface DdlChoice {
+  kind: number;
+  table: number;
+  column: number;
+}
+
+export const ddlChoicesArb: fc.Arbitrary<DdlChoice[]> = fc.array(
+  fc.record({ kind: fc.nat(4), table: fc.nat(2), column: fc.nat(5) }),
+  { minLength: 1, maxLength: 3 },
+);
+
+/** What a case's DDL is: its statements, and the schema as the live writers see it after. */
+export interface Ddl {
+  statements: string[];
+  /** What it does, by name (`ADD COLUMN`...), for the generator's coverage. */
+  constructs: string[];
+  after: Schema;
+}
+
+/** The DDL a choice stands for, read against the schema (statements name tables `«a»`). */
+export function readDdl(schema: Schema, choices: DdlChoice[]): Ddl {
+  let after = schema;
+  const statements: string[] = [];
+  const constructs: string[] = [];
+  const retyped = new Set<string>();
+  choices.forEach((d, i) => {
+    const index = d.table % after.tables.length;
+    const table = after.tables[index]!;
+    const t = tableRef(table);
+    const column = at(table.data, d.column);
+    switch (d.kind % 5) {
+      case 0:
+        statements.push(`ALTER TABLE ${t} ADD COLUMN added${i + 1} int DEFAULT 7`);
+        constructs.push('DDL: ADD COLUMN');
+        return;
+      case 1:
+        statements.push(`CREATE INDEX ON ${t} (${column.name})`);
+        constructs.push('DDL: CREATE INDEX');
+        return;
+      case 2:
+        statements.push(
+          `ALTER TABLE ${t} ADD COLUMN gone${i + 1} text`,
+          `ALTER TABLE ${t} DROP COLUMN gone${i + 1}`,
+        );
+        constructs.push('DDL: DROP COLUMN');
+        return;
+      case 3: {
+        // An int column, read or not, to bigint, or a numeric(12,2) one to numeric: every
+        // generated expression still holds.
+        const widen = table.data.find(
+          (c) =>
+            (c.type === 'int' || c.type === 'numeric_2') && !retyped.has(`${index}.${c.name}`),
+        );
+        if (!widen) return;
+        retyped.add(`${index}.${widen.name}`);
+        const to = widen.type === 'int' ? 'bigint' : 'numeric';
+        statements.push(`ALTER TABLE ${t} ALTER COLUMN ${widen.name} TYPE ${to}`);
+        constructs.push(`DDL: ${SQL_TYPE[widen.type]} to ${to}`);
+        return;
+      }
+      default: {
+        if (column.name.endsWith('_r')) return;
+        const renamed = `${column.name}_r`;
+        statements.push(`ALTER TABLE ${t} RENAME COLUMN ${column.name} TO ${renamed}`);
+        constructs.push('DDL: RENAME COLUMN');
+        after = {
+          ...after,
+          tables: after.tables.map((x, n) =>
+            n === index
+              ? { ...x, data: x.data.map((c) => (c === column ? { ...c, name: renamed } : c)) }
+              : x,
+          ),
+        };
+      }
+    }
+  });
+  return { statements, constructs, after };
+}
