@@ -466,11 +466,11 @@ export function readDdl(schema: Schema, choices: DdlChoice[]): Ddl {
       case 3: {
         // An int column, read or not, to bigint, or a numeric(12,2) one to numeric: every
         // generated expression still holds.
-        const widen = table.data.find(
-          (c) =>
-            (c.type === 'int' || c.type === 'numeric_2') && !retyped.has(`${index}.${c.name}`),
+        const widens = table.data.filter(
+          (c) => (c.type === 'int' || c.type === 'numeric_2') && !retyped.has(`${index}.${c.name}`),
         );
-        if (!widen) return;
+        if (widens.length === 0) return;
+        const widen = at(widens, d.column);
         retyped.add(`${index}.${widen.name}`);
         const to = widen.type === 'int' ? 'bigint' : 'numeric';
         statements.push(`ALTER TABLE ${t} ALTER COLUMN ${widen.name} TYPE ${to}`);
