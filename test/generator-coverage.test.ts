@@ -67,7 +67,7 @@ const CONSTRUCTS = [
 
 /** The seeds drawn from, and the cases from each. */
 const SEEDS = [1, 2, 3, 4];
-const CASES = 40;
+const CASES = 100;
 
 describe('the differential generator', () => {
   it('makes every construct of the grammar, and every kind of write, across fixed seeds', () => {
