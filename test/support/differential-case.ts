@@ -152,7 +152,8 @@ export function caseSummary(c: Case): string {
   const steps = (writers: Step[][]) => writers.map((w) => w.length).join('+');
   return (
     `tables ${tables.join(' ')}${c.db.schema.naming === 'plain' ? '' : ` (named ${c.db.schema.naming})`}; ${c.transforms.map(transformShape).join('; ')}; ` +
-    `writers' steps ${steps(c.writers.building)} while building, ${steps(c.writers.live)} live`
+    `writers' steps ${steps(c.writers.building)} while building, ${steps(c.writers.live)} live` +
+    (c.ddl?.constructs.length ? `, DDL between (${c.ddl.constructs.join(', ')})` : '')
   );
 }
 
