@@ -3,6 +3,7 @@ import { freshDatabase, sqlClient } from './support/database.js';
 import {
   planFingerprint,
   planWorkload,
+  runPlan,
   runWorkload,
   SuspectWriteError,
   type WorkloadShape,
@@ -151,6 +152,57 @@ describe('running a workload', () => {
     await expect(
       runWorkload(sql, dividing, { seed: 1, writers: 1, operations: 1 }),
     ).rejects.toThrow(/an unexpected error: 22012/);
+    await sql.end({ timeout: 2 });
+  });
+});
+
+describe('a COPY step', () => {
+  it("loads its rows, and its errors are sorted as any statement's (alone, in a transaction, in a savepoint)", async () => {
+    const db = await freshDatabase();
+    await db.sql.unsafe(`
+      CREATE SCHEMA other;
+      CREATE TABLE other.loaded (id int PRIMARY KEY, t text);
+      CREATE FUNCTION capture_broken() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'broken capture'; END $$;
+      CREATE TABLE captured (id int PRIMARY KEY);
+      CREATE TRIGGER broken AFTER INSERT ON captured FOR EACH STATEMENT EXECUTE FUNCTION capture_broken();`);
+    const sql = sqlClient(db.url);
+    const copy = (table: string, lines: string[]) =>
+      `COPY ${table} (id${table === 'captured' ? '' : ', t'}) FROM STDIN;\n${lines.map((l) => `${l}\n`).join('')}\\.`;
+    const ok = await runPlan(
+      sql,
+      [
+        [
+          { kind: 'statement', sql: copy('other.loaded', ['1\ta', '2\t\\N', "3\tit's"]) },
+          // The last row's key is taken: the server reports it once every row is sent.
+          { kind: 'statement', sql: copy('other.loaded', ['4\tb', '1\tc']) },
+          {
+            kind: 'transaction',
+            body: [
+              copy('other.loaded', ['5\td']),
+              { savepoint: [copy('other.loaded', ['2\te'])], rollback: false },
+              copy('other.loaded', ['6\tf']),
+            ],
+            rollback: false,
+            holdMs: 0,
+          },
+        ],
+      ],
+      ['other.loaded'],
+      {},
+    );
+    expect(ok.expected.uniqueViolation).toBe(2);
+    expect(await sql`SELECT id, t FROM other.loaded ORDER BY id`).toEqual([
+      { id: 1, t: 'a' },
+      { id: 2, t: null },
+      { id: 3, t: "it's" },
+      { id: 5, t: 'd' },
+      { id: 6, t: 'f' },
+    ]);
+    // An error raised inside a capture trigger fails the run, COPY or not.
+    await expect(
+      runPlan(sql, [[{ kind: 'statement', sql: copy('captured', ['1']) }]], ['captured'], {}),
+    ).rejects.toThrow(/inside a capture trigger/);
     await sql.end({ timeout: 2 });
   });
 });

@@ -4,6 +4,7 @@ import { sqlClient } from './database.js';
 import type { LivePipeline } from './live.js';
 import { compareWithDefinition, type Definition, transformStatement } from './oracle.js';
 import {
+  caseSchema,
   type Database,
   databaseSql,
   physical,
@@ -11,15 +12,28 @@ import {
   readSchema,
   rowChoicesArb,
   tableChoicesArb,
+  tableSql,
+  tableStored,
 } from './random-schema.js';
 import {
+  constructsOf,
   definitionOf,
   readTransform,
+  sometimes,
   type Transform,
   transformChoiceArb,
   transformShape,
 } from './random-transforms.js';
-import { placeSteps, readSteps, stepText, writersArb } from './random-writes.js';
+import {
+  type Ddl,
+  ddlChoicesArb,
+  placeSteps,
+  placeTables,
+  readDdl,
+  readSteps,
+  stepText,
+  writersArb,
+} from './random-writes.js';
 import { runPlan, type Step, type WorkloadResult } from './workload.js';
 
 /**
@@ -36,6 +50,8 @@ import { runPlan, type Step, type WorkloadResult } from './workload.js';
  * The writers run twice: right after the transforms are defined, while their targets are
  * built (a backfill must not miss what is written meanwhile), and again once every target
  * is live, when each change reaches the targets through the ledger and the drain alone.
+ * Between the two, one case in four changes its sources with DDL the engine follows
+ * (`readDdl`): the live writers write the tables as they are after it.
  */
 export interface Case {
   db: Database;
@@ -43,6 +59,13 @@ export interface Case {
   transforms: Transform[];
   /** Each writer's steps while the targets are built, then once they are live. */
   writers: { building: Step[][]; live: Step[][] };
+  /** Source DDL run once every target is live, before the live writers (random-writes.ts). */
+  ddl: Ddl | null;
+  /**
+   * The transforms as the oracle reads them once the DDL ran: a renamed column under its
+   * new name (the engine rewrites the statements); `transforms` when there is no DDL.
+   */
+  expected: Transform[];
 }
 
 export interface CaseSizes {
@@ -64,19 +87,61 @@ export function caseArb(sizes: CaseSizes): fc.Arbitrary<Case> {
       live: writersArb(sizes),
       rows: rowChoicesArb(sizes.rows),
       tables: tableChoicesArb(sizes.tables),
+      // Tables named plainly, but one case in ten quoted and one in ten in a schema of
+      // their own (shrinks to plain).
+      naming: fc.nat(9),
+      // Source DDL between the two runs of the writers, one case in four.
+      ddl: sometimes(ddlChoicesArb, 4),
     })
     .map((choice): Case => {
-      const schema = readSchema(choice.tables);
+      const naming = (['plain', 'quoted', 'schema'] as const)[choice.naming] ?? 'plain';
+      const schema = readSchema(choice.tables, naming);
+      const ddl = choice.ddl ? readDdl(schema, choice.ddl) : null;
+      const after = ddl?.after ?? schema;
+      const transforms = choice.transforms.flatMap((t, i) => readTransform(schema, t, i + 1));
       const c: Case = {
         db: { schema, rows: readRows(schema, choice.rows) },
-        transforms: choice.transforms.flatMap((t, i) => readTransform(schema, t, i + 1)),
+        transforms,
         writers: {
           building: choice.building.map((steps) => readSteps(schema, steps)),
-          live: choice.live.map((steps) => readSteps(schema, steps)),
+          live: choice.live.map((steps) => readSteps(after, steps)),
         },
+        ddl,
+        expected:
+          after === schema
+            ? transforms
+            : choice.transforms.flatMap((t, i) => readTransform(after, t, i + 1)),
       };
       return Object.assign(c, { [fc.toStringMethod]: () => `\n${caseText(c, PRINT_PREFIX)}` });
     });
+}
+
+/** A step's statements, each as its text. */
+function statementsOf(step: Step): string[] {
+  if (step.kind !== 'transaction') return [step.sql];
+  return step.body.flatMap((part) => (typeof part === 'string' ? [part] : part.savepoint));
+}
+
+/**
+ * What a case is made of, by name: each transform's constructs (`constructsOf`), and the
+ * writers' (`COPY`, `MERGE`...). test/generator-coverage.test.ts checks that the default
+ * seeds' cases make every one of them.
+ */
+export function caseConstructs(c: Case): Set<string> {
+  const found = new Set(c.transforms.flatMap(constructsOf));
+  if (c.db.schema.naming !== 'plain') found.add(`tables named ${c.db.schema.naming}`);
+  for (const k of c.ddl?.constructs ?? []) found.add(k);
+  for (const t of c.db.schema.tables) for (const d of t.data) found.add(`${d.type} column`);
+  const statements = [...c.writers.building, ...c.writers.live].flat().flatMap(statementsOf);
+  for (const s of statements) {
+    if (s.startsWith('COPY ')) found.add('COPY');
+    if (s.startsWith('MERGE ')) {
+      found.add('MERGE');
+      if (s.includes('THEN DELETE')) found.add('MERGE deleting');
+      if (s.includes('WHEN NOT MATCHED')) found.add('MERGE inserting');
+    }
+  }
+  return found;
 }
 
 /** A case in one line: its tables, transforms and writes. */
@@ -86,15 +151,19 @@ export function caseSummary(c: Case): string {
   );
   const steps = (writers: Step[][]) => writers.map((w) => w.length).join('+');
   return (
-    `tables ${tables.join(' ')}; ${c.transforms.map(transformShape).join('; ')}; ` +
-    `writers' steps ${steps(c.writers.building)} while building, ${steps(c.writers.live)} live`
+    `tables ${tables.join(' ')}${c.db.schema.naming === 'plain' ? '' : ` (named ${c.db.schema.naming})`}; ${c.transforms.map(transformShape).join('; ')}; ` +
+    `writers' steps ${steps(c.writers.building)} while building, ${steps(c.writers.live)} live` +
+    (c.ddl?.constructs.length ? `, DDL between (${c.ddl.constructs.join(', ')})` : '')
   );
 }
 
 /** A case as SQL, with tables and targets named with `prefix`. */
 export function caseText(c: Case, prefix: string): string {
-  const name = (n: string) => physical(prefix, n);
-  const statements = c.transforms.map((t) => `${transformStatement(definitionOf(t, prefix))};`);
+  const naming = c.db.schema.naming;
+  const name = (n: string) => tableSql(prefix, n, naming);
+  const statements = c.transforms.map(
+    (t) => `${transformStatement(definitionOf(t, prefix, naming))};`,
+  );
   const writers = (all: Step[][]) =>
     all.map(
       (steps, i) =>
@@ -107,6 +176,12 @@ export function caseText(c: Case, prefix: string): string {
     ...statements,
     '-- concurrent writers, at once, while the targets are built',
     ...writers(c.writers.building),
+    ...(c.ddl
+      ? [
+          '-- once every target is live: DDL on the sources',
+          ...c.ddl.statements.map((s) => `${placeTables(s, name)};`),
+        ]
+      : []),
     '-- once every target is live: concurrent writers',
     ...writers(c.writers.live),
   ].join('\n');
@@ -185,6 +260,21 @@ async function writersWithin(
   }
 }
 
+/**
+ * Runs a DDL statement on a source as a migration tool would: again when it is chosen as a
+ * deadlock's victim (ALTER TABLE waits for the engine's sessions reading the table).
+ */
+async function runDdl(sql: LivePipeline['db']['sql'], statement: string): Promise<void> {
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      await sql.unsafe(statement);
+      return;
+    } catch (error) {
+      if ((error as { code?: string }).code !== '40P01' || attempt >= 5) throw error;
+    }
+  }
+}
+
 /** Waits until a transform is live; fails at once when it stops (paused). */
 async function isLive(trellis: Trellis, target: string, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
@@ -228,16 +318,25 @@ export async function runCase(
   convergeMs: number,
 ): Promise<CaseOutcome> {
   const sql = live.db.sql;
-  const name = (n: string) => physical(prefix, n);
+  const naming = c.db.schema.naming;
+  const name = (n: string) => tableSql(prefix, n, naming);
   const tables = c.db.schema.tables.map((t) => name(t.name));
+  // As the writers' errors name them (a unique violation's table).
+  const stored = c.db.schema.tables.map((t) => tableStored(prefix, t.name, naming));
   // A chain (its one source, aliased q, is another transform's target) is recomputed from
   // the base tables through its upstream's definition, not read from the upstream target.
-  const defs: Definition[] = [];
-  for (const t of c.transforms) {
-    const d = definitionOf(t, prefix);
-    const upstream = defs.find((u) => u.target === name(t.sources[0]!.name));
-    defs.push(t.sources[0]!.alias === 'q' && upstream ? { ...d, reads: [upstream] } : d);
-  }
+  const definitions = (transforms: Transform[]) => {
+    const defs: Definition[] = [];
+    for (const t of transforms) {
+      const d = definitionOf(t, prefix, naming);
+      const upstream = defs.find((u) => u.target === physical(prefix, t.sources[0]!.name));
+      defs.push(t.sources[0]!.alias === 'q' && upstream ? { ...d, reads: [upstream] } : d);
+    }
+    return defs;
+  };
+  const defs = definitions(c.transforms);
+  // What the oracle compares with once the DDL ran (a renamed column under its new name).
+  const expected = definitions(c.expected);
   const defined: Definition[] = [];
   const fail = (what: string) =>
     new CaseFailure(
@@ -259,17 +358,19 @@ export async function runCase(
         runPlan(
           sql,
           writers.map((steps) => placeSteps(steps, name)),
-          tables,
+          stored,
           {},
         ),
         convergeMs,
       );
     const building = await write(c.writers.building);
     for (const d of defs) await isLive(live.trellis, d.target, convergeMs);
+    for (const statement of c.ddl?.statements ?? [])
+      await runDdl(sql, placeTables(statement, name));
     const writes = sumResults(building, await write(c.writers.live));
     const token = await live.trellis.watermarkToken();
     const problems: string[] = [];
-    for (const d of defs) {
+    for (const d of expected) {
       try {
         await converged(live.trellis, d.target, token, convergeMs);
       } catch (error) {
@@ -313,5 +414,6 @@ export async function runCase(
       await live.trellis.apply(`DROP TRANSFORM ${d.target}`).catch(() => undefined);
     }
     await sql.unsafe(`DROP TABLE IF EXISTS ${tables.join(', ')}`);
+    if (naming === 'schema') await sql.unsafe(`DROP SCHEMA IF EXISTS "${caseSchema(prefix)}"`);
   }
 }

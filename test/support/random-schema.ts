@@ -31,7 +31,14 @@ export interface Table {
 
 export interface Schema {
   tables: Table[];
+  /**
+   * How its tables are named in SQL: `d17_a`; quoted, `"d17 A"`; or in a schema of their
+   * own whose name needs quoting, `"Src d17".d17_a` (targets are named plainly).
+   */
+  naming: Naming;
 }
+
+export type Naming = 'plain' | 'quoted' | 'schema';
 
 /** A table as generated: its key's kind and its data columns' types, unnamed. */
 export interface TableChoice {
@@ -94,6 +101,35 @@ export function columnsOf(schema: Schema, table: Table): Column[] {
     ...table.data,
     ...othersOf(schema, table).flatMap((other) => refColumns(other)),
   ];
+}
+
+/** The schema a case's tables are in, when `naming` is `schema` (as stored: unquoted). */
+export function caseSchema(prefix: string): string {
+  return `Src ${prefix}`;
+}
+
+/** A logical table's name in SQL, in a case with prefix `prefix` and tables named so. */
+export function tableSql(prefix: string, name: string, naming: Naming): string {
+  switch (naming) {
+    case 'plain':
+      return physical(prefix, name);
+    case 'quoted':
+      return `"${prefix} ${name.toUpperCase()}"`;
+    case 'schema':
+      return `"${caseSchema(prefix)}".${physical(prefix, name)}`;
+  }
+}
+
+/** A table's name as Postgres stores it (unquoted), with its schema unless it is in `public`. */
+export function tableStored(prefix: string, name: string, naming: Naming): string {
+  switch (naming) {
+    case 'plain':
+      return physical(prefix, name);
+    case 'quoted':
+      return `${prefix} ${name.toUpperCase()}`;
+    case 'schema':
+      return `${caseSchema(prefix)}.${physical(prefix, name)}`;
+  }
 }
 
 /** The physical name of a logical table (or target) in a case with prefix `prefix`. */
@@ -160,11 +196,15 @@ const COLUMN_PREFIX: Record<ColumnType, string> = {
   boolean: 'bool',
   date: 'day',
   jsonb: 'j',
+  timestamp: 'ts',
+  uuid: 'u',
+  int_array: 'arr',
 };
 
 /** The schema a choice stands for: tables named a, b, c, columns after their types. */
-export function readSchema(tables: TableChoice[]): Schema {
+export function readSchema(tables: TableChoice[], naming: Naming = 'plain'): Schema {
   return {
+    naming,
     tables: tables.slice(0, TABLE_NAMES.length).map((t, i) => ({
       name: TABLE_NAMES[i]!,
       key: t.key,
@@ -219,18 +259,24 @@ export function rowChoicesArb(maxRows = 8): fc.Arbitrary<RowChoice[][]> {
 
 /** DDL and first rows of a database, tables named with `prefix`. */
 export function databaseSql(db: Database, prefix: string): string {
-  return db.schema.tables
-    .map((t, i) => {
-      const cols = columnsOf(db.schema, t);
-      const keys = keyColumns(t).map((k) => k.name);
-      const ddl = `CREATE TABLE ${physical(prefix, t.name)} (${cols
-        .map((c) => `${c.name} ${SQL_TYPE[c.type]}${c.notNull ? ' NOT NULL' : ''}`)
-        .join(', ')}, PRIMARY KEY (${keys.join(', ')}));`;
-      const rows = db.rows[i] ?? [];
-      const insert = rows.length
-        ? `\nINSERT INTO ${physical(prefix, t.name)} VALUES ${rows.map((r) => `(${r.join(', ')})`).join(', ')};`
-        : '';
-      return ddl + insert;
-    })
-    .join('\n');
+  const naming = db.schema.naming;
+  const table = (name: string) => tableSql(prefix, name, naming);
+  const schema = naming === 'schema' ? `CREATE SCHEMA "${caseSchema(prefix)}";\n` : '';
+  return (
+    schema +
+    db.schema.tables
+      .map((t, i) => {
+        const cols = columnsOf(db.schema, t);
+        const keys = keyColumns(t).map((k) => k.name);
+        const ddl = `CREATE TABLE ${table(t.name)} (${cols
+          .map((c) => `${c.name} ${SQL_TYPE[c.type]}${c.notNull ? ' NOT NULL' : ''}`)
+          .join(', ')}, PRIMARY KEY (${keys.join(', ')}));`;
+        const rows = db.rows[i] ?? [];
+        const insert = rows.length
+          ? `\nINSERT INTO ${table(t.name)} VALUES ${rows.map((r) => `(${r.join(', ')})`).join(', ')};`
+          : '';
+        return ddl + insert;
+      })
+      .join('\n')
+  );
 }

@@ -4,9 +4,12 @@ import {
   type Column,
   columnsOf,
   keyColumns,
+  type Naming,
   physical,
   refColumns,
   type Schema,
+  TABLE_NAMES,
+  tableSql,
 } from './random-schema.js';
 import { type ColumnType, comparand } from './random-values.js';
 
@@ -48,6 +51,8 @@ interface Source {
   keys: ScopeColumn[];
   columns: ScopeColumn[];
   join: { left: boolean; on: string } | null;
+  /** What its join is made of, for the generator's coverage (`constructsOf`). */
+  constructs?: string[];
 }
 
 /** What an expression is: its SQL, its type, and the column when it is one, bare. */
@@ -79,12 +84,20 @@ export interface JoinChoice {
   values: number | null;
   /** A predicate on the joined table, in ON. */
   extra: Pick | null;
+  /** One more condition in ON: two columns of one type compared (the joined table's and any). */
+  cross: Pick | null;
+  /** Joins a table already in FROM again (a self-join): which one; null for a new table. */
+  again: number | null;
 }
 
 interface QueryChoice {
-  kind: 'rows' | 'groups' | 'total';
-  items: Array<{ pick: Pick; name: number }>;
+  /** `distinct`: SELECT DISTINCT of GROUP BY expressions (ADR 0049), no aggregates. */
+  kind: 'rows' | 'groups' | 'total' | 'distinct';
+  /** `with`: the item combines the column with a second one (of any source): `a.i1 + b.i2`. */
+  items: Array<{ pick: Pick; name: number; with: Pick | null }>;
   where: Pick | null;
+  /** A second condition in WHERE, AND or OR the first: on a column, or two compared. */
+  alsoWhere: { pick: Pick; or: boolean; cross: boolean } | null;
   groups: Array<{ pick: Pick; selected: boolean; name: number }>;
   aggregates: Array<{ pick: Pick; filter: Pick | null; name: number }>;
   having: Pick | null;
@@ -102,6 +115,16 @@ export interface TransformChoice extends QueryChoice {
   anti: boolean;
   /** A transform reading this one's target (when it is a projection keyed by non-NULL keys). */
   chain: QueryChoice | null;
+  /** The chain's FROM joins a table to the upstream target (on two columns of one type). */
+  chainJoin: JoinChoice | null;
+  /** A transform reading the chain's target, in turn (a chain of two). */
+  chain2: QueryChoice | null;
+  /**
+   * How the statement is written: 1 in `options`' range, `WITHOUT SOURCE INDEX`; 1 in
+   * `form`'s, the AS form (`TRANSFORM x AS SELECT …`, ADR 0049), 2 with a trailing ORDER BY.
+   */
+  options: number;
+  form: number;
 }
 
 const SYSTEM_COLUMNS = ['tableoid', 'xmin', 'cmin', 'xmax', 'cmax', 'ctid'];
@@ -178,6 +201,19 @@ const VALUES: Record<ColumnType, Template[]> = {
     of('jsonb', (c) => `${c} -> 'k'`),
     of('text', (c) => `jsonb_typeof(${c})`),
   ],
+  timestamp: [
+    same('timestamp'),
+    of('timestamp', (c) => `date_trunc('hour', ${c})`),
+    of('date', (c) => `${c}::date`),
+    of('timestamp', (c) => `${c} + interval '1 day'`),
+  ],
+  uuid: [same('uuid'), of('text', (c) => `${c}::text`), of('text', (c) => `left(${c}::text, 8)`)],
+  int_array: [
+    same('int_array'),
+    of('int', (c) => `cardinality(${c})`),
+    of('int', (c) => `${c}[1]`),
+    of('int_array', (c) => `${c} || 0`),
+  ],
 };
 
 /**
@@ -196,6 +232,9 @@ const GROUPS: Record<ColumnType, Template[]> = {
   boolean: [same('boolean')],
   date: [same('date')],
   jsonb: [of('text', (c) => `${c} ->> 'k'`), of('text', (c) => `jsonb_typeof(${c})`)],
+  timestamp: [same('timestamp'), of('timestamp', (c) => `date_trunc('day', ${c})`)],
+  uuid: [same('uuid'), of('text', (c) => `left(${c}::text, 1)`)],
+  int_array: [same('int_array'), of('int', (c) => `cardinality(${c})`)],
 };
 
 /**
@@ -243,6 +282,9 @@ const AGGREGATES: Record<ColumnType, Aggregate[]> = {
     agg('same', (c) => `percentile_disc(0.5) WITHIN GROUP (ORDER BY ${c})`),
   ],
   jsonb: [],
+  timestamp: [agg('same', (c) => `min(${c})`), agg('same', (c) => `max(${c})`)],
+  uuid: [],
+  int_array: [agg('same', (c) => `min(${c})`), agg('same', (c) => `max(${c})`)],
 };
 
 /**
@@ -274,6 +316,9 @@ const DELTA_AGGREGATES: Record<ColumnType, Aggregate[]> = {
   ],
   date: [agg('same', (c) => `min(${c})`), agg('same', (c) => `max(${c})`)],
   jsonb: [],
+  timestamp: [agg('same', (c) => `min(${c})`), agg('same', (c) => `max(${c})`)],
+  uuid: [],
+  int_array: [],
 };
 
 /** Predicates on a column (WHERE, ON, FILTER). */
@@ -289,11 +334,60 @@ const PREDICATES: Record<ColumnType, Array<(c: string) => string>> = {
   boolean: [(c) => c, (c) => `NOT ${c}`],
   date: [(c) => `${c} > ${comparand('date')}`],
   jsonb: [(c) => `jsonb_typeof(${c}) = 'object'`, (c) => `${c} @> ${comparand('jsonb')}`],
+  timestamp: [(c) => `${c} > ${comparand('timestamp')}`, (c) => `date_trunc('day', ${c}) = ${c}`],
+  uuid: [
+    (c) => `${c} = ${comparand('uuid')}`,
+    (c) => `${c} > 'b0000000-0000-0000-0000-000000000000'`,
+  ],
+  int_array: [
+    (c) => `${c} @> ${comparand('int_array')}`,
+    (c) => `cardinality(${c}) > 1`,
+    (c) => `2 = ANY (${c})`,
+  ],
 };
 const NULL_PREDICATES: Array<(c: string) => string> = [
   (c) => `${c} IS NULL`,
   (c) => `${c} IS NOT NULL`,
 ];
+
+/** Comparisons of two columns of one type (in WHERE and ON). */
+const COMPARISONS = ['=', '<', '<>', 'IS DISTINCT FROM'];
+
+/**
+ * A comparison of the picked column with another column of its type, from any source, or
+ * (when it has none) a predicate on it.
+ */
+function crossPredicate(sources: Source[], pick: Pick, first = column(sources, pick)): string {
+  const others = sources.flatMap((s) =>
+    s.columns.filter((c) => c.type === first.type && col(c) !== col(first)),
+  );
+  if (others.length === 0) return predicate(sources, pick);
+  const other = at(others, pick.template);
+  return `${col(first)} ${at(COMPARISONS, pick.template >> 2)} ${col(other)}`;
+}
+
+const NUMBERS: ReadonlySet<ColumnType> = new Set(['int', 'bigint', 'numeric', 'numeric_2']);
+
+/**
+ * Two expressions in one SELECT item: numbers added, anything else joined as text (each
+ * side under "C", so the item's collation is no source's).
+ */
+function combined(x: Expr, y: Expr): Expr {
+  if (NUMBERS.has(x.type) && NUMBERS.has(y.type)) {
+    const type: ColumnType =
+      x.type === 'int' && y.type === 'int'
+        ? 'int'
+        : x.type.startsWith('numeric') || y.type.startsWith('numeric')
+          ? 'numeric'
+          : 'bigint';
+    return { sql: `(${x.sql}) + (${y.sql})`, type, bare: null };
+  }
+  return {
+    sql: `(${x.sql})::text COLLATE "C" || '|' || (${y.sql})::text COLLATE "C"`,
+    type: 'text',
+    bare: null,
+  };
+}
 
 /** HAVING conditions: on counts, integer sums and booleans only (never floats). */
 const HAVINGS: Array<(c: ScopeColumn) => string | null> = [
@@ -342,7 +436,9 @@ function aggregate(
     const a = at([...DELTA_AGGREGATES[c.type], agg('bigint', (x) => `count(${x})`)], pick.template);
     return { sql: a.sql(col(c), keys), type: a.type === 'same' ? c.type : a.type };
   }
-  const a = at([...AGGREGATES[c.type], ...ANY_AGGREGATES], pick.template);
+  // Not array_agg of arrays: arrays of other lengths, or NULL, cannot be accumulated.
+  const any = c.type === 'int_array' ? ANY_AGGREGATES.slice(0, 3) : ANY_AGGREGATES;
+  const a = at([...AGGREGATES[c.type], ...any], pick.template);
   return { sql: a.sql(col(c), keys), type: a.type === 'same' ? c.type : a.type };
 }
 
@@ -400,24 +496,59 @@ export interface Transform {
   keys: ScopeColumn[];
   /** Whether its target has a primary key (every key column NOT NULL): it can be a source. */
   readable: boolean;
+  /** Ends with `WITHOUT SOURCE INDEX`. */
+  withoutSourceIndex: boolean;
+  /** Written in the AS form (`TRANSFORM x AS SELECT …`), with a trailing ORDER BY or not. */
+  form: 'from' | 'as' | 'as-ordered';
+  /** What it is made of, for the generator's coverage (`constructsOf`). */
+  constructs: string[];
 }
 
-function tableSource(schema: Schema, index: number, join: Source['join']): Source {
+function tableSource(
+  schema: Schema,
+  index: number,
+  join: Source['join'],
+  alias = schema.tables[index]!.name,
+): Source {
   const table = schema.tables[index]!;
   const nullable = join?.left ?? false;
   const scope = (c: Column): ScopeColumn => ({
-    alias: table.name,
+    alias,
     name: c.name,
     type: c.type,
     nullable: nullable || !c.notNull,
   });
   return {
-    alias: table.name,
+    alias,
     name: table.name,
     keys: keyColumns(table).map(scope),
     columns: columnsOf(schema, table).map(scope),
     join,
   };
+}
+
+/** Pairs of columns of one type, one of `x`, one of `y`, for a join on values. */
+function valuePairs(x: Source, y: Source): Array<readonly [string, string]> {
+  return x.columns.flatMap((a) =>
+    y.columns.filter((b) => b.type === a.type).map((b) => [col(a), col(b)] as const),
+  );
+}
+
+/** The rest of a join's ON: a predicate on the joined side, two columns compared. */
+function extraConditions(sources: Source[], source: Source, j: JoinChoice, conditions: string[]) {
+  source.constructs ??= [];
+  if (j.extra) {
+    conditions.push(predicate([source], j.extra));
+    source.constructs.push('ON with a predicate');
+  }
+  if (j.cross) {
+    conditions.push(
+      crossPredicate([...sources, source], j.cross, at(source.columns, j.cross.column)),
+    );
+    source.constructs.push('ON comparing two columns');
+  }
+  if (conditions.length > 2) source.constructs.push('ON of three conditions or more');
+  source.join = { left: j.left, on: conditions.join(' AND ') };
 }
 
 function fromSources(schema: Schema, choice: TransformChoice): Source[] {
@@ -426,33 +557,39 @@ function fromSources(schema: Schema, choice: TransformChoice): Source[] {
   const sources = [tableSource(schema, driving, null)];
   const indexes = [driving];
   for (const j of choice.joins) {
-    if (tables.length === 0) break;
-    const joined = tables.splice(j.table % tables.length, 1)[0]!;
+    // A table already in FROM joined again (a self-join), under an alias of its own; or
+    // one not yet there.
+    if (tables.length === 0 && j.again === null) break;
+    const again = j.again !== null || tables.length === 0;
+    const joined = again
+      ? at(indexes, j.again ?? 0)
+      : tables.splice(j.table % tables.length, 1)[0]!;
+    const toSource = at(sources, j.to);
     const toIndex = at(indexes, j.to);
     const to = schema.tables[toIndex]!;
     const table = schema.tables[joined]!;
-    // Columns of one type on either side, for a join on values rather than keys.
-    const pairs = columnsOf(schema, table).flatMap((x) =>
-      columnsOf(schema, to)
-        .filter((y) => y.type === x.type)
-        .map((y) => [`${table.name}.${x.name}`, `${to.name}.${y.name}`] as const),
-    );
-    const [left, right] =
-      j.values !== null && pairs.length > 0
-        ? [[at(pairs, j.values)[0]], [at(pairs, j.values)[1]]]
-        : j.reverse
-          ? [
-              refColumns(to).map((c) => `${table.name}.${c.name}`),
-              keyColumns(to).map((c) => `${to.name}.${c.name}`),
-            ]
-          : [
-              keyColumns(table).map((c) => `${table.name}.${c.name}`),
-              refColumns(table).map((c) => `${to.name}.${c.name}`),
-            ];
+    const copies = indexes.filter((i) => i === joined).length;
+    const alias = copies ? `${table.name}${copies + 1}` : table.name;
+    const source = tableSource(schema, joined, { left: j.left, on: '' }, alias);
+    source.constructs = again ? ['self-join'] : [];
+    // Columns of one type on either side, for a join on values rather than keys (always,
+    // between two copies of one table: a table holds no reference to itself).
+    const pairs = valuePairs(source, toSource);
+    const byValues = pairs.length > 0 && (j.values !== null || joined === toIndex);
+    const [left, right] = byValues
+      ? [[at(pairs, j.values ?? 0)[0]], [at(pairs, j.values ?? 0)[1]]]
+      : j.reverse
+        ? [
+            refColumns(to).map((c) => `${alias}.${c.name}`),
+            keyColumns(to).map((c) => `${toSource.alias}.${c.name}`),
+          ]
+        : [
+            keyColumns(table).map((c) => `${alias}.${c.name}`),
+            refColumns(table).map((c) => `${toSource.alias}.${c.name}`),
+          ];
+    if (byValues) source.constructs.push('join on values');
     const conditions = left.map((l, i) => `${l} = ${right[i]}`);
-    const source = tableSource(schema, joined, { left: j.left, on: '' });
-    if (j.extra) conditions.push(predicate([source], j.extra));
-    source.join = { left: j.left, on: conditions.join(' AND ') };
+    extraConditions(sources, source, j, conditions);
     sources.push(source);
     indexes.push(joined);
   }
@@ -475,11 +612,30 @@ function readQuery(
   const targetKeys: ScopeColumn[] = [];
   /** For GROUP BY: every grouping expression is a bare column (the key's are known). */
   let keyed = false;
+  const constructs: string[] = [];
   const filter = choice.where ? [predicate(sources, choice.where)] : [];
+  const also = choice.alsoWhere;
+  if (also) {
+    const second = also.cross ? crossPredicate(sources, also.pick) : predicate(sources, also.pick);
+    if (also.cross) constructs.push('WHERE comparing two columns');
+    if (also.or && filter.length) {
+      filter[0] = `(${filter[0]}) OR (${second})`;
+      constructs.push('WHERE with OR');
+    } else filter.push(second);
+  }
+  if (where.length + filter.length > 1) constructs.push('WHERE of two conditions or more');
   if (choice.kind === 'rows') {
     choice.items.forEach((item, i) => {
       const e = valueExpr(sources, item.pick);
-      select.push({ ...e, name: itemName(`o${i + 1}`, item.name, used) });
+      const other = item.with ? valueExpr(sources, item.with) : null;
+      const made = other ? combined(e, other) : e;
+      if (other) {
+        const aliases = new Set([e.sql, other.sql].map((x) => /\b(\w+)\./.exec(x)?.[1]));
+        constructs.push(
+          aliases.size > 1 ? 'expression of two tables' : 'expression of two columns',
+        );
+      }
+      select.push({ ...made, name: itemName(`o${i + 1}`, item.name, used) });
     });
     // The key: each source's key columns, a bare SELECT item of it when there is one, else
     // an implicit column named after it, or alias_column when that name is taken
@@ -506,18 +662,21 @@ function readQuery(
     }
   } else {
     const seen = new Set<string>();
-    const groups = choice.kind === 'groups' ? choice.groups : [];
+    const distinct = choice.kind === 'distinct';
+    const groups = choice.kind === 'groups' || distinct ? choice.groups : [];
     groups.forEach((g, i) => {
       const e = groupExpr(sources, g.pick);
       if (seen.has(e.sql)) return;
       seen.add(e.sql);
       groupBy.push(e.sql);
-      if (g.selected || !e.bare) {
+      // SELECT DISTINCT selects every expression it is keyed by.
+      if (g.selected || !e.bare || distinct) {
         select.push({ ...e, name: itemName(`g${i + 1}`, g.name, used) });
       }
     });
-    choice.aggregates.forEach((a, i) => {
+    (distinct ? [] : choice.aggregates).forEach((a, i) => {
       const filterBy = a.filter ? ` FILTER (WHERE ${predicate(sources, a.filter)})` : '';
+      if (a.filter && choice.delta) constructs.push('delta aggregate with FILTER');
       const made = aggregate(sources, a.pick, keys, choice.delta);
       const call = `${made.sql}${filterBy}`;
       select.push({
@@ -546,7 +705,7 @@ function readQuery(
     }
     keyed = groupBy.length > 0 && targetKeys.length === groupBy.length;
   }
-  const aggregates = choice.kind !== 'rows';
+  const aggregates = choice.kind === 'groups' || choice.kind === 'total';
   return {
     name,
     kind: choice.kind,
@@ -561,9 +720,17 @@ function readQuery(
     keys: targetKeys,
     // A target a chain can read has a primary key: every key column NOT NULL (source
     // keys outside LEFT JOINs; GROUP BY expressions that are bare NOT NULL columns).
-    readable: aggregates
-      ? keyed && targetKeys.every((k) => !k.nullable)
-      : sources.every((s) => !s.join?.left),
+    // A SELECT DISTINCT target is keyed by every column, NULLs included: by a unique
+    // index, not a primary key.
+    readable:
+      choice.kind === 'distinct'
+        ? false
+        : aggregates
+          ? keyed && targetKeys.every((k) => !k.nullable)
+          : sources.every((s) => !s.join?.left),
+    withoutSourceIndex: false,
+    form: 'from',
+    constructs,
   };
 }
 
@@ -574,11 +741,48 @@ export function readTransform(schema: Schema, choice: TransformChoice, index: nu
   const anti = Boolean(choice.anti && sources.length > 1 && last.join?.left);
   const where = anti ? [`${col(last.keys[0]!)} IS NULL`] : [];
   const transform = readQuery(`x${index}`, sources, choice, where, anti);
-  if (!choice.chain || !transform.readable) return [transform];
-  // The upstream target's columns as the chain reads them: its SELECT items (but arrays),
-  // then the key columns the target added on its own; key columns are never NULL.
+  transform.withoutSourceIndex = choice.options % 10 === 1;
+  transform.form = (['from', 'as', 'as-ordered'] as const)[choice.form % 6] ?? 'from';
+  const read = [transform];
+  for (const [depth, query] of [choice.chain, choice.chain2].entries()) {
+    const upstream = read[read.length - 1]!;
+    if (!query || !upstream.readable) break;
+    const sources = [upstreamSource(upstream)];
+    const j = depth === 0 ? choice.chainJoin : null;
+    if (j) {
+      const table = tableSource(schema, j.table % schema.tables.length, { left: j.left, on: '' });
+      const pairs = valuePairs(table, sources[0]!);
+      if (pairs.length) {
+        const [x, y] = at(pairs, j.values ?? 0);
+        extraConditions(sources, table, j, [`${x} = ${y}`]);
+        sources.push(table);
+      }
+    }
+    // A key column would take a name the target has twice over (`q_id` when an item is
+    // named `id` and the upstream has a `q_id`, say): the chain is read without its join,
+    // or, failing that, not made.
+    const attempt = (from: Source[]) => {
+      try {
+        return readQuery(`${upstream.name}c`, from, query, []);
+      } catch (error) {
+        if (!/took the name/.test((error as Error).message)) throw error;
+        return null;
+      }
+    };
+    const chain = attempt(sources) ?? (sources.length > 1 ? attempt(sources.slice(0, 1)) : null);
+    if (!chain) break;
+    read.push(chain);
+  }
+  return read;
+}
+
+/**
+ * A transform's target as a chain reads it (aliased q): its SELECT items (but arrays),
+ * then the key columns the target added on its own; key columns are never NULL.
+ */
+function upstreamSource(transform: Transform): Source {
   const isKey = (name: string) => transform.keys.some((k) => k.name === name);
-  const upstream: Source = {
+  return {
     alias: 'q',
     name: transform.name,
     keys: transform.keys.map((k) => ({ ...k, alias: 'q', nullable: false })),
@@ -594,7 +798,37 @@ export function readTransform(schema: Schema, choice: TransformChoice, index: nu
     ],
     join: null,
   };
-  return [transform, readQuery(`${transform.name}c`, [upstream], choice.chain, [])];
+}
+
+/**
+ * What a transform is made of, as names the generator's coverage test looks for
+ * (test/generator-coverage.test.ts): one per construct of the grammar it makes.
+ */
+export function constructsOf(t: Transform): string[] {
+  const found = new Set<string>(t.constructs);
+  found.add(`${t.kind === 'distinct' ? 'SELECT DISTINCT' : t.kind}`);
+  const chain = t.sources[0]!.alias === 'q';
+  if (chain) found.add('chain');
+  for (const s of t.sources) {
+    for (const c of s.constructs ?? []) found.add(c);
+    if (s.join) found.add(s.join.left ? 'LEFT JOIN' : 'JOIN');
+  }
+  if (t.sources.length >= 3) found.add('three tables or more');
+  if (t.sources.length >= 4) found.add('four tables or more');
+  if (chain && t.sources.length > 1) found.add('chain joined with a table');
+  if (chain && t.name.endsWith('cc')) found.add('chain of a chain');
+  if (t.anti) found.add('anti-join');
+  if (t.where.length) found.add('WHERE');
+  if (t.having) found.add(t.delta ? 'delta HAVING' : 'HAVING');
+  if (t.delta) found.add('delta aggregates');
+  if (t.delta && /\b(sum|avg)\([a-z]+\.(num|dec)\d/.test(t.select.map((s) => s.sql).join())) {
+    found.add('delta sum of numerics');
+  }
+  if (t.implicit.length) found.add('implicit key columns');
+  if (t.withoutSourceIndex) found.add('WITHOUT SOURCE INDEX');
+  if (t.form !== 'from') found.add('AS form');
+  if (t.form === 'as-ordered') found.add('AS form with ORDER BY');
+  return [...found];
 }
 
 /** What a transform is, in a few words (for the tests' progress lines): `x1: groups, left join of 3, having`. */
@@ -610,14 +844,20 @@ export function transformShape(t: Transform): string {
   if (t.where.length > (t.anti ? 1 : 0)) tags.push('where');
   if (t.having) tags.push('having');
   if (t.delta) tags.push('delta aggregates');
+  if (t.withoutSourceIndex) tags.push('without source index');
+  if (t.form !== 'from') tags.push('AS form');
   return `${t.name}: ${tags.join(', ')}`;
 }
 
 /** The Definition of a transform read against its schema, tables and targets named with `prefix`. */
-export function definitionOf(t: Transform, prefix: string): Definition {
+export function definitionOf(t: Transform, prefix: string, naming: Naming = 'plain'): Definition {
   const from = t.sources
     .map((s) => {
-      const table = `${physical(prefix, s.name)} ${s.alias}`;
+      // A base table named as the case names them; an upstream target, plainly.
+      const name = (TABLE_NAMES as readonly string[]).includes(s.name)
+        ? tableSql(prefix, s.name, naming)
+        : physical(prefix, s.name);
+      const table = `${name} ${s.alias}`;
       if (!s.join) return table;
       return `${s.join.left ? 'LEFT JOIN' : 'JOIN'} ${table} ON ${s.join.on}`;
     })
@@ -627,10 +867,26 @@ export function definitionOf(t: Transform, prefix: string): Definition {
     from,
     select: t.select.map((s) => `${s.sql} AS ${s.name}`).join(', '),
     ...(t.where.length ? { where: t.where.map((w) => `(${w})`).join(' AND ') } : {}),
-    ...(t.groupBy.length ? { groupBy: t.groupBy.join(', ') } : {}),
+    ...(t.groupBy.length && t.kind !== 'distinct' ? { groupBy: t.groupBy.join(', ') } : {}),
     ...(t.having ? { having: t.having } : {}),
     ...(t.implicit.length ? { implicit: t.implicit.join(', ') } : {}),
+    ...(t.kind === 'distinct' ? { distinct: true } : {}),
+    ...(t.withoutSourceIndex ? { options: 'WITHOUT SOURCE INDEX' } : {}),
+    ...(t.form !== 'from' ? { form: 'as' as const } : {}),
+    ...(t.form === 'as-ordered' ? { orderBy: '1' } : {}),
   };
+}
+
+/**
+ * `arb`'s value one time in `oneIn`, else null (fast-check's `option` is the other way
+ * round: null one time in `freq`), shrinking to null.
+ */
+export function sometimes<T>(arb: fc.Arbitrary<T>, oneIn: number): fc.Arbitrary<T | null> {
+  return fc.oneof(
+    { withCrossShrink: true },
+    { weight: oneIn - 1, arbitrary: fc.constant(null) },
+    { weight: 1, arbitrary: arb },
+  );
 }
 
 const pickArb: fc.Arbitrary<Pick> = fc.record({
@@ -642,8 +898,12 @@ const pickArb: fc.Arbitrary<Pick> = fc.record({
 const queryArb = (kinds: Array<QueryChoice['kind']>): fc.Arbitrary<QueryChoice> =>
   fc.record({
     kind: fc.constantFrom(...kinds),
-    items: fc.array(fc.record({ pick: pickArb, name: fc.nat(15) }), { minLength: 1, maxLength: 4 }),
+    items: fc.array(fc.record({ pick: pickArb, name: fc.nat(15), with: sometimes(pickArb, 6) }), {
+      minLength: 1,
+      maxLength: 4,
+    }),
     where: fc.option(pickArb, { freq: 2 }),
+    alsoWhere: sometimes(fc.record({ pick: pickArb, or: fc.boolean(), cross: fc.boolean() }), 4),
     groups: fc.array(fc.record({ pick: pickArb, selected: fc.boolean(), name: fc.nat(15) }), {
       minLength: 1,
       maxLength: 2,
@@ -656,22 +916,27 @@ const queryArb = (kinds: Array<QueryChoice['kind']>): fc.Arbitrary<QueryChoice> 
     delta: fc.boolean(),
   });
 
+const joinArb: fc.Arbitrary<JoinChoice> = fc.record({
+  table: fc.nat(5),
+  left: fc.boolean(),
+  reverse: fc.boolean(),
+  to: fc.nat(5),
+  values: fc.option(fc.nat(40), { freq: 3 }),
+  extra: fc.option(pickArb, { freq: 2 }),
+  cross: sometimes(pickArb, 5),
+  again: sometimes(fc.nat(3), 6),
+});
+
 export const transformChoiceArb: fc.Arbitrary<TransformChoice> = fc
   .record({
-    query: queryArb(['rows', 'rows', 'groups', 'groups', 'total']),
+    query: queryArb(['rows', 'rows', 'rows', 'groups', 'groups', 'groups', 'total', 'distinct']),
     driving: fc.nat(5),
-    joins: fc.array(
-      fc.record({
-        table: fc.nat(5),
-        left: fc.boolean(),
-        reverse: fc.boolean(),
-        to: fc.nat(5),
-        values: fc.option(fc.nat(40), { freq: 3 }),
-        extra: fc.option(pickArb, { freq: 2 }),
-      }),
-      { maxLength: 2 },
-    ),
+    joins: fc.array(joinArb, { maxLength: 3 }),
     anti: fc.boolean(),
     chain: fc.option(queryArb(['rows', 'groups']), { freq: 4 }),
+    chainJoin: sometimes(joinArb, 4),
+    chain2: sometimes(queryArb(['rows', 'groups']), 3),
+    options: fc.nat(9),
+    form: fc.nat(5),
   })
   .map(({ query, ...rest }) => ({ ...query, ...rest }));

@@ -3,7 +3,8 @@
  * weighted towards the values that tell value images apart (ENGINE.md, capture): NULL,
  * numeric scales (1.0 and 1.00), -0, NaN and infinities, text differing only in case
  * (under citext and the case-insensitive collation `ci`), long text, jsonb whose numbers
- * differ only in scale.
+ * differ only in scale; timestamps with fractions and infinities, uuids spelled in other
+ * ways, int arrays (empty, with a NULL).
  *
  * Floats are dyadic fractions (0.5, -2.25...): their sums are exact whatever the order
  * rows are added in, so an aggregate's value does not depend on it (sums of 0.1s could
@@ -20,7 +21,10 @@ export type ColumnType =
   | 'text_ci'
   | 'boolean'
   | 'date'
-  | 'jsonb';
+  | 'jsonb'
+  | 'timestamp'
+  | 'uuid'
+  | 'int_array';
 
 export const COLUMN_TYPES: readonly ColumnType[] = [
   'int',
@@ -34,6 +38,9 @@ export const COLUMN_TYPES: readonly ColumnType[] = [
   'boolean',
   'date',
   'jsonb',
+  'timestamp',
+  'uuid',
+  'int_array',
 ];
 
 /** The type as written in DDL (`ci` is the database's case-insensitive ICU collation). */
@@ -49,6 +56,9 @@ export const SQL_TYPE: Record<ColumnType, string> = {
   boolean: 'boolean',
   date: 'date',
   jsonb: 'jsonb',
+  timestamp: 'timestamp',
+  uuid: 'uuid',
+  int_array: 'int[]',
 };
 
 /** What a random database needs besides its tables. */
@@ -132,6 +142,23 @@ const LITERALS: Record<ColumnType, readonly string[]> = {
     `'null'`,
     `'"str"'`,
   ],
+  timestamp: [
+    "'2024-01-01 10:00:00'",
+    "'2024-01-01 10:00:00.5'",
+    "'2024-02-29 00:00:00'",
+    "'1999-12-31 23:59:59.999999'",
+    "'infinity'",
+    "'-infinity'",
+  ],
+  // The same value in other spellings (capitals, braces): uuid has one image, whatever the input.
+  uuid: [
+    "'00000000-0000-0000-0000-000000000000'",
+    "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
+    "'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'",
+    "'{b0eebc99-9c0b-4ef8-bb6d-6bb9bd380a12}'",
+    "'ffffffff-ffff-ffff-ffff-ffffffffffff'",
+  ],
+  int_array: ["'{}'", "'{1}'", "'{1,2}'", "'{2,1}'", "'{1,NULL}'", "'{3,4,5}'"],
 };
 
 /**
@@ -162,6 +189,12 @@ export function comparand(type: ColumnType): string {
       return 'true';
     case 'jsonb':
       return `'{"k": 1}'`;
+    case 'timestamp':
+      return "'2000-01-01 00:00:00'";
+    case 'uuid':
+      return "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'";
+    case 'int_array':
+      return "'{1}'";
     default:
       return "'b'";
   }

@@ -15,7 +15,7 @@ import {
   sameKey,
   type Table,
 } from './random-schema.js';
-import { type ColumnType, valueAt } from './random-values.js';
+import { type ColumnType, SQL_TYPE, valueAt } from './random-values.js';
 import type { SavepointStep, Step } from './workload.js';
 
 /**
@@ -44,6 +44,11 @@ export interface StatementChoice {
   c: number;
   flag: boolean;
   rows: RowChoice[];
+  /**
+   * 0 (most of the time): one of the statements above, by `kind`; 1: the rows loaded by
+   * `COPY … FROM STDIN`; 2: a `MERGE` of the rows (MERGE needs Postgres 15).
+   */
+  form: number;
 }
 
 export type StepChoice =
@@ -97,6 +102,9 @@ function imageChange(c: Column): string {
     boolean: `NOT ${c.name}`,
     date: `${c.name} + 1`,
     jsonb: `CASE WHEN jsonb_typeof(${c.name}) = 'object' THEN ${c.name} || '{"k": 1.00}' ELSE ${c.name} END`,
+    timestamp: `${c.name} + interval '1 hour'`,
+    uuid: `CASE WHEN ${c.name} = 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11' THEN NULL ELSE 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'::uuid END`,
+    int_array: `${c.name} || 1`,
   };
   return images[c.type];
 }
@@ -111,9 +119,85 @@ const ROW_FILTERS = [
   () => 'true',
 ];
 
+/**
+ * A value's SQL literal (as `valueAt` writes them) as COPY's text format writes it: `\N`
+ * for NULL, a string without its quotes, `repeat('ab', 3000)` spelled out.
+ */
+export function copyValue(literal: string): string {
+  if (literal === 'NULL') return '\\N';
+  const repeat = /^repeat\('(\w+)', (\d+)\)$/.exec(literal);
+  if (repeat) return repeat[1]!.repeat(Number(repeat[2]));
+  const quoted = /^'([\s\S]*)'$/.exec(literal);
+  const text = quoted ? quoted[1]!.replaceAll("''", "'") : literal;
+  return text.replaceAll('\\', '\\\\').replaceAll('\t', '\\t').replaceAll('\n', '\\n');
+}
+
+/** Rows of distinct keys (one statement cannot insert, or MERGE, a key twice). */
+function distinctRows(table: Table, rows: RowChoice[]): RowChoice[] {
+  const seen: string[][] = [];
+  return rows.filter((r) => {
+    const key = keyAt(table.key, r.key);
+    if (seen.some((k) => sameKey(table.key, k, key))) return false;
+    seen.push(key);
+    return true;
+  });
+}
+
+/** Rows loaded with `COPY … FROM STDIN`: the statement, its data lines, `\.`. */
+function copyStatement(schema: Schema, table: Table, rows: RowChoice[]): string {
+  const columns = columnsOf(schema, table).map((c) => c.name);
+  const lines = distinctRows(table, rows).map(
+    (r) =>
+      `${rowLiterals(schema, table, keyAt(table.key, r.key), r.cells).map(copyValue).join('\t')}\n`,
+  );
+  return `COPY ${tableRef(table)} (${columns.join(', ')}) FROM STDIN;\n${lines.join('')}\\.`;
+}
+
+/**
+ * A MERGE of rows into the table: matched rows updated (some columns, maybe only under a
+ * condition) or deleted, unmatched ones inserted or left out.
+ */
+function mergeStatement(schema: Schema, table: Table, s: StatementChoice): string {
+  const columns = columnsOf(schema, table);
+  const keys = keyColumns(table);
+  const settable = columns.slice(keys.length);
+  const rows = distinctRows(table, s.rows).map(
+    (r) =>
+      `(${rowLiterals(schema, table, keyAt(table.key, r.key), r.cells)
+        .map((v, i) => `(${v})::${SQL_TYPE[columns[i]!.type]}`)
+        .join(', ')})`,
+  );
+  const on = keys.map((k) => `m.${k.name} = v.${k.name}`).join(' AND ');
+  const update = settable.filter((_, i) => ((s.b >> i) & 1) === 1);
+  const sets = (update.length ? update : [at(settable, s.b)])
+    .map((c) => `${c.name} = v.${c.name}`)
+    .join(', ');
+  const condition = at(ROW_FILTERS, s.c)(`m.${at(settable, s.c >> 2).name}`);
+  const matched = [
+    `WHEN MATCHED AND ${condition} THEN UPDATE SET ${sets}`,
+    `WHEN MATCHED THEN ${s.a % 3 === 1 ? 'DELETE' : `UPDATE SET ${sets}`}`,
+  ].slice(s.a % 2);
+  const notMatched = s.flag
+    ? []
+    : [
+        `WHEN NOT MATCHED THEN INSERT (${columns.map((c) => c.name).join(', ')}) VALUES (${columns
+          .map((c) => `v.${c.name}`)
+          .join(', ')})`,
+      ];
+  return [
+    `MERGE INTO ${tableRef(table)} AS m USING (VALUES ${rows.join(', ')}) AS v (${columns
+      .map((c) => c.name)
+      .join(', ')}) ON ${on}`,
+    ...matched,
+    ...notMatched,
+  ].join(' ');
+}
+
 /** One statement on one of the schema's tables. */
 export function readStatement(schema: Schema, s: StatementChoice): string {
   const table = at(schema.tables, s.table);
+  if (s.form % 20 === 1) return copyStatement(schema, table, s.rows);
+  if (s.form % 20 === 2) return mergeStatement(schema, table, s);
   const t = tableRef(table);
   const keys = keyColumns(table);
   const settable = columnsOf(schema, table).slice(keys.length);
@@ -130,12 +214,7 @@ export function readStatement(schema: Schema, s: StatementChoice): string {
     () => `INSERT INTO ${t} VALUES ${row(first)}`,
     () => {
       // Several rows at once (distinct keys: one statement cannot insert a key twice).
-      const seen: string[][] = [];
-      const rows = s.rows.filter((r) => {
-        if (seen.some((k) => sameKey(table.key, k, key(r.key)))) return false;
-        seen.push(key(r.key));
-        return true;
-      });
+      const rows = distinctRows(table, s.rows);
       return `INSERT INTO ${t} VALUES ${(rows.length ? rows : [first]).map(row).join(', ')}`;
     },
     () => {
@@ -239,6 +318,8 @@ const statementChoiceArb: fc.Arbitrary<StatementChoice> = fc.record({
   c: cellArb,
   flag: fc.boolean(),
   rows: fc.array(rowChoiceArb, { minLength: 1, maxLength: 3 }),
+  // Shrinks to 0, an ordinary statement; a COPY or a MERGE one time in ten.
+  form: fc.nat(19),
 });
 
 const stepChoiceArb: fc.Arbitrary<StepChoice> = fc.oneof(
@@ -297,13 +378,18 @@ export function writersArb(sizes: {
   });
 }
 
+/** A statement as psql takes it: `;` after it, or nothing after a COPY's `\.` (then a line). */
+function terminated(statement: string): string {
+  return statement.endsWith('\\.') ? `${statement}\n` : `${statement};`;
+}
+
 /** A step's statements as one text (for printing a case). */
 export function stepText(step: Step): string {
-  if (step.kind !== 'transaction') return `${step.sql};`;
+  if (step.kind !== 'transaction') return terminated(step.sql);
   const body = step.body.map((part) =>
     typeof part === 'string'
-      ? `${part};`
-      : `SAVEPOINT s; ${part.savepoint.map((s) => `${s};`).join(' ')} ${part.rollback ? 'ROLLBACK TO SAVEPOINT s' : 'RELEASE SAVEPOINT s'};`,
+      ? terminated(part)
+      : `SAVEPOINT s; ${part.savepoint.map(terminated).join(' ')} ${part.rollback ? 'ROLLBACK TO SAVEPOINT s' : 'RELEASE SAVEPOINT s'};`,
   );
   const hold = step.holdMs > 0 ? ` -- held open ${step.holdMs} ms between statements` : '';
   return `BEGIN; ${body.join(' ')} ${step.rollback ? 'ROLLBACK' : 'COMMIT'};${hold}`;
@@ -322,4 +408,90 @@ export function placeSteps(steps: Step[], physical: (name: string) => string): S
       ),
     };
   });
+}
+
+/**
+ * Source DDL the engine follows (README, Changing a transform; ADR 0047), run once every
+ * target is live, before the live writers: a column added (nothing reads it), an index
+ * created, a column added and dropped (a dropped attribute in the rows written after), an
+ * int column retyped to bigint or a numeric(12,2) one to numeric, a column renamed (read or not: the engine rewrites the
+ * statements reading it, and renames a target column named after it).
+ */
+export interface DdlChoice {
+  kind: number;
+  table: number;
+  column: number;
+}
+
+export const ddlChoicesArb: fc.Arbitrary<DdlChoice[]> = fc.array(
+  fc.record({ kind: fc.nat(4), table: fc.nat(2), column: fc.nat(5) }),
+  { minLength: 1, maxLength: 3 },
+);
+
+/** What a case's DDL is: its statements, and the schema as the live writers see it after. */
+export interface Ddl {
+  statements: string[];
+  /** What it does, by name (`ADD COLUMN`...), for the generator's coverage. */
+  constructs: string[];
+  after: Schema;
+}
+
+/** The DDL a choice stands for, read against the schema (statements name tables `«a»`). */
+export function readDdl(schema: Schema, choices: DdlChoice[]): Ddl {
+  let after = schema;
+  const statements: string[] = [];
+  const constructs: string[] = [];
+  const retyped = new Set<string>();
+  choices.forEach((d, i) => {
+    const index = d.table % after.tables.length;
+    const table = after.tables[index]!;
+    const t = tableRef(table);
+    const column = at(table.data, d.column);
+    switch (d.kind % 5) {
+      case 0:
+        statements.push(`ALTER TABLE ${t} ADD COLUMN added${i + 1} int DEFAULT 7`);
+        constructs.push('DDL: ADD COLUMN');
+        return;
+      case 1:
+        statements.push(`CREATE INDEX ON ${t} (${column.name})`);
+        constructs.push('DDL: CREATE INDEX');
+        return;
+      case 2:
+        statements.push(
+          `ALTER TABLE ${t} ADD COLUMN gone${i + 1} text`,
+          `ALTER TABLE ${t} DROP COLUMN gone${i + 1}`,
+        );
+        constructs.push('DDL: DROP COLUMN');
+        return;
+      case 3: {
+        // An int column, read or not, to bigint, or a numeric(12,2) one to numeric: every
+        // generated expression still holds.
+        const widens = table.data.filter(
+          (c) => (c.type === 'int' || c.type === 'numeric_2') && !retyped.has(`${index}.${c.name}`),
+        );
+        if (widens.length === 0) return;
+        const widen = at(widens, d.column);
+        retyped.add(`${index}.${widen.name}`);
+        const to = widen.type === 'int' ? 'bigint' : 'numeric';
+        statements.push(`ALTER TABLE ${t} ALTER COLUMN ${widen.name} TYPE ${to}`);
+        constructs.push(`DDL: ${SQL_TYPE[widen.type]} to ${to}`);
+        return;
+      }
+      default: {
+        if (column.name.endsWith('_r')) return;
+        const renamed = `${column.name}_r`;
+        statements.push(`ALTER TABLE ${t} RENAME COLUMN ${column.name} TO ${renamed}`);
+        constructs.push('DDL: RENAME COLUMN');
+        after = {
+          ...after,
+          tables: after.tables.map((x, n) =>
+            n === index
+              ? { ...x, data: x.data.map((c) => (c === column ? { ...c, name: renamed } : c)) }
+              : x,
+          ),
+        };
+      }
+    }
+  });
+  return { statements, constructs, after };
 }

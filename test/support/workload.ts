@@ -1,4 +1,6 @@
 import { createHash } from 'node:crypto';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import type postgres from 'postgres';
 
 /**
@@ -304,6 +306,42 @@ interface PgErrorFields {
   schema_name?: string;
 }
 
+/**
+ * Whether a table is one the workload writes: `tables` names them as they are in `public`,
+ * or as `schema.name` elsewhere (names as stored: unquoted, case kept).
+ */
+function ownTable(tables: string[], schema: string, name: string): boolean {
+  return schema === 'public' ? tables.includes(name) : tables.includes(`${schema}.${name}`);
+}
+
+/**
+ * Runs one statement of a plan. A statement may be a `COPY … FROM STDIN` followed by its
+ * data lines and `\.` (as psql takes it): the data goes through the COPY protocol
+ * (postgres.js's `writable()`), as an app loading rows would send it.
+ */
+export async function execute(sql: Pick<postgres.Sql, 'unsafe'>, text: string): Promise<void> {
+  const copy = /^(COPY\s[^\n]*\sFROM STDIN);?\n([\s\S]*)\\\.$/.exec(text);
+  if (!copy) {
+    await sql.unsafe(text);
+    return;
+  }
+  // postgres.js (3.4) loses an error the server reports once the data is all sent (a
+  // unique violation on the last row, say): the stream's end then never comes. The error
+  // still reaches the query's `reject`, so it is taken from there.
+  const query = sql.unsafe(copy[1]!);
+  const failed = new Promise<never>((_, reject) => {
+    const own = query as unknown as { reject: (error: unknown) => void };
+    const forward = own.reject;
+    own.reject = (error) => {
+      reject(error);
+      forward(error);
+    };
+  });
+  failed.catch(() => undefined);
+  const stream = await query.writable();
+  await Promise.race([pipeline(Readable.from([copy[2]!]), stream), failed]);
+}
+
 /** Marks a planned rollback (of a transaction or a savepoint). */
 class PlannedRollback extends Error {}
 
@@ -333,7 +371,7 @@ async function classify(
   if (e.where?.includes('capture_')) throw suspect('raised inside a capture trigger');
   if (e.code && options.survivesRestarts && CONNECTION_LOST.has(e.code)) return 'connectionLost';
   if (e.code === UNIQUE_VIOLATION) {
-    if (e.schema_name === 'public' && e.table_name && tables.includes(e.table_name)) {
+    if (e.schema_name && e.table_name && ownTable(tables, e.schema_name, e.table_name)) {
       return 'uniqueViolation';
     }
     throw suspect('a unique violation on a table the workload does not write');
@@ -364,8 +402,7 @@ async function classify(
       if (code && options.survivesRestarts && CONNECTION_LOST.has(code)) return 'connectionLost';
       throw lookupError;
     }
-    const own = (r: { schema: string; name: string }) =>
-      r.schema === 'public' && tables.includes(r.name);
+    const own = (r: { schema: string; name: string }) => ownTable(tables, r.schema, r.name);
     const others = relations.filter((oid) => !found.some((r) => r.oid === oid && own(r)));
     if (others.length > 0) {
       const names = others.map((oid) => {
@@ -403,13 +440,13 @@ async function explicitTransaction(
   try {
     for (const part of step.body) {
       if (typeof part === 'string') {
-        await sql.unsafe(part);
+        await execute(sql, part);
         statements += 1;
         continue;
       }
       await sql.unsafe('SAVEPOINT trellis_workload');
       try {
-        for (const s of part.savepoint) await sql.unsafe(s);
+        for (const s of part.savepoint) await execute(sql, s);
       } catch (error) {
         if (isConnectionLoss(error)) throw error;
         await sql.unsafe('ROLLBACK TO SAVEPOINT trellis_workload');
@@ -453,7 +490,7 @@ export async function runWorkload(
 }
 
 /**
- * Runs a plan made elsewhere (each writer its steps, at once) on tables in `public` named
+ * Runs a plan made elsewhere (each writer its steps, at once) on tables named
  * `tables`, sorting the errors writes get as runWorkload does.
  */
 export async function runPlan(
@@ -508,7 +545,7 @@ export async function runPlan(
         const context = `step ${at} (${step.kind === 'transaction' ? 'transaction' : step.sql})`;
         try {
           if (step.kind !== 'transaction') {
-            await sql.unsafe(step.sql);
+            await execute(sql, step.sql);
             if (step.kind === 'truncate') result.truncates += 1;
             else result.committed += 1;
             continue;
@@ -527,12 +564,12 @@ export async function runPlan(
           await sql.begin(async (tx) => {
             for (const [i, part] of step.body.entries()) {
               if (typeof part === 'string') {
-                await tx.unsafe(part);
+                await execute(tx, part);
                 statements += 1;
               } else {
                 try {
                   const kept = await tx.savepoint(async (sp) => {
-                    for (const s of part.savepoint) await sp.unsafe(s);
+                    for (const s of part.savepoint) await execute(sp, s);
                     if (part.rollback) throw new PlannedRollback();
                     return part.savepoint.length;
                   });
