@@ -227,6 +227,20 @@ describe('subqueries in FROM and WITH', () => {
     await live.converged(q13);
   });
 
+  it('refuses to redefine in place (ALTER TRANSFORM … AS) to or from a statement with parts, changing nothing', async () => {
+    const before = (await live.trellis.definitions()).find((d) => d.target === 'q13');
+    for (const statement of [
+      'ALTER TRANSFORM q13 AS SELECT c_custkey, count(*) AS n FROM customer GROUP BY c_custkey',
+      'ALTER TRANSFORM "trellis#q13#c_orders" AS SELECT c_custkey, count(*) AS c_count FROM customer GROUP BY c_custkey',
+    ]) {
+      const refused = await live.trellis.apply(statement).catch((e: unknown) => e);
+      expect(refused).toBeInstanceOf(TrellisError);
+      expect((refused as TrellisError).message).toMatch(/subqueries in FROM|part of transform q13/);
+    }
+    expect((await live.trellis.definitions()).find((d) => d.target === 'q13')).toEqual(before);
+    await live.converged(q13);
+  });
+
   it('defines the parts again from a dump, whose tables of their names it builds again', async () => {
     const [dumped] = await live.db.sql<{ statement: string; search_path: string }[]>`
       SELECT statement, search_path FROM trellis.transforms WHERE target_name = 'q13'`;
