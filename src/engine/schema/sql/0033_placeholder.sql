@@ -1,0 +1,1 @@
+-- Placeholder: migration 0033 belongs to another branch; the lead drops this file at merge.
