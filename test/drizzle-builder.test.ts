@@ -174,6 +174,53 @@ describe('transform(): statements from drizzle tables', () => {
   });
 });
 
+describe("transform(): column names follow drizzle's casing", () => {
+  const lines = pgTable('lines', {
+    orderId: integer().primaryKey(),
+    unitPrice: numeric().notNull(),
+  });
+  const build = (options: Parameters<typeof transform>[2]) =>
+    transform(
+      'line_totals',
+      (t) =>
+        t
+          .from(lines)
+          .select({ orderId: lines.orderId, lineTotal: sql<string>`sum(${lines.unitPrice})` })
+          .groupBy(lines.orderId),
+      options,
+    );
+
+  it('keeps the select keys as they are without a casing (quoted camelCase)', () => {
+    expect(statementOf(build({}))).toContain(
+      'SELECT "lines"."orderId" AS "orderId", sum("lines"."unitPrice") AS "lineTotal"',
+    );
+  });
+
+  it("follows the casing a drizzle() database was made with, as drizzle names the sources' columns", () => {
+    const snake = drizzle.mock({ casing: 'snake_case' });
+    const statement = statementOf(build({ casing: snake }));
+    expect(statement).toContain(
+      'SELECT "lines"."order_id" AS "order_id", sum("lines"."unit_price") AS "line_total"',
+    );
+    expect(statement).toContain('GROUP BY "lines"."order_id"');
+    // The same as naming the casing.
+    expect(statement).toBe(statementOf(build({ casing: 'snake_case' })));
+    // The target reads back through drizzle under the select keys, from the snake_case columns.
+    const target = build({ casing: snake });
+    expect(snake.select().from(target).toSQL().sql).toBe(
+      'select "order_id", "line_total" from "line_totals"',
+    );
+    expect(statementOf(build({ casing: drizzle.mock({ casing: 'camelCase' }) }))).toBe(
+      statementOf(build({ casing: 'camelCase' })),
+    );
+    // A database made without a casing: names as they are.
+    expect(statementOf(build({ casing: drizzle.mock() }))).toBe(statementOf(build({})));
+    expect(() => build({ casing: 'kebab' as never })).toThrow(
+      expect.objectContaining({ code: 'validation' }),
+    );
+  });
+});
+
 describe('a drizzle-built transform, live', () => {
   const live = livePipeline({ setup: (db) => db.sql.unsafe(SCHEMA).then(() => undefined) });
 

@@ -77,6 +77,17 @@ async function screenshot(page: Page, file: string): Promise<void> {
   console.log(`[operations page] screenshot: ${join(OUTPUT, file)}`);
 }
 
+/** What a chart shows, read in one go. */
+interface ChartRead {
+  points: number;
+  lastAt: string;
+  lastValue: number;
+  /** The polyline's points, "x,y x,y …". */
+  drawn: string;
+  /** The keys chart's points. */
+  keys: number;
+}
+
 function card(page: Page, target: string) {
   return page.locator(`article[data-target="${target.replaceAll('"', '\\"')}"]`);
 }
@@ -150,6 +161,15 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
         () => undefined,
         (error: unknown) => error,
       );
+    // And its pace: keys a second and the time it has left (status().backfill.rate).
+    const sawPace = viewer
+      .locator('article[data-lifecycle="backfilling"] [data-role=pace]')
+      .first()
+      .waitFor({ timeout: 90_000 })
+      .then(
+        () => undefined,
+        (error: unknown) => error,
+      );
     // A transaction in the middle of a write to customers (a session of its own): installing
     // capture there waits for it, and the page names it.
     const blocker = sqlClient(db.url, { max: 1 });
@@ -169,8 +189,12 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
     } finally {
       await blocker.end({ timeout: 2 });
     }
-    const missed = await sawBackfill;
+    const missed = (await sawBackfill) ?? (await sawPace);
     if (missed) throw missed;
+    expect(
+      await viewer.locator('[data-role=pace]').first().textContent(),
+      'the pace shown while backfilling',
+    ).toMatch(/^ · [\d,]+ keys\/s/);
     for (const target of [
       'customer_revenue',
       'product_sales',
@@ -203,6 +227,56 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
       .locator('[data-section=index-gaps]')
       .textContent();
     expect(gaps).toContain('CREATE INDEX CONCURRENTLY');
+    // And its form for a migration's transaction.
+    expect(
+      await card(viewer, 'customers_by_country')
+        .locator('[data-role=fix-in-migration]')
+        .textContent(),
+    ).toBe('CREATE INDEX ON public.customers (country)');
+  });
+
+  it("draws each transform's lag and changed keys over the last hour from the engine's samples", async () => {
+    // The staging worker samples every 10 s: three samples of product_sales.
+    const lag = card(viewer, 'product_sales').locator('svg[data-chart=lag]');
+    await eventually(
+      async () => Number(await lag.getAttribute('data-points')),
+      60_000,
+    ).toBeGreaterThanOrEqual(3);
+    // Read at once: the page redraws every second, and takes the samples every 10 s.
+    const read: ChartRead = await lag.evaluate((el) => ({
+      points: Number(el.getAttribute('data-points')),
+      lastAt: el.getAttribute('data-last-at')!,
+      lastValue: Number(el.getAttribute('data-last-value')),
+      drawn: el.querySelector('polyline')!.getAttribute('points')!,
+      keys: Number(
+        el.closest('article')!.querySelector('svg[data-chart=keys]')!.getAttribute('data-points'),
+      ),
+    }));
+    const { points, lastAt, lastValue } = read;
+    // The samples the catalog holds up to the last one drawn: one point each, the last at
+    // that sample's lag.
+    const samples = await db.sql<{ at: Date; lag: number }[]>`
+      SELECT s.at, round(s.lag_seconds::numeric, 3)::float8 AS lag
+        FROM trellis.samples s JOIN trellis.transforms t ON t.id = s.transform_id
+       WHERE t.target_name = 'product_sales' AND s.at <= ${lastAt}::timestamptz
+       ORDER BY s.at`;
+    expect(samples.length).toBe(points);
+    expect(samples.at(-1)!.at.getTime()).toBe(new Date(lastAt).getTime());
+    expect(lastValue).toBe(samples.at(-1)!.lag);
+    const drawn = read.drawn.trim().split(/\s+/);
+    expect(drawn).toHaveLength(points);
+    // Each point's height follows its sample's lag (y grows downwards, top = the hour's max).
+    const max = Math.max(...samples.map((x) => x.lag));
+    if (max > 0) {
+      const ys = drawn.map((p) => Number(p.split(',')[1]));
+      const expected = samples.map((x) => 36 - 2 - (x.lag / max) * 32);
+      for (const [i, y] of ys.entries()) expect(y).toBeCloseTo(expected[i]!, 0);
+    }
+    // Keys a second: a point for each sample but the first (a rate needs two).
+    expect(read.keys).toBeGreaterThanOrEqual(points - 1);
+    expect(await card(viewer, 'product_sales').locator('[data-role=trend]').textContent()).toMatch(
+      /caught up|lag (growing|draining|steady)/,
+    );
   });
 
   it('pauses, checks and resumes through the page when authorize allows it', async () => {

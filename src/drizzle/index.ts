@@ -17,6 +17,8 @@ export { type ApplyStatementSqlOptions, applyStatementSql } from './apply-sql.js
 export type { Casing } from './render.js';
 export {
   type AnyTrellisTarget,
+  casingOf,
+  type DrizzleDatabase,
   isTrellisTarget,
   type Selection,
   type SourceColumn,
