@@ -14,6 +14,12 @@
  * @packageDocumentation
  */
 export { type ApplyStatementSqlOptions, applyStatementSql } from './apply-sql.js';
+export {
+  indexesFor,
+  type SourceIndex,
+  type SourceIndexRole,
+  sourceIndexesOf,
+} from './indexes.js';
 export type { Casing } from './render.js';
 export {
   type AnyTrellisTarget,

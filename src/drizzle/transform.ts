@@ -13,6 +13,7 @@ import { toCamelCase, toSnakeCase } from 'drizzle-orm/casing';
 import type { PgTable } from 'drizzle-orm/pg-core';
 import { TrellisError } from '../engine/errors.js';
 import { assertIdentifier, quoteIdent } from '../engine/identifiers.js';
+import { recordNeeds } from './indexes.js';
 import {
   type Casing,
   ExpressionRenderer,
@@ -246,8 +247,11 @@ export function transform<
       `transform ${name}: the builder must return t.from(…).select(…) (with any clauses after it)`,
     );
   }
-  const { statement, reads, columns } = render(name, built.parts, casingOf(options.casing));
+  const casing = casingOf(options.casing);
+  const { statement, reads, columns } = render(name, built.parts, casing);
   const view = targetView(name, columns, options.schema);
+  const names = new ExpressionRenderer([], casing);
+  recordNeeds(view, built.parts.joins, built.parts.groupBy, (c) => names.columnName(c));
   const definition: TransformDefinition = { target: name, statement, reads };
   Object.defineProperty(view, TARGET_KEY, { value: Object.freeze(definition), enumerable: false });
   return view as unknown as TrellisTarget<TName, TargetColumns<TSelection, TNullable>>;
