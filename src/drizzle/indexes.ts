@@ -188,7 +188,8 @@ function tableSchema(table: Table): string | undefined {
  * function when it reads the schema.
  *
  * Each is named as Postgres names `CREATE INDEX ON orders (customer_id)`
- * (`orders_customer_id_idx`), one per table and role, once however many targets need it.
+ * (`orders_customer_id_idx`), one per table and role, once however many targets need it;
+ * none where a primary key or unique column of the table leads an index already.
  * Declare these instead of an index of your own that leads with one of their columns.
  */
 export function indexesFor(
@@ -201,6 +202,8 @@ export function indexesFor(
     for (const need of sourceIndexesOf(target)) {
       if (tableName(need.table) !== tableName(table)) continue;
       if (tableSchema(need.table) !== tableSchema(table)) continue;
+      // A primary key or unique column has its index already: it leads that one.
+      if (need.columns.some((c) => c.primary || c.isUnique)) continue;
       const name = `${tableName(table)}_${need.names.join('_')}_idx`;
       if (builders.has(name)) continue;
       // index().on() takes the columns drizzle gives the table's extra config.
