@@ -4,8 +4,16 @@
 // the catalog schema version this package installs (its newest migration) is named in
 // CHANGELOG.md ("schema version N") in that section or under [Unreleased]: a schema change
 // never ships without the changelog saying so, and what upgrading needs.
-// Usage: node scripts/check-release.mjs [--root <dir>]   (exits 1 listing each problem)
-import { readdirSync, readFileSync } from 'node:fs';
+// With --pack (after `npm run build`), the package as it is published too: `npm pack`, then
+// publint (what package.json's exports, files and types point at is in the tarball, in the
+// format it says) and @arethetypeswrong/cli (each entry point's types resolve as its code
+// does, for Node 16+ resolution and bundlers; CommonJS consumers load this ESM package with
+// require(esm) on Node 20.19+, which attw's node16 CommonJS mode still calls dynamic import
+// only: that rule is left out).
+// Usage: node scripts/check-release.mjs [--root <dir>] [--pack]   (exits 1 listing each problem)
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 
 const rootFlag = process.argv.indexOf('--root');
@@ -70,10 +78,42 @@ if (changelog && index >= 0) {
   }
 }
 
+if (process.argv.includes('--pack') && problems.length === 0) {
+  const dir = mkdtempSync(join(tmpdir(), 'trellis-pack-'));
+  const bin = (name) => join(root, 'node_modules/.bin', name);
+  const run = (what, file, args) => {
+    try {
+      const out = execFileSync(file, args, { cwd: root, encoding: 'utf8', stdio: 'pipe' });
+      return { ok: true, out };
+    } catch (error) {
+      problems.push(`${what} failed:\n${error.stdout ?? ''}${error.stderr ?? error.message}`);
+      return { ok: false, out: '' };
+    }
+  };
+  try {
+    const packed = run('npm pack', 'npm', ['pack', '--silent', '--pack-destination', dir]);
+    const tarball = join(dir, packed.out.trim().split('\n').pop() ?? '');
+    if (packed.ok) {
+      run('publint', bin('publint'), ['--strict', tarball]);
+      run('@arethetypeswrong/cli', bin('attw'), [
+        tarball,
+        '--profile',
+        'node16',
+        '--ignore-rules',
+        'cjs-resolves-to-esm',
+        '--format',
+        'ascii',
+      ]);
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 if (problems.length > 0) {
   for (const p of problems) console.error(`release check: ${p}`);
   process.exit(1);
 }
 console.log(
-  `release check: trellis-pg ${version}, catalog schema version ${schema}: CHANGELOG.md is up to date`,
+  `release check: trellis-pg ${version}, catalog schema version ${schema}: CHANGELOG.md is up to date${process.argv.includes('--pack') ? '; the packed tarball passes publint and @arethetypeswrong/cli' : ''}`,
 );

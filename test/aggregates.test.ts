@@ -197,6 +197,7 @@ describe('source index gaps', () => {
         role: 'group_by',
         optedOut: false,
         fix: 'CREATE INDEX CONCURRENTLY ON public.orders (status)',
+        fixInMigration: 'CREATE INDEX ON public.orders (status)',
       },
     ]);
     // orders is the FROM side of the join; customers.id is its primary key (no gap).
@@ -207,6 +208,7 @@ describe('source index gaps', () => {
         role: 'join_from',
         optedOut: false,
         fix: 'CREATE INDEX CONCURRENTLY ON public.orders (customer_id)',
+        fixInMigration: 'CREATE INDEX ON public.orders (customer_id)',
       },
     ]);
     // orders is the joined side here; the transform opted out.
@@ -217,6 +219,7 @@ describe('source index gaps', () => {
         role: 'join_joined',
         optedOut: true,
         fix: 'CREATE INDEX CONCURRENTLY ON public.orders (customer_id)',
+        fixInMigration: 'CREATE INDEX ON public.orders (customer_id)',
       },
     ]);
     expect((await trellis.status('plain')).sourceIndexGaps).toEqual([]);

@@ -1,10 +1,13 @@
-import { and, eq, inArray, isNotNull, sql } from 'drizzle-orm';
-import { integer, numeric, pgTable } from 'drizzle-orm/pg-core';
+import { and, eq, getTableName, inArray, isNotNull, sql } from 'drizzle-orm';
+import { toSnakeCase } from 'drizzle-orm/casing';
+import { getTableConfig, type IndexBuilder, integer, numeric, pgTable } from 'drizzle-orm/pg-core';
 import { drizzle } from 'drizzle-orm/postgres-js';
 import { describe, expect, it, onTestFinished } from 'vitest';
 import {
   applyStatementSql,
+  indexesFor,
   isTrellisTarget,
+  sourceIndexesOf,
   statementOf,
   transform,
   transformDefinition,
@@ -171,6 +174,130 @@ describe('transform(): statements from drizzle tables', () => {
     ).toThrow(
       'in WHERE: products (column id) is not a table of this statement (its tables: orders)',
     );
+  });
+});
+
+describe("transform(): column names follow drizzle's casing", () => {
+  const lines = pgTable('lines', {
+    orderId: integer().primaryKey(),
+    unitPrice: numeric().notNull(),
+  });
+  const build = (options: Parameters<typeof transform>[2]) =>
+    transform(
+      'line_totals',
+      (t) =>
+        t
+          .from(lines)
+          .select({ orderId: lines.orderId, lineTotal: sql<string>`sum(${lines.unitPrice})` })
+          .groupBy(lines.orderId),
+      options,
+    );
+
+  it('keeps the select keys as they are without a casing (quoted camelCase)', () => {
+    expect(statementOf(build({}))).toContain(
+      'SELECT "lines"."orderId" AS "orderId", sum("lines"."unitPrice") AS "lineTotal"',
+    );
+  });
+
+  it("follows the casing a drizzle() database was made with, as drizzle names the sources' columns", () => {
+    const snake = drizzle.mock({ casing: 'snake_case' });
+    const statement = statementOf(build({ casing: snake }));
+    expect(statement).toContain(
+      'SELECT "lines"."order_id" AS "order_id", sum("lines"."unit_price") AS "line_total"',
+    );
+    expect(statement).toContain('GROUP BY "lines"."order_id"');
+    // The same as naming the casing.
+    expect(statement).toBe(statementOf(build({ casing: 'snake_case' })));
+    // The target reads back through drizzle under the select keys, from the snake_case columns.
+    const target = build({ casing: snake });
+    expect(snake.select().from(target).toSQL().sql).toBe(
+      'select "order_id", "line_total" from "line_totals"',
+    );
+    expect(statementOf(build({ casing: drizzle.mock({ casing: 'camelCase' }) }))).toBe(
+      statementOf(build({ casing: 'camelCase' })),
+    );
+    // A database made without a casing: names as they are.
+    expect(statementOf(build({ casing: drizzle.mock() }))).toBe(statementOf(build({})));
+    expect(() => build({ casing: 'kebab' as never })).toThrow(
+      expect.objectContaining({ code: 'validation' }),
+    );
+  });
+});
+
+describe('indexesFor(): the source indexes a transform needs, as drizzle index()es', () => {
+  const ixCustomers = pgTable('ix_customers', {
+    id: integer().primaryKey(),
+    regionId: integer().notNull(),
+  });
+  const ixOrders = pgTable(
+    'ix_orders',
+    { id: integer().primaryKey(), customerId: integer().notNull(), amount: numeric().notNull() },
+    // Lazily, as drizzle-kit reads it: the target below is defined after the table.
+    (t): IndexBuilder[] => indexesFor(t, ixByRegion),
+  );
+  const ixByRegion = transform(
+    'ix_by_region',
+    (t) =>
+      t
+        .from(ixOrders)
+        .innerJoin(ixCustomers, eq(ixOrders.customerId, ixCustomers.id))
+        .select({ regionId: ixCustomers.regionId, total: sql<string>`sum(${ixOrders.amount})` })
+        .groupBy(ixCustomers.regionId),
+    { casing: 'snake_case' },
+  );
+
+  it('names each table, its columns and why, as status() reports the gaps', () => {
+    expect(
+      sourceIndexesOf(ixByRegion).map((i) => [getTableName(i.table), i.names, i.role]),
+    ).toEqual([
+      ['ix_orders', ['customer_id'], 'join_from'],
+      ['ix_customers', ['id'], 'join_joined'],
+      ['ix_customers', ['region_id'], 'group_by'],
+    ]);
+    const config = getTableConfig(ixOrders);
+    expect(
+      config.indexes.map((i) => [
+        i.config.name,
+        i.config.columns.map((c) => (c as { name: string }).name),
+      ]),
+    ).toEqual([['ix_orders_customer_id_idx', ['customerId']]]);
+    // Once however many targets need it; none on the primary key, which has its index.
+    expect(
+      indexesFor(ixCustomers, ixByRegion, ixByRegion).map((i) => i.build(ixCustomers).config.name),
+    ).toEqual(['ix_customers_region_id_idx']);
+  });
+
+  const live = livePipeline({
+    setup: (db) =>
+      db.sql
+        .unsafe(`
+          CREATE TABLE ix_customers (id integer PRIMARY KEY, region_id integer NOT NULL);
+          CREATE TABLE ix_orders (id integer PRIMARY KEY, customer_id integer NOT NULL, amount numeric NOT NULL);`)
+        .then(() => undefined),
+  });
+
+  it('closes the gaps status() reports, once created as drizzle-kit would', async () => {
+    await live.trellis.apply(statementOf(ixByRegion));
+    const gaps = (await live.trellis.status('ix_by_region')).sourceIndexGaps;
+    const wanted = sourceIndexesOf(ixByRegion);
+    // Every gap is one of the indexes (the primary key of ix_customers is there already).
+    for (const gap of gaps) {
+      expect(
+        wanted.map((w) => [`public.${getTableName(w.table)}`, w.names, w.role]),
+      ).toContainEqual([gap.table, gap.columns, gap.role]);
+    }
+    expect(gaps.map((g) => g.table).sort()).toEqual(['public.ix_customers', 'public.ix_orders']);
+    // What drizzle-kit writes for the declared index()es: CREATE INDEX "name" ON table (cols).
+    for (const table of [ixOrders, ixCustomers]) {
+      for (const builder of indexesFor(table, ixByRegion)) {
+        const { config } = builder.build(table);
+        const columns = config.columns.map((c) => `"${toSnakeCase((c as { name: string }).name)}"`);
+        await live.db.sql.unsafe(
+          `CREATE INDEX "${config.name}" ON "${getTableName(table)}" (${columns.join(', ')})`,
+        );
+      }
+    }
+    expect((await live.trellis.status('ix_by_region')).sourceIndexGaps).toEqual([]);
   });
 });
 

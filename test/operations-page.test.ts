@@ -77,6 +77,17 @@ async function screenshot(page: Page, file: string): Promise<void> {
   console.log(`[operations page] screenshot: ${join(OUTPUT, file)}`);
 }
 
+/** What a chart shows, read in one go. */
+interface ChartRead {
+  points: number;
+  /** The samples drawn, by their times (ISO, space-separated). */
+  times: string;
+  /** The polyline's points, "x,y x,y …". */
+  drawn: string;
+  /** The keys chart's points. */
+  keys: number;
+}
+
 function card(page: Page, target: string) {
   return page.locator(`article[data-target="${target.replaceAll('"', '\\"')}"]`);
 }
@@ -150,6 +161,15 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
         () => undefined,
         (error: unknown) => error,
       );
+    // And its pace: keys a second and the time it has left (status().backfill.rate).
+    const sawPace = viewer
+      .locator('article[data-lifecycle="backfilling"] [data-role=pace]')
+      .first()
+      .waitFor({ timeout: 90_000 })
+      .then(
+        () => undefined,
+        (error: unknown) => error,
+      );
     // A transaction in the middle of a write to customers (a session of its own): installing
     // capture there waits for it, and the page names it.
     const blocker = sqlClient(db.url, { max: 1 });
@@ -169,8 +189,12 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
     } finally {
       await blocker.end({ timeout: 2 });
     }
-    const missed = await sawBackfill;
+    const missed = (await sawBackfill) ?? (await sawPace);
     if (missed) throw missed;
+    expect(
+      await viewer.locator('[data-role=pace]').first().textContent(),
+      'the pace shown while backfilling',
+    ).toMatch(/^ · [\d,]+ keys\/s/);
     for (const target of [
       'customer_revenue',
       'product_sales',
@@ -185,7 +209,8 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
       card(viewer, 'product_sales').locator('[data-role=lag]').textContent(),
     ).toBe('caught up');
     expect(await viewer.locator('button[data-action]').count()).toBe(0);
-  });
+    // Several waits of up to a minute each, on a machine the suite shares.
+  }, 300_000);
 
   it('renders every name from the database as text', async () => {
     const hostile = card(viewer, HOSTILE_TARGET);
@@ -203,7 +228,63 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
       .locator('[data-section=index-gaps]')
       .textContent();
     expect(gaps).toContain('CREATE INDEX CONCURRENTLY');
+    // And its form for a migration's transaction.
+    expect(
+      await card(viewer, 'customers_by_country')
+        .locator('[data-role=fix-in-migration]')
+        .textContent(),
+    ).toBe('CREATE INDEX ON public.customers (country)');
   });
+
+  it("draws each transform's lag and changed keys over the last hour from the engine's samples", async () => {
+    // The staging worker samples every 10 s: three samples of product_sales.
+    const lag = card(viewer, 'product_sales').locator('svg[data-chart=lag]');
+    await eventually(
+      async () => Number(await lag.getAttribute('data-points')),
+      60_000,
+    ).toBeGreaterThanOrEqual(3);
+    // Read at once: the page redraws every second, and reads the samples every 10 s.
+    const read: ChartRead = await lag.evaluate((el) => ({
+      points: Number(el.getAttribute('data-points')),
+      times: el.getAttribute('data-times')!,
+      drawn: el.querySelector('polyline')!.getAttribute('points')!,
+      keys: Number(
+        el.closest('article')!.querySelector('svg[data-chart=keys]')!.getAttribute('data-points'),
+      ),
+    }));
+    const times = read.times.split(' ');
+    const drawn = read.drawn.trim().split(/\s+/);
+    expect(times).toHaveLength(read.points);
+    expect(drawn).toHaveLength(read.points);
+    // Each point is a sample the staging worker wrote to the catalog, oldest first, and its
+    // height follows that sample's lag (y grows downwards; the top is the hour's max).
+    const catalog = await db.sql<{ at: Date; lag: number }[]>`
+      SELECT s.at, round(s.lag_seconds::numeric, 3)::float8 AS lag
+        FROM trellis.samples s JOIN trellis.transforms t ON t.id = s.transform_id
+       WHERE t.target_name = 'product_sales' ORDER BY s.at`;
+    // Samples are 10 s apart: a time matches one sample (the page's Date has milliseconds).
+    const samples = times.map((t) => {
+      const at = new Date(t).getTime();
+      const sample = catalog.find((x) => Math.abs(x.at.getTime() - at) <= 1);
+      expect(sample, `a sample at ${t} in the catalog`).toBeDefined();
+      return sample!;
+    });
+    expect(samples.map((x) => x.at.getTime())).toEqual(
+      [...samples].sort((x, y) => x.at.getTime() - y.at.getTime()).map((x) => x.at.getTime()),
+    );
+    const max = Math.max(...samples.map((x) => x.lag));
+    if (max > 0) {
+      const ys = drawn.map((p) => Number(p.split(',')[1]));
+      const expected = samples.map((x) => 36 - 2 - (x.lag / max) * 32);
+      for (const [i, y] of ys.entries()) expect(y).toBeCloseTo(expected[i]!, 0);
+    }
+    const points = read.points;
+    // Keys a second: a point for each sample but the first (a rate needs two).
+    expect(read.keys).toBeGreaterThanOrEqual(points - 1);
+    expect(await card(viewer, 'product_sales').locator('[data-role=trend]').textContent()).toMatch(
+      /caught up|lag (growing|draining|steady)/,
+    );
+  }, 180_000);
 
   it('pauses, checks and resumes through the page when authorize allows it', async () => {
     const admin = await openPage(withActions.baseUrl);
@@ -241,5 +322,5 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
     );
     expect(await lifecycle('open_orders')).toBe('live');
     expect(dialogs).toEqual([]);
-  });
+  }, 180_000);
 });

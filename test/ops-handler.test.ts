@@ -17,6 +17,13 @@ const live = livePipeline({
   },
 });
 
+const TOTALS = {
+  target: 'ops_totals',
+  from: 'ops_items',
+  select: 'kind, sum(n) AS total',
+  groupBy: 'kind',
+};
+
 let server: Server;
 let base = '';
 /** Every authorize call, as `action` (the handler asks per action). */
@@ -24,7 +31,7 @@ const asked: OpsActionName[] = [];
 
 beforeAll(async () => {
   await live.define(
-    { target: 'ops_totals', from: 'ops_items', select: 'kind, sum(n) AS total', groupBy: 'kind' },
+    TOTALS,
     // Fails for the row with n = 10: one held key.
     { target: 'ops_ratios', from: 'ops_items', select: '100 / (n - 10) AS ratio', implicit: 'id' },
   );
@@ -172,5 +179,113 @@ describe('opsHandler on node:http', () => {
     });
     expect((await live.trellis.status('ops_ratios')).heldKeys).toBe(1);
     expect(asked).toContain('release');
+  });
+});
+
+describe('the last hour of each transform (the charts)', () => {
+  interface SampleRow {
+    at: Date;
+    lag_seconds: number;
+    keys: string;
+  }
+
+  it('serves history.json from the samples the staging worker takes, keys a second from the drain', async () => {
+    await waitForStatus(live.trellis, 'ops_totals', 'live');
+    const s = live.db.sql;
+    // Samples taken by the engine's own function, as the staging worker takes them every
+    // 10 s; between them, changes the drain applies.
+    await s`SELECT trellis._sample()`;
+    await s`UPDATE ops_items SET n = n + 1 WHERE id <= 20`;
+    await live.converged(TOTALS);
+    // The drain loops record what they applied at most a second later.
+    const totals = await s<{ id: number }[]>`
+      SELECT id FROM trellis.transforms WHERE target_name = 'ops_totals'`;
+    const id = totals[0]!.id;
+    const applied = async () =>
+      Number(
+        (
+          await s<
+            { keys: string }[]
+          >`SELECT keys::text FROM trellis.drain_time WHERE transform_id = ${id}`
+        )[0]?.keys ?? 0,
+      );
+    const before = (
+      await s<SampleRow[]>`
+      SELECT at, lag_seconds, keys::text AS keys FROM trellis.samples
+       WHERE transform_id = ${id} ORDER BY at DESC LIMIT 1`
+    )[0]!;
+    await expect.poll(applied, { timeout: 10_000 }).toBeGreaterThan(Number(before.keys));
+    await s`SELECT trellis._sample()`;
+
+    const res = await fetch(`${base}/ops/history.json`);
+    expect(res.headers.get('cache-control')).toBe('no-store');
+    const body = (await res.json()) as {
+      transforms: Array<{
+        target: string;
+        samples: Array<{ at: string; lagSeconds: number; keysPerSecond: number | null }>;
+      }>;
+    };
+    expect(body.transforms.map((t) => t.target)).toEqual(['ops_ratios', 'ops_totals']);
+    const served = body.transforms.find((t) => t.target === 'ops_totals')!.samples;
+    const rows = await s<SampleRow[]>`
+      SELECT at, lag_seconds, keys::text AS keys FROM trellis.samples
+       WHERE transform_id = ${id} ORDER BY at`;
+    // Every sample of the hour, oldest first, as the catalog holds them.
+    expect(served.map((x) => new Date(x.at).getTime())).toEqual(rows.map((r) => r.at.getTime()));
+    expect(served.map((x) => x.lagSeconds)).toEqual(
+      rows.map((r) => Math.round(r.lag_seconds * 1000) / 1000),
+    );
+    expect(served[0]!.keysPerSecond).toBeNull();
+    // The last: the keys applied since the one before, a second.
+    const [a, b] = rows.slice(-2) as [SampleRow, SampleRow];
+    const expected = (Number(b.keys) - Number(a.keys)) / ((b.at.getTime() - a.at.getTime()) / 1000);
+    expect(Number(b.keys) - Number(a.keys)).toBeGreaterThan(0);
+    expect(served.at(-1)!.keysPerSecond).toBeCloseTo(expected, 0);
+    // The handle reads the same.
+    const history = await live.trellis.history();
+    expect(history.find((h) => h.target === 'ops_totals')!.samples.length).toBe(rows.length);
+  });
+
+  it('keeps no sample older than an hour', async () => {
+    const s = live.db.sql;
+    await s`
+      INSERT INTO trellis.samples (transform_id, at, lag_seconds, lag_segments, keys)
+      SELECT id, now() - interval '61 minutes', 0, 0, 0 FROM trellis.transforms`;
+    await s`SELECT trellis._sample()`;
+    const [old] = await s<{ n: number }[]>`
+      SELECT count(*)::int AS n FROM trellis.samples WHERE at < now() - interval '1 hour'`;
+    expect(old!.n).toBe(0);
+  });
+
+  it("gives a backfill's rate from its keys done over the last minute, and the time it has left", async () => {
+    const s = live.db.sql;
+    const [t] = await s<{ id: number }[]>`
+      SELECT id FROM trellis.transforms WHERE target_name = 'ops_ratios'`;
+    // A sample 10 s ago at 100 keys done; 600 done now, of 1,100.
+    await s`
+      INSERT INTO trellis.samples (transform_id, at, lag_seconds, lag_segments, keys, backfill_done)
+      VALUES (${t!.id}, clock_timestamp() - interval '10 seconds', 0, 0, 0, 100)`;
+    const backfill = {
+      keysDone: 600,
+      keysTotal: 1100,
+      keysHeld: 0,
+      startedAt: new Date(Date.now() - 60_000).toISOString(),
+    };
+    const [row] = await s<{ pace: { rate: number; etaSeconds: number } }[]>`
+      SELECT trellis._backfill_pace(${s.json(backfill)}::jsonb, ${t!.id}::int, true) AS pace`;
+    // 500 keys in a little over 10 s; 500 left.
+    expect(row!.pace.rate).toBeGreaterThan(45);
+    expect(row!.pace.rate).toBeLessThanOrEqual(50);
+    expect(row!.pace.etaSeconds).toBeGreaterThanOrEqual(10);
+    expect(row!.pace.etaSeconds).toBeLessThan(11.2);
+    // Over: no pace.
+    const [over] = await s<{ pace: { rate: number | null; etaSeconds: number | null } }[]>`
+      SELECT trellis._backfill_pace(${s.json(backfill)}::jsonb, ${t!.id}::int, false) AS pace`;
+    expect(over!.pace).toMatchObject({ rate: null, etaSeconds: null, keysDone: 600 });
+    // A live transform's status: its last build's progress, no pace.
+    expect((await live.trellis.status('ops_ratios')).backfill).toMatchObject({
+      rate: null,
+      etaSeconds: null,
+    });
   });
 });

@@ -159,6 +159,41 @@ describe('the shop example', () => {
     expect(openRows).toHaveLength(open!.n);
   });
 
+  it('serves its reports in pages that together hold every row once, in order', async () => {
+    const all = await json<{ id: number }[]>('GET', '/reports/open-orders?limit=500');
+    expect(all.length).toBeGreaterThan(5);
+    // Followed by the Link header, as a client would: pages of 5, the last one short.
+    const seen: { id: number }[] = [];
+    let next: string | null = '/reports/open-orders?limit=5&fresh';
+    let pages = 0;
+    while (next !== null) {
+      const res = await call('GET', next);
+      expect(res.status).toBe(200);
+      const rows = (await res.json()) as { id: number }[];
+      expect(rows.length).toBeLessThanOrEqual(5);
+      seen.push(...rows);
+      pages += 1;
+      const link = res.headers.get('link');
+      next = link === null ? null : /^<([^>]+)>; rel="next"$/.exec(link)![1]!;
+      if (next !== null) expect(next).not.toContain('fresh');
+    }
+    expect(seen).toEqual(all);
+    expect(pages).toBe(Math.floor(all.length / 5) + 1);
+    // The other reports page the same way.
+    const revenue = await json<{ customerId: number }[]>('GET', '/reports/customer-revenue');
+    const [first, second] = await Promise.all([
+      json<{ customerId: number }[]>('GET', '/reports/customer-revenue?limit=2'),
+      json<{ customerId: number }[]>('GET', '/reports/customer-revenue?limit=2&offset=2'),
+    ]);
+    expect([...first, ...second]).toEqual(revenue.slice(0, 4));
+    const sales = await json<unknown[]>('GET', '/reports/product-sales?limit=1&offset=0');
+    expect(sales).toHaveLength(1);
+    for (const bad of ['limit=0', 'limit=501', 'limit=x', 'offset=-1']) {
+      const res = await call('GET', `/reports/open-orders?${bad}`);
+      expect({ bad, status: res.status }).toEqual({ bad, status: 400 });
+    }
+  });
+
   it('serves its metrics and a read-only operations page', async () => {
     const metrics = await call('GET', '/metrics');
     expect(metrics.headers.get('content-type')).toContain('text/plain');

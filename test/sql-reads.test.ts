@@ -83,6 +83,7 @@ describe('SQL-side reads', () => {
           role: 'group_by',
           optedOut: false,
           fix: 'CREATE INDEX CONCURRENTLY ON public.sr_items (g)',
+          fixInMigration: 'CREATE INDEX ON public.sr_items (g)',
         },
       ],
     });

@@ -14,9 +14,17 @@
  * @packageDocumentation
  */
 export { type ApplyStatementSqlOptions, applyStatementSql } from './apply-sql.js';
+export {
+  indexesFor,
+  type SourceIndex,
+  type SourceIndexRole,
+  sourceIndexesOf,
+} from './indexes.js';
 export type { Casing } from './render.js';
 export {
   type AnyTrellisTarget,
+  casingOf,
+  type DrizzleDatabase,
   isTrellisTarget,
   type Selection,
   type SourceColumn,

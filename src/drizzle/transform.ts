@@ -13,6 +13,7 @@ import { toCamelCase, toSnakeCase } from 'drizzle-orm/casing';
 import type { PgTable } from 'drizzle-orm/pg-core';
 import { TrellisError } from '../engine/errors.js';
 import { assertIdentifier, quoteIdent } from '../engine/identifiers.js';
+import { recordNeeds } from './indexes.js';
 import {
   type Casing,
   ExpressionRenderer,
@@ -57,10 +58,39 @@ export interface TransformOptions {
   /**
    * drizzle's `casing` option, when the app uses one (`drizzle({ casing })` and
    * drizzle-kit's `casing`): how columns declared without a name are named in the
-   * database, and how the target's columns are named from the select keys.
+   * database, and how the target's columns are named from the select keys. Give the app's
+   * `drizzle()` database itself to follow whatever casing it was made with (`{ casing: db }`):
+   * with `casing: 'snake_case'` there, `select({ customerId: … })` makes a `customer_id`
+   * column, read back by drizzle as `customerId`.
    * @defaultValue none: names are used as they are
    */
-  casing?: Casing;
+  casing?: Casing | DrizzleDatabase | undefined;
+}
+
+/** A `drizzle()` database (any Postgres driver's), whose casing a transform can follow. */
+export interface DrizzleDatabase {
+  /** drizzle's own; only its presence is used to tell a database from a casing name. */
+  readonly _: object;
+}
+
+/**
+ * The casing a `drizzle()` database was made with: read from its dialect, which converts
+ * names declared without one (drizzle keeps the option in no public field).
+ */
+export function casingOf(option: Casing | DrizzleDatabase | undefined): Casing | undefined {
+  if (option === undefined || option === 'snake_case' || option === 'camelCase') return option;
+  const convert = (option as { dialect?: { casing?: { convert?: unknown } } }).dialect?.casing
+    ?.convert;
+  if (typeof convert !== 'function') {
+    throw new TrellisError(
+      'validation',
+      `casing is 'snake_case', 'camelCase' or a drizzle() database, not ${typeof option === 'string' ? `'${option}'` : 'this object'}`,
+    );
+  }
+  const name = convert as (name: string) => string;
+  if (name('customerId') === 'customer_id') return 'snake_case';
+  if (name('customer_id') === 'customerId') return 'camelCase';
+  return undefined;
 }
 
 interface Join {
@@ -217,8 +247,11 @@ export function transform<
       `transform ${name}: the builder must return t.from(…).select(…) (with any clauses after it)`,
     );
   }
-  const { statement, reads, columns } = render(name, built.parts, options.casing);
+  const casing = casingOf(options.casing);
+  const { statement, reads, columns } = render(name, built.parts, casing);
   const view = targetView(name, columns, options.schema);
+  const names = new ExpressionRenderer([], casing);
+  recordNeeds(view, built.parts.joins, built.parts.groupBy, (c) => names.columnName(c));
   const definition: TransformDefinition = { target: name, statement, reads };
   Object.defineProperty(view, TARGET_KEY, { value: Object.freeze(definition), enumerable: false });
   return view as unknown as TrellisTarget<TName, TargetColumns<TSelection, TNullable>>;

@@ -3,6 +3,7 @@ import { CallRunner } from './calls.js';
 import { detectWalDisruptions } from './capture/wal/slot-safety.js';
 import { type Definition, readDefinitions } from './catalog/definitions.js';
 import { dumpDefinitionsSql } from './catalog/dump-definitions.js';
+import { readHistory } from './catalog/history.js';
 import {
   type PoisonedRow,
   poisonedSince,
@@ -16,7 +17,7 @@ import {
   sampleQuarantined,
 } from './catalog/quarantine.js';
 import { readStatus } from './catalog/status.js';
-import type { Status, WorkerHealth } from './catalog/status-types.js';
+import type { Status, TransformHistory, WorkerHealth } from './catalog/status-types.js';
 import { readWorkers } from './catalog/worker-health.js';
 import { classifyConnectError } from './db/classify.js';
 import { type ConnectionConfig, parseConnectionUrl } from './db/connection-config.js';
@@ -490,6 +491,15 @@ export class Trellis implements AsyncDisposable {
       const jobs = await readJobs(session, this.options.schema, 'true', []);
       return jobs.sort((a, b) => (a.target < b.target ? -1 : a.target > b.target ? 1 : 0));
     });
+  }
+
+  /**
+   * The last hour of every transform, ordered by target: its lag and the changed keys its
+   * drain applied a second, sampled every 10 s by the elected staging worker (and its
+   * backfill's keys built, while it builds). What the operations page's charts draw.
+   */
+  history(): Promise<TransformHistory[]> {
+    return this.catalogCall('history', (session) => readHistory(session, this.options.schema));
   }
 
   /** Whether some process runs a drain loop for this instance now. */

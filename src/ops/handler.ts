@@ -14,7 +14,8 @@ import { readOpsSnapshot } from './snapshot.js';
 
 /**
  * The operations page as a node:http request handler: `GET …/` the page,
- * `GET …/snapshot.json` its data, `POST …/actions/<name>` an action. It works wherever it
+ * `GET …/snapshot.json` its data, `GET …/history.json` the last hour of each transform (its
+ * charts), `POST …/actions/<name>` an action. It works wherever it
  * is mounted, because it routes by the end of the path and the page finds its data
  * relative to its own address.
  */
@@ -173,6 +174,11 @@ export function opsHandler(options: OpsHandlerOptions): OpsRequestHandler {
     }
     if (method !== 'GET' && method !== 'HEAD') {
       throw new HttpError(405, 'method', 'the page is read with GET');
+    }
+    if (path.endsWith('/history.json')) {
+      // The last hour of every transform (the charts), read less often than the snapshot.
+      sendJson(response, 200, { at: new Date(), transforms: await trellis.history() });
+      return;
     }
     if (path.endsWith('/snapshot.json')) {
       const snapshot = await readOpsSnapshot(trellis, await allowedActions(authorize, request));

@@ -14,8 +14,12 @@ export const PAGE_SCRIPT = String.raw`
   var summary = document.getElementById('summary');
   var banner = document.getElementById('banner');
   var toast = document.getElementById('toast');
+  var historyMs = Number(document.body.getAttribute('data-history-ms')) || 10000;
   var pending = {};
   var last = null;
+  // The last hour of each transform, by target (history.json): what the charts draw.
+  var history = null;
+  var HOUR_MS = 3600 * 1000;
 
   // Element with attributes and children; strings and numbers become text nodes.
   function h(tag, attrs) {
@@ -51,6 +55,18 @@ export const PAGE_SCRIPT = String.raw`
     if (lag.segments === 0 && lag.seconds === 0) return 'caught up';
     return num(lag.segments) + ' segment' + (lag.segments === 1 ? '' : 's') + ', ' +
       Math.round(lag.seconds) + ' s behind';
+  }
+  function duration(seconds) {
+    var s = Math.max(0, Math.round(seconds));
+    if (s < 60) return s + ' s';
+    var m = Math.round(s / 60);
+    if (m < 60) return m + ' min';
+    return Math.floor(m / 60) + ' h' + (m % 60 ? ' ' + (m % 60) + ' min' : '');
+  }
+  function short(n) {
+    if (n >= 100) return num(Math.round(n));
+    if (n >= 10) return n.toFixed(1);
+    return String(Math.round(n * 100) / 100);
   }
   function allowed(name) { return last && last.actions.indexOf(name) >= 0; }
 
@@ -155,9 +171,11 @@ export const PAGE_SCRIPT = String.raw`
     var gaps = t.status.sourceIndexGaps;
     if (gaps.length === 0) return null;
     return h('section', { 'class': 'warn', 'data-section': 'index-gaps' }, h('h3', null, 'Source index gaps'),
-      table(['table', 'columns', 'role', 'fix'], gaps.map(function (g) {
+      table(['table', 'columns', 'role', 'in a migration', 'from psql'], gaps.map(function (g) {
         return h('tr', null, h('td', { 'class': 'mono' }, g.table), h('td', { 'class': 'mono' }, g.columns.join(', ')),
-          h('td', null, g.role + (g.optedOut ? ' (opted out)' : '')), h('td', null, h('code', null, g.fix)));
+          h('td', null, g.role + (g.optedOut ? ' (opted out)' : '')),
+          h('td', null, h('code', { 'data-role': 'fix-in-migration' }, g.fixInMigration)),
+          h('td', null, h('code', { 'data-role': 'fix' }, g.fix)));
       })));
   }
 
@@ -207,6 +225,76 @@ export const PAGE_SCRIPT = String.raw`
       line || h('div', { 'class': 'muted' }, 'Not checked yet.'));
   }
 
+  // SVG elements (attributes only, never markup).
+  var SVG_NS = 'http://www.w3.org/2000/svg';
+  function svg(tag, attrs) {
+    var el = document.createElementNS(SVG_NS, tag);
+    Object.keys(attrs || {}).forEach(function (k) {
+      if (attrs[k] !== null && attrs[k] !== undefined) el.setAttribute(k, String(attrs[k]));
+    });
+    return el;
+  }
+
+  // A sparkline of the last hour (right edge: now), drawn from the engine's samples.
+  function chart(kind, name, samples, value, unit) {
+    var W = 240, H = 36, end = Date.now(), start = end - HOUR_MS;
+    var pts = samples.filter(function (x) { return value(x) !== null; });
+    var max = pts.reduce(function (m, x) { return Math.max(m, value(x)); }, 0);
+    var top = max > 0 ? max : 1;
+    var xy = pts.map(function (x) {
+      var px = Math.min(W, Math.max(0, (Date.parse(x.at) - start) / HOUR_MS * W));
+      var py = H - 2 - (value(x) / top) * (H - 4);
+      return [px.toFixed(1), py.toFixed(1)];
+    });
+    var lastPoint = pts.length ? pts[pts.length - 1] : null;
+    var el = svg('svg', {
+      viewBox: '0 0 ' + W + ' ' + H, preserveAspectRatio: 'none', role: 'img',
+      'aria-label': name + ' over the last hour', 'data-chart': kind, 'data-points': pts.length,
+      'data-last-at': lastPoint ? lastPoint.at : null, 'data-last-value': lastPoint ? value(lastPoint) : null,
+      // Which samples the points are, for whoever checks them against the catalog.
+      'data-times': pts.map(function (x) { return x.at; }).join(' '),
+    });
+    if (xy.length > 0) {
+      var line = xy.map(function (p) { return p.join(','); }).join(' ');
+      el.appendChild(svg('polygon', { points: xy[0][0] + ',' + H + ' ' + line + ' ' + xy[xy.length - 1][0] + ',' + H }));
+      el.appendChild(svg('polyline', { points: line }));
+      el.appendChild(svg('circle', { cx: xy[xy.length - 1][0], cy: xy[xy.length - 1][1], r: 2.5 }));
+    }
+    var title = svg('title');
+    title.textContent = name + ', last hour: ' + pts.length + ' samples, max ' + short(max) + ' ' + unit;
+    el.appendChild(title);
+    return h('div', { 'class': 'chart ' + kind }, el, h('div', { 'class': 'label' },
+      name, ' ', h('b', { 'data-role': kind + '-now' }, lastPoint ? short(value(lastPoint)) + ' ' + unit : '-'),
+      h('br'), 'max ' + short(max) + ' ' + unit + ' in the hour'));
+  }
+
+  // Whether lag grows or drains: the last sample against the one about a minute before.
+  function trend(samples) {
+    if (samples.length < 2) return null;
+    var lastS = samples[samples.length - 1];
+    var then = Date.parse(lastS.at) - 60000, before = samples[0];
+    samples.forEach(function (x) { if (Date.parse(x.at) <= then) before = x; });
+    var d = lastS.lagSeconds - before.lagSeconds;
+    if (lastS.lagSeconds < 1 && before.lagSeconds < 1) return ['steady', 'caught up'];
+    if (d > 1) return ['growing', 'lag growing'];
+    if (d < -1) return ['draining', 'lag draining'];
+    return ['steady', 'lag steady'];
+  }
+
+  function charts(t) {
+    if (!history) return null;
+    var samples = history[t.target] || [];
+    if (samples.length === 0) {
+      return h('div', { 'class': 'charts muted', 'data-section': 'charts' },
+        'No samples yet: the staging worker takes one every 10 s.');
+    }
+    var tr = trend(samples);
+    return h('div', { 'class': 'charts', 'data-section': 'charts' },
+      chart('lag', 'lag', samples, function (x) { return x.lagSeconds; }, 's'),
+      chart('keys', 'changed keys', samples, function (x) { return x.keysPerSecond; }, 'keys/s'),
+      tr ? h('span', { 'class': 'trend ' + tr[0], 'data-role': 'trend' }, tr[1]) : null);
+  }
+
   function progress(t) {
     var p = t.progress;
     if (!p) return null;
@@ -215,7 +303,9 @@ export const PAGE_SCRIPT = String.raw`
     if (p.fraction !== null) bar.firstChild.style.width = (p.fraction * 100).toFixed(1) + '%';
     return h('div', { 'class': 'progress' }, bar, h('div', { 'class': 'label' },
       (p.fraction === null ? '' : Math.floor(p.fraction * 100) + '% · ') + num(p.done) + ' of ' +
-      (p.total === null ? '?' : num(p.total)) + ' keys backfilled'));
+      (p.total === null ? '?' : num(p.total)) + ' keys backfilled',
+      p.rate === null ? null : h('span', { 'data-role': 'pace' }, ' · ' + num(Math.round(p.rate)) + ' keys/s' +
+        (p.etaSeconds === null ? '' : ', about ' + duration(p.etaSeconds) + ' left'))));
   }
 
   function card(t) {
@@ -234,6 +324,7 @@ export const PAGE_SCRIPT = String.raw`
             : button('pause', { target: t.target }, 'Pause', 'Pause ' + t.target, 'danger'),
           button('selfCheck', { target: t.target }, 'Check', 'Self-check of ' + t.target))),
       progress(t),
+      charts(t),
       h('code', { 'class': 'statement', title: 'statement' }, t.statement),
       pausesSection(t), failuresSection(t), waitSection(t), gapsSection(t), correctingSection(t),
       heldSection(t), checkSection(t));
@@ -288,6 +379,22 @@ export const PAGE_SCRIPT = String.raw`
       })
       .then(function () { refresh.timer = setTimeout(refresh, pollMs); });
   }
+  function refreshHistory() {
+    clearTimeout(refreshHistory.timer);
+    fetch(base + 'history.json', { headers: { accept: 'application/json' }, cache: 'no-store' })
+      .then(function (res) {
+        if (!res.ok) throw new Error(res.statusText);
+        return res.json();
+      })
+      .then(function (data) {
+        var byTarget = {};
+        data.transforms.forEach(function (x) { byTarget[x.target] = x.samples; });
+        history = byTarget;
+        render();
+      }, function () { /* the snapshot's banner says when the page cannot read */ })
+      .then(function () { refreshHistory.timer = setTimeout(refreshHistory, historyMs); });
+  }
   refresh();
+  refreshHistory();
 })();
 `;

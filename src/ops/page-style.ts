@@ -61,6 +61,18 @@ main { max-width: 1180px; margin: 0 auto; padding: 20px 24px 48px; }
 .bar > span { display: block; height: 100%; background: var(--busy); transition: width .4s ease; }
 .bar.unknown > span { width: 30%; opacity: .5; }
 .progress .label { color: var(--muted); font-size: 12.5px; margin-top: 3px; }
+.charts { display: flex; flex-wrap: wrap; gap: 8px 28px; margin: 0 16px 12px; }
+.chart { display: flex; align-items: center; gap: 10px; }
+.chart svg { width: 240px; height: 36px; display: block; background: var(--code); border-radius: 4px; }
+.chart polyline { fill: none; stroke: var(--accent); stroke-width: 1.5; stroke-linejoin: round; }
+.chart polygon { fill: var(--accent); opacity: .14; stroke: none; }
+.chart circle { fill: var(--accent); }
+.chart.lag polyline { stroke: var(--catch); }
+.chart.lag polygon, .chart.lag circle { fill: var(--catch); }
+.chart .label { font-size: 12.5px; color: var(--muted); min-width: 170px; }
+.chart .label b { color: var(--text); font-weight: 600; }
+.trend.growing { color: var(--bad); font-weight: 600; }
+.trend.draining { color: var(--live); font-weight: 600; }
 section { border-top: 1px solid var(--border); padding: 10px 16px; }
 section h3 { margin: 0 0 6px; font-size: 12px; text-transform: uppercase; letter-spacing: .05em; color: var(--muted); }
 section.bad h3 { color: var(--bad); }

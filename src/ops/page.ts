@@ -40,8 +40,11 @@ export const PAGE_CSP = [
   "frame-ancestors 'self'",
 ].join('; ');
 
-/** The page, titled `title`, polling every `pollMs`. */
-export function renderPage(title: string, pollMs: number): string {
+/**
+ * The page, titled `title`, polling its snapshot every `pollMs` and the last hour of each
+ * transform (its charts) every `historyMs`.
+ */
+export function renderPage(title: string, pollMs: number, historyMs = 10_000): string {
   const t = escapeHtml(title);
   return `<!doctype html>
 <html lang="en">
@@ -53,7 +56,7 @@ export function renderPage(title: string, pollMs: number): string {
 <title>${t}</title>
 <style>${PAGE_STYLE}</style>
 </head>
-<body data-poll-ms="${Math.max(250, Math.floor(pollMs))}">
+<body data-poll-ms="${Math.max(250, Math.floor(pollMs))}" data-history-ms="${Math.max(1000, Math.floor(historyMs))}">
 <header>
   <h1>${t}</h1>
   <span class="instance" id="instance"></span>

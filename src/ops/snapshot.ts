@@ -1,4 +1,4 @@
-import { progressOf } from '../cli/status/progress.js';
+import { type Progress, progressOf } from '../cli/status/progress.js';
 import { readStatuses } from '../cli/status/read.js';
 import type { QuarantineSample } from '../engine/catalog/quarantine.js';
 import type { Status } from '../engine/catalog/status-types.js';
@@ -32,8 +32,8 @@ export interface OpsTransform {
   /** The TRANSFORM statement as registered. */
   statement: string;
   status: Status;
-  /** Backfill progress (null unless backfilling). */
-  progress: { done: number; total: number | null; fraction: number | null } | null;
+  /** Backfill progress, its pace and the time it has left (null unless backfilling). */
+  progress: Progress | null;
   held: OpsHeldAddress[];
   /** The latest self-check of the transform, if any was asked for. */
   selfCheck: SelfCheckJob | null;

@@ -30,8 +30,9 @@ BEGIN
     EXECUTE $trellis_m27$-- Capture edges and definitions under load (issue #21 items 2, 8, 9 and 12).
 
 -- Item 8: a statement deadlocking with the app's writers or the engine's workers (40P01),
--- or failing a serialization check (40001), is run again, up to 8 times with a short
--- jittered backoff, inside the caller's transaction (each attempt is a subtransaction: the
+-- or failing a serialization check (40001), is run again, up to 12 times with a jittered
+-- backoff growing from 20 ms to half a second (a drain page the statement met ends within
+-- it), inside the caller's transaction (each attempt is a subtransaction: the
 -- losing attempt's locks are released, so the other side goes on). Postgres picks the
 -- victim that waited first; retried, the statement goes through once the other side
 -- committed. Exhausted, it fails with TRT01 (the handle's `transient`), never as an
@@ -40,7 +41,7 @@ CREATE FUNCTION "trellis"._apply_retrying(statement text, transform_only boolean
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
   attempt int := 0;
-  attempts constant int := 8;
+  attempts constant int := 12;
   last_error text;
 BEGIN
   LOOP
@@ -55,7 +56,7 @@ BEGIN
                            attempts, last_error),
           HINT = 'Nothing was changed. Writers or the engine''s workers held the same rows; the statement can be repeated as it is.';
       END IF;
-      PERFORM pg_sleep(0.02 * attempt + random() * 0.05 * attempt);
+      PERFORM pg_sleep(least(0.5, 0.02 * 2 ^ (attempt - 1)) * (0.5 + random()));
     END;
   END LOOP;
 END
@@ -1107,6 +1108,16 @@ BEGIN
   UPDATE "trellis".sources SET ready_xmax = CASE WHEN ready_xmax IS NOT NULL THEN pg_snapshot_xmax(pg_current_snapshot()) END,
                               wal_xmax = CASE WHEN wal_xmax IS NOT NULL THEN pg_snapshot_xmax(pg_current_snapshot()) END,
                               widen_holders = NULL;
+  -- WAL capture: the other database's slot is not this one's (slots are not dumped, and a
+  -- slot's name carries its database's OID), and its publication, restored by the dump, is
+  -- another row than the one recorded. Forget both: the decoder makes this database's slot,
+  -- and the staging worker publishes each source again, as for a source newly moved to WAL
+  -- capture. Nothing is lost: every target is rebuilt from a tick taken once capture is
+  -- ready again.
+  UPDATE "trellis".config SET wal_slot = NULL, wal_drain_lsn = NULL, wal_publication_xmin = NULL;
+  UPDATE "trellis".sources
+     SET wal_state = NULL, wal_xmax = NULL, wal_since = NULL, wal_rel_xmin = NULL
+   WHERE wal_state IS NOT NULL;
   -- Every target is rebuilt from its sources as they are here.
   FOR tid IN SELECT id FROM "trellis".transforms LOOP
     PERFORM "trellis"._request_rebuild(tid);
@@ -1115,6 +1126,70 @@ BEGIN
      SET restored = jsonb_build_object('detectedAt', now(), 'reason', reason, 'from', database_identity),
          database_identity = "trellis"._database_identity();
   RETURN reason;
+END
+$fn$;
+
+-- The slot was lost: as 0019's, and nothing while the catalog is another database's (its
+-- slot is that database's; _recognise_restore forgets it).
+CREATE OR REPLACE FUNCTION "trellis"._wal_lost(p_slot name, reason text)
+RETURNS SETOF text LANGUAGE plpgsql AS $fn$
+BEGIN
+  -- A restored or cloned database's recorded slot is the other database's: not lost here,
+  -- forgotten when the staging worker rebinds the catalog (_recognise_restore).
+  IF "trellis"._restore_reason() IS NOT NULL THEN
+    RETURN;
+  END IF;
+  -- Once per slot: whoever sees it lost first (the decoder, the staging worker) acts.
+  UPDATE "trellis".config SET wal_slot = NULL WHERE wal_slot = p_slot;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  RETURN QUERY
+  WITH lost AS (
+    SELECT src.id, src.source_oid FROM "trellis".sources src
+     WHERE src.wal_state = 'ready' AND src.installed_at IS NULL),
+  reset AS (
+    UPDATE "trellis".sources src
+       SET wal_state = 'publishing', wal_xmax = NULL, wal_since = now()
+     WHERE src.wal_state IS NOT NULL
+    RETURNING src.id)
+  UPDATE "trellis".transforms t
+     SET paused_at = coalesce(t.paused_at, now()),
+         pause_reason = CASE WHEN t.paused_at IS NULL THEN 'disruption' ELSE t.pause_reason END,
+         capture_failure = jsonb_build_object('kind', 'disruption', 'error', reason,
+                                              'columns', '[]'::jsonb, 'detected_at', now()),
+         updated_at = now()
+   WHERE t.capture_failure IS NULL
+     AND t.id IN (SELECT ts.transform_id FROM "trellis".transform_sources ts
+                   WHERE ts.source_oid IN (SELECT source_oid FROM lost))
+  RETURNING t.target_name::text;
+END
+$fn$;
+
+-- The capture setting: as 0019's, written only when it changes (ADR 0036).
+CREATE OR REPLACE FUNCTION "trellis".set_capture(mode text, wal_retention_limit bigint DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+  IF mode IS NULL OR mode NOT IN ('trigger', 'logical') THEN
+    PERFORM "trellis"._fail('TRV01', format('capture must be ''trigger'' or ''logical'', not %L', mode));
+  END IF;
+  IF wal_retention_limit IS NOT NULL AND wal_retention_limit <= 0 THEN
+    PERFORM "trellis"._fail('TRV01', format('wal_retention_limit must be a positive number of bytes, not %s', wal_retention_limit));
+  END IF;
+  IF mode = 'logical' THEN
+    PERFORM "trellis"._check_logical_capture();
+  END IF;
+  -- Written only when it changes: a handle connecting to a read-only server (a standby, a
+  -- read-only default) with the setting already recorded must not fail on the UPDATE,
+  -- which Postgres refuses there even when it would change no row.
+  IF EXISTS (SELECT 1 FROM "trellis".config c
+              WHERE c.capture IS DISTINCT FROM mode
+                 OR c.wal_retention_limit IS DISTINCT FROM coalesce(set_capture.wal_retention_limit, c.wal_retention_limit)) THEN
+    UPDATE "trellis".config c
+       SET capture = mode, wal_retention_limit = coalesce(set_capture.wal_retention_limit, c.wal_retention_limit)
+     WHERE c.capture IS DISTINCT FROM mode
+        OR c.wal_retention_limit IS DISTINCT FROM coalesce(set_capture.wal_retention_limit, c.wal_retention_limit);
+  END IF;
 END
 $fn$;
 

@@ -53,6 +53,45 @@ function parseOrder(body: unknown): NewOrder {
   };
 }
 
+/** Rows a report returns at most in one page, unless `?limit` asks for fewer. */
+const PAGE_MAX = 500;
+const PAGE_DEFAULT = 50;
+
+/** A report's page from `?limit` (1-500, 50 by default) and `?offset` (0 by default). */
+function pageOf(query: (name: string) => string | undefined): { limit: number; offset: number } {
+  const number = (name: string, fallback: number, min: number, max: number) => {
+    const text = query(name);
+    if (text === undefined) return fallback;
+    const n = Number(text);
+    if (!/^\d+$/.test(text) || n < min || n > max) {
+      badRequest(`${name} must be an integer from ${min} to ${max}`);
+    }
+    return n;
+  };
+  return {
+    limit: number('limit', PAGE_DEFAULT, 1, PAGE_MAX),
+    offset: number('offset', 0, 0, Number.MAX_SAFE_INTEGER),
+  };
+}
+
+/**
+ * Names the next page in a `Link: <…>; rel="next"` header while this one is full (the next
+ * may hold more rows); the body stays the array of rows it was before paging.
+ */
+function linkNext(
+  c: { req: { url: string }; header: (name: string, value: string) => void },
+  rows: number,
+  { limit, offset }: { limit: number; offset: number },
+): void {
+  if (rows < limit) return;
+  const next = new URL(c.req.url);
+  next.searchParams.set('limit', String(limit));
+  next.searchParams.set('offset', String(offset + limit));
+  // Later pages are read as the workers have made them: ?fresh waited once already.
+  next.searchParams.delete('fresh');
+  c.header('link', `<${next.pathname}${next.search}>; rel="next"`);
+}
+
 const NEXT_STATUS = { pay: 'paid', ship: 'shipped', cancel: 'cancelled' } as const;
 /** Which statuses each step may leave. */
 const FROM_STATUS = { pay: ['open'], ship: ['paid'], cancel: ['open', 'paid'] } as const;
@@ -153,26 +192,46 @@ export function createApp({ db, trellis, authorizeOps }: ShopOptions) {
     throw new HTTPException(409, { message: `order ${id} is ${existing.status}: cannot ${step}` });
   });
 
+  // Reports come in pages (?limit, ?offset; a Link header names the next), each ordered
+  // by the report's key last, so that pages neither repeat nor skip a row.
   app.get('/reports/customer-revenue', async (c) => {
+    const page = pageOf((n) => c.req.query(n));
     await settle('customer_revenue', c.req.query('fresh'));
     // Typed by the transform's SELECT: { customerId: number; revenue: string; orders: number }[]
-    const rows = await db.select().from(customerRevenue).orderBy(desc(customerRevenue.revenue));
+    const rows = await db
+      .select()
+      .from(customerRevenue)
+      .orderBy(desc(customerRevenue.revenue), asc(customerRevenue.customerId))
+      .limit(page.limit)
+      .offset(page.offset);
+    linkNext(c, rows.length, page);
     return c.json(rows);
   });
 
   app.get('/reports/product-sales', async (c) => {
+    const page = pageOf((n) => c.req.query(n));
     await settle('product_sales', c.req.query('fresh'));
-    const rows = await db.select().from(productSales).orderBy(desc(productSales.unitsSold));
+    const rows = await db
+      .select()
+      .from(productSales)
+      .orderBy(desc(productSales.unitsSold), asc(productSales.productId))
+      .limit(page.limit)
+      .offset(page.offset);
+    linkNext(c, rows.length, page);
     return c.json(rows);
   });
 
   app.get('/reports/open-orders', async (c) => {
+    const page = pageOf((n) => c.req.query(n));
     await settle('open_orders', c.req.query('fresh'));
     const rows = await db
       .select({ id: openOrders.id, customerId: openOrders.customerId, name: customers.name })
       .from(openOrders)
       .innerJoin(customers, eq(customers.id, openOrders.customerId))
-      .orderBy(asc(openOrders.placedAt));
+      .orderBy(asc(openOrders.placedAt), asc(openOrders.id))
+      .limit(page.limit)
+      .offset(page.offset);
+    linkNext(c, rows.length, page);
     return c.json(rows);
   });
 

@@ -8,7 +8,7 @@ import type {
   Status,
   WorkerHealth,
 } from '../../engine/catalog/status-types.js';
-import { progressOf } from './progress.js';
+import { paceText, progressOf } from './progress.js';
 
 /**
  * What `trellis status` shows of each transform: a table (one row per transform, its
@@ -36,7 +36,8 @@ function progressText(status: Status): string {
   const held = status.backfill?.keysHeld
     ? `, ${status.backfill.keysHeld.toLocaleString('en-US')} held`
     : '';
-  const keys = `${p.done.toLocaleString('en-US')}/${p.total === null ? '?' : p.total.toLocaleString('en-US')} keys${held}`;
+  const pace = paceText(p);
+  const keys = `${p.done.toLocaleString('en-US')}/${p.total === null ? '?' : p.total.toLocaleString('en-US')} keys${held}${pace ? ` (${pace})` : ''}`;
   if (p.fraction === null) return keys;
   return `${Math.floor(p.fraction * 100)}% ${keys}`;
 }
@@ -90,7 +91,7 @@ function notes(status: Status): string[] {
   for (const gap of status.sourceIndexGaps ?? []) {
     if (gap.optedOut) continue;
     lines.push(
-      `${status.target}: ${gap.table} has no index on (${gap.columns.join(', ')}) (${gap.role.replace('_', ' ')}); in a migration: ${gap.fix.replace(/^CREATE INDEX CONCURRENTLY /, 'CREATE INDEX ')} — from psql: ${gap.fix}`,
+      `${status.target}: ${gap.table} has no index on (${gap.columns.join(', ')}) (${gap.role.replace('_', ' ')}); in a migration: ${gap.fixInMigration} — from psql: ${gap.fix}`,
     );
   }
   return lines;

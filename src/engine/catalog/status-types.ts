@@ -144,8 +144,14 @@ export interface SourceIndexGap {
   columns: string[];
   role: 'group_by' | 'join_from' | 'join_joined';
   optedOut: boolean;
-  /** A `CREATE INDEX CONCURRENTLY` statement that closes the gap. */
+  /** A `CREATE INDEX CONCURRENTLY` statement that closes the gap: for psql, outside a transaction. */
   fix: string;
+  /**
+   * The same index as a plain `CREATE INDEX`: for a migration, which runs in a transaction
+   * (drizzle-kit's do) where CONCURRENTLY cannot. It locks the table against writes while it
+   * builds.
+   */
+  fixInMigration: string;
 }
 
 /** Backfill progress: keys done and (an estimate of) keys in all. */
@@ -159,6 +165,13 @@ export interface BackfillProgress {
    */
   keysHeld: number;
   startedAt: Date;
+  /**
+   * Keys built a second, over the last minute of samples (since the build started while
+   * none is that old); null once the build is over.
+   */
+  rate: number | null;
+  /** Seconds left at that rate (null without a total, or while it makes no progress). */
+  etaSeconds: number | null;
 }
 
 /**
@@ -397,4 +410,25 @@ export interface RowSecuritySource {
   forced: boolean;
   /** The transform was defined (or altered) `WITHOUT ROW SECURITY`. */
   optedOut: boolean;
+}
+
+/** One sample of a transform (taken every 10 s by the staging worker, kept for an hour). */
+export interface HistorySample {
+  at: Date;
+  /** status().lag at that moment. */
+  lagSeconds: number;
+  lagSegments: number;
+  /**
+   * Changed keys the drain applied since the sample before, a second (null for the first
+   * sample kept).
+   */
+  keysPerSecond: number | null;
+  /** Keys built, while it was backfilling (null otherwise). */
+  backfillDone: number | null;
+}
+
+/** The last hour of a transform, oldest sample first (`history()`, the operations page). */
+export interface TransformHistory {
+  target: string;
+  samples: HistorySample[];
 }

@@ -55,7 +55,13 @@ type StatusJson = Omit<
   drainFailure:
     | (Omit<DrainFailure, 'since' | 'lastSeen'> & { since: string; lastSeen: string })
     | null;
-  backfill: (Omit<BackfillProgress, 'startedAt'> & { startedAt: string }) | null;
+  backfill:
+    | (Omit<BackfillProgress, 'startedAt' | 'rate' | 'etaSeconds'> & {
+        startedAt: string;
+        rate?: number | null;
+        etaSeconds?: number | null;
+      })
+    | null;
   lastApply: (Omit<LastApply, 'at' | 'keys'> & { at: string; keys: number | string }) | null;
   restored: { reason: string; detectedAt: string | null } | null;
 };
@@ -106,7 +112,14 @@ export async function readStatus(
           lastSeen: date(s.drainFailure.lastSeen),
         }
       : null,
-    backfill: s.backfill ? { ...s.backfill, startedAt: date(s.backfill.startedAt) } : null,
+    backfill: s.backfill
+      ? {
+          ...s.backfill,
+          startedAt: date(s.backfill.startedAt),
+          rate: s.backfill.rate ?? null,
+          etaSeconds: s.backfill.etaSeconds ?? null,
+        }
+      : null,
     lastApply: s.lastApply
       ? { ...s.lastApply, keys: Number(s.lastApply.keys), at: date(s.lastApply.at) }
       : null,

@@ -90,6 +90,10 @@ export class DrainLoop {
   private readonly plans: PlanCache;
   /** Drain seconds spent per transform, not recorded yet. */
   private readonly spent = new Map<number, number>();
+  /** Changed keys applied per transform, not recorded yet (the page's charts, ADR 0054). */
+  private readonly applied = new Map<number, number>();
+  /** Changed keys the last unit of work applied. */
+  private lastKeys = 0;
   private recordedAt = Date.now();
 
   constructor(
@@ -154,11 +158,15 @@ export class DrainLoop {
     for (const kind of first ? [first, ...KINDS.filter((k) => k !== first)] : KINDS) {
       const started = performance.now();
       takeEnteredTransform(session);
+      this.lastKeys = 0;
       const worked = await this.work(kind, session);
       const transformId = takeEnteredTransform(session);
       if (transformId !== undefined) {
         const seconds = (performance.now() - started) / 1000;
         this.spent.set(transformId, (this.spent.get(transformId) ?? 0) + seconds);
+        if (this.lastKeys > 0) {
+          this.applied.set(transformId, (this.applied.get(transformId) ?? 0) + this.lastKeys);
+        }
       }
       if (worked) {
         if (Date.now() - this.recordedAt >= RECORD_MS) await this.record(session);
@@ -182,25 +190,36 @@ export class DrainLoop {
     if (kind === 'build') return backfillChunk(session, this.schema, this.plans, this.log);
     if (kind === 'page') {
       const page = await applyPage(session, this.schema, this.plans, this.log);
-      if (page) this.onApplied(page);
+      if (page) this.countApplied(page);
       return page !== null;
     }
     const range = await openRange(session, this.schema, this.plans, this.log);
-    if (range.applied) this.onApplied(range.applied);
+    if (range.applied) this.countApplied(range.applied);
     return range.result !== 'none';
   }
 
-  /** Records the drain time spent per transform since the last time (status().drain). */
+  /** A page or range applied: told to the metrics, its keys counted for the catalog. */
+  private countApplied(work: AppliedWork): void {
+    if (!work.failed) this.lastKeys += work.keys;
+    this.onApplied(work);
+  }
+
+  /**
+   * Records the drain time spent and the changed keys applied per transform since the last
+   * time (status().drain, the operations page's keys per second).
+   */
   private async record(session: Session): Promise<void> {
     this.recordedAt = Date.now();
     if (this.spent.size === 0) return;
     const ids = [...this.spent.keys()];
     const seconds = ids.map((id) => this.spent.get(id) ?? 0);
+    const keys = ids.map((id) => this.applied.get(id) ?? 0);
     this.spent.clear();
-    await session.query(`SELECT ${quoteIdent(this.schema)}._drained($1::int[], $2::float8[])`, [
-      ids,
-      seconds,
-    ]);
+    this.applied.clear();
+    await session.query(
+      `SELECT ${quoteIdent(this.schema)}._drained($1::int[], $2::float8[], $3::bigint[])`,
+      [ids, seconds, keys],
+    );
   }
 
   private busy(): number {

@@ -103,7 +103,7 @@ export async function requestSelfCheck(
       const named = gaps
         .map(
           (g) =>
-            `${g.table} (${g.columns.join(', ')}) for its ${g.role.replace('_', ' ')}: ${g.fix}`,
+            `${g.table} (${g.columns.join(', ')}) for its ${g.role.replace('_', ' ')}: ${g.fix} from psql, or ${g.fix.replace(/^CREATE INDEX CONCURRENTLY /, 'CREATE INDEX ')} in a migration`,
         )
         .join('; ');
       throw new TrellisError(

@@ -48,6 +48,11 @@ export interface StagingTimings {
   maxPollMs: number;
   /** Between attempts of a standby to take over. */
   standbyMs: number;
+  /**
+   * Between samples of every transform's lag and applied keys (`<schema>.samples`, kept
+   * for an hour: the operations page's charts, ADR 0054).
+   */
+  sampleMs: number;
 }
 
 export const STAGING_TIMINGS: StagingTimings = {
@@ -61,6 +66,7 @@ export const STAGING_TIMINGS: StagingTimings = {
   fastMs: 200,
   maxPollMs: 50,
   standbyMs: 500,
+  sampleMs: 10_000,
 };
 
 type Wake = 'tick' | 'capture' | 'maintain' | 'timeout' | 'due';
@@ -93,6 +99,7 @@ export class StagingWorker {
   private leaderPid: number | undefined;
   private nextReconcile = 0;
   private nextMaintenance = 0;
+  private nextSample = 0;
   private lastMaintenance = 0;
   /** The oldest cursor the last maintenance pass worked from. */
   private maintainedFloor: string | null = null;
@@ -184,7 +191,12 @@ export class StagingWorker {
 
     // While ticks keep being taken, try the next one at once (the tick itself tells
     // whether capture needs reconciling); otherwise wait for work in one statement.
-    const due = Math.min(this.nextReconcile, this.nextMaintenance, this.capture.nextRetryAt());
+    const due = Math.min(
+      this.nextReconcile,
+      this.nextMaintenance,
+      this.nextSample,
+      this.capture.nextRetryAt(),
+    );
     const wake: Wake = this.ticking ? 'tick' : await this.awaitWork(session, due - Date.now());
     const now = Date.now();
     let maintain = wake === 'maintain' || now >= this.nextMaintenance;
@@ -259,6 +271,11 @@ export class StagingWorker {
       this.maintainedFloor = done.floor;
       this.nextMaintenance =
         now + (done.skipped ? this.timings.maintenanceMs : this.timings.idleMaintenanceMs);
+    }
+    if (now >= this.nextSample) {
+      // One row per transform; an idle instance pays one short commit per sampleMs.
+      await session.query(`SELECT ${quoteIdent(this.schema)}._sample()`);
+      this.nextSample = now + this.timings.sampleMs;
     }
     await this.hooks.afterPass(session);
     return 0;
