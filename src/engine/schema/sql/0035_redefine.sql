@@ -557,7 +557,12 @@ RETURNS text[] LANGUAGE sql STABLE AS $fn$
      WHERE c.conrelid = t.target_oid AND c.contype IN ('p', 'u')
        AND ARRAY(SELECT a.attname::text FROM unnest(c.conkey) k(n)
                    JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.n ORDER BY 1)
-           = ARRAY(SELECT x FROM jsonb_array_elements_text(t.spec->'key') x ORDER BY 1)),
+           = ARRAY(SELECT x FROM jsonb_array_elements_text(t.spec->'key') x ORDER BY 1)
+    -- Postgres 18 records a column's NOT NULL as a constraint of its own (contype 'n'): it
+    -- is the column's, and goes with it.
+    UNION ALL
+    SELECT c.oid, c.conindid FROM pg_constraint c
+     WHERE c.conrelid = t.target_oid AND c.contype = 'n'),
   engine_indexes AS (
     SELECT conindid AS oid FROM engine_constraints
     UNION
