@@ -8,6 +8,7 @@ import { afterAll, describe, expect, inject, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
 import { findPgDump } from '../src/migration/dump/find-pg-dump.js';
 import { appendDefinitions, dumpSchema } from '../src/migration/index.js';
+import { IN_CI } from './support/ci.js';
 import { spawnTrellisCli, trellisCli, trellisInProcess } from './support/cli.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
@@ -26,8 +27,7 @@ const pgDump = process.env.TRELLIS_PG_DUMP
   ? await findPgDump(serverMajor, process.env.TRELLIS_PG_DUMP)
   : await findPgDump(serverMajor).catch(() => undefined);
 // Under CI a missing pg_dump fails the file: .ci/run provides one for each server it runs.
-const inCi = Boolean(process.env.CI || process.env.TRELLIS_CI_RELOCATED);
-if (!pgDump && inCi) {
+if (!pgDump && IN_CI) {
   throw new Error(
     `the dump tests need a pg_dump for Postgres ${serverMajor} under CI: run \`node scripts/fetch-pg-client.mjs --major ${serverMajor}\` and set TRELLIS_PG_DUMP=<the directory it prints>/pg_dump`,
   );

@@ -3,6 +3,7 @@ import { mkdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { type Browser, chromium, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { IN_CI } from './support/ci.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
 import {
   assertBuilt,
@@ -34,8 +35,7 @@ function chromiumPath(): string | undefined {
 }
 
 const executablePath = chromiumPath();
-const inCi = Boolean(process.env.CI || process.env.TRELLIS_CI_RELOCATED);
-if (!executablePath && inCi) {
+if (!executablePath && IN_CI) {
   throw new Error(
     'the operations page test needs Chromium: .ci/run installs it (apt-get install chromium)',
   );

@@ -5,6 +5,7 @@ import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { freePort, unprivilegedUser } from '../../src/testing/cluster.js';
+import { IN_CI } from './ci.js';
 
 // PgBouncer, started by the test harness as Postgres is (ADR 0037): Debian's package
 // (`apt-get install pgbouncer`, which `.ci/run` does), run as the `postgres` OS user when
@@ -22,15 +23,13 @@ export function pgbouncerPath(): string | undefined {
   return undefined;
 }
 
-const inCi = Boolean(process.env.CI || process.env.TRELLIS_CI_RELOCATED);
-
 /**
  * Whether the pooler tests can run here; under CI a missing pgbouncer fails the file
  * (`.ci/run` installs it), elsewhere it is skipped with the reason printed.
  */
 export function pgbouncerAvailable(file: string): boolean {
   if (pgbouncerPath()) return true;
-  if (inCi) {
+  if (IN_CI) {
     throw new Error(`${file} needs PgBouncer: .ci/run installs it (apt-get install pgbouncer)`);
   }
   console.log(`[skip] ${file}: no pgbouncer (apt-get install pgbouncer)`);
