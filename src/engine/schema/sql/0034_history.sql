@@ -131,8 +131,10 @@ BEGIN
       seconds := extract(epoch FROM clock_timestamp() - s.at);
       rate := greatest(done - s.backfill_done, 0) / seconds;
     ELSE
+      -- No sample of this build yet: its pace since it started, from its first moment (a
+      -- build of a few seconds would otherwise show none before it is over).
       seconds := extract(epoch FROM clock_timestamp() - started);
-      IF seconds >= 1 THEN
+      IF seconds > 0 THEN
         rate := done / seconds;
       END IF;
     END IF;
