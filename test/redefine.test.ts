@@ -453,6 +453,9 @@ describe('ALTER TRANSFORM … AS: what the target keeps, and what refuses it', (
       viewed: 50,
     });
     const recorded = await redefinition('rd_dep');
+    const shown = (await live.trellis.status('rd_dep')).redefinition;
+    expect(shown).toMatchObject({ state: 'switched', error: null });
+    expect(shown?.lockMs).toBeGreaterThanOrEqual(0);
     expect(recorded).toMatchObject({
       state: 'switched',
       changes: ['column qty retyped from integer to bigint', 'column note added (text)'],
@@ -556,6 +559,11 @@ describe('ALTER TRANSFORM … AS: the statement, and a redefinition given up', (
     expect(String((await redefinition('rd_fail'))?.error)).toContain(
       'column price would be dropped, and view rd_fail_prices depends on it',
     );
+    // status() says it too, not only the catalog and the logs.
+    const failed = (await live.trellis.status('rd_fail')).redefinition;
+    expect(failed?.state).toBe('failed');
+    expect(failed?.error).toContain('view rd_fail_prices depends on it');
+    expect(failed?.at).toBeInstanceOf(Date);
     const [shadows] = await live.db.sql<{ n: number }[]>`
       SELECT count(*)::int AS n FROM trellis.transforms WHERE redefines IS NOT NULL`;
     expect(shadows!.n).toBe(0);

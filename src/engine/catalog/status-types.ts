@@ -385,6 +385,12 @@ export interface Status {
    * least served transform first (ADR 0045).
    */
   drain: DrainShare;
+  /**
+   * The last `ALTER TRANSFORM … AS` (ADR 0055): `building` while the new definition is
+   * built beside the old one, `switched` once the target holds it, `failed` when it was
+   * given up (the old definition stays; `error` says why). Null when never redefined.
+   */
+  redefinition: Redefinition | null;
   lag: Lag;
   capture: CaptureInfo;
   /**
@@ -431,4 +437,21 @@ export interface HistorySample {
 export interface TransformHistory {
   target: string;
   samples: HistorySample[];
+}
+
+/** A transform's last redefinition in place (status().redefinition). */
+export interface Redefinition {
+  state: 'building' | 'failed' | 'switched';
+  /** The definition it is being (or was) redefined to. */
+  statement: string;
+  /** What the switch does (or did) to the target, a sentence each. */
+  changes: string[];
+  /** Why it was given up (state `failed`). */
+  error: string | null;
+  /** How long the switch held the target's lock (state `switched`). */
+  lockMs: number | null;
+  /** When the redefinition was asked for. */
+  since: Date | null;
+  /** When it was switched or given up. */
+  at: Date | null;
 }

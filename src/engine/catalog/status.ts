@@ -12,6 +12,7 @@ import type {
   Lifecycle,
   LockBlocker,
   PreparedBlocker,
+  Redefinition,
   Status,
 } from './status-types.js';
 import {
@@ -32,6 +33,7 @@ type StatusJson = Omit<
   | 'backfill'
   | 'lastApply'
   | 'restored'
+  | 'redefinition'
   | 'workers'
   | 'workerFailure'
 > & {
@@ -64,6 +66,14 @@ type StatusJson = Omit<
     | null;
   lastApply: (Omit<LastApply, 'at' | 'keys'> & { at: string; keys: number | string }) | null;
   restored: { reason: string; detectedAt: string | null } | null;
+  redefinition?:
+    | (Omit<Redefinition, 'since' | 'at' | 'error' | 'lockMs'> & {
+        error?: string | null;
+        lockMs?: number | null;
+        since?: string | null;
+        at?: string | null;
+      })
+    | null;
 };
 
 const date = (text: string): Date => new Date(text);
@@ -124,6 +134,15 @@ export async function readStatus(
       ? { ...s.lastApply, keys: Number(s.lastApply.keys), at: date(s.lastApply.at) }
       : null,
     restored: s.restored ? { ...s.restored, detectedAt: maybeDate(s.restored.detectedAt) } : null,
+    redefinition: s.redefinition
+      ? {
+          ...s.redefinition,
+          error: s.redefinition.error ?? null,
+          lockMs: s.redefinition.lockMs ?? null,
+          since: maybeDate(s.redefinition.since ?? null),
+          at: maybeDate(s.redefinition.at ?? null),
+        }
+      : null,
     workers: workerHealthOf(s.workers),
     workerFailure: workerFailureOf(s.workerFailure),
   };
