@@ -2,6 +2,7 @@ import type { Session } from '../db/session.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { sqlstateOf } from '../sqlstate.js';
+import { analyzeRefilled } from './analyze-built.js';
 import { type ApplyMode, recordCost } from './apply-choice.js';
 import { applyKeysBisecting, type ChangedKey, newBisection } from './apply-keys.js';
 import { changedFromLedger } from './changed-sql.js';
@@ -163,6 +164,7 @@ export async function applyChanged(
       await session.query(`TRUNCATE ${plan.mapSql}, ${plan.delta.statesSql}`);
     }
     await rederiveCounted(session, rederiveSql(plan, changed, '$1', mode), params, tally);
+    if (mode === 'recompute' && plan.delta) await analyzeRefilled(session, plan);
     await session.query('RELEASE SAVEPOINT trellis_page');
     return { failure: null, tally, paused: false };
   } catch (error) {
