@@ -9,6 +9,7 @@ import {
   startShopServer,
   startShopWorker,
 } from './support/shop.js';
+import { waitFor } from './support/trellis.js';
 
 // The shop example as a newcomer runs it: drizzle-kit migrate (which installs Trellis and
 // defines the transforms), the worker and the server as processes of their own, then
@@ -227,9 +228,25 @@ describe('the shop example', () => {
     expect(row?.paused).toBe(false);
 
     // The worker process serves what the web process cannot (it runs no worker): the drain's
-    // throughput, the staging leader, and its health.
-    const scraped = parseScrape(await (await fetch(`${worker.metricsUrl}/metrics`)).text());
+    // throughput, the staging leader, and its health. Under load every order so far may have
+    // been folded into the targets' builds, so an order placed now is drained by the worker.
     const me = { trellis_instance: `${db.name}/trellis` };
+    const scrapeWorker = async () =>
+      parseScrape(await (await fetch(`${worker.metricsUrl}/metrics`)).text());
+    const [someone] = await db.sql<{ id: number }[]>`SELECT id FROM customers ORDER BY id LIMIT 1`;
+    const [something] = await db.sql<{ id: number }[]>`SELECT id FROM products ORDER BY id LIMIT 1`;
+    await json(
+      'POST',
+      '/orders',
+      { customerId: someone!.id, lines: [{ productId: something!.id, quantity: 1 }] },
+      201,
+    );
+    await json('GET', '/reports/open-orders?fresh');
+    await waitFor(
+      async () => (await scrapeWorker()).sum('trellis_keys_rederived_total', me) > 0,
+      "the worker's drain counted in its metrics",
+    );
+    const scraped = await scrapeWorker();
     expect(scraped.value('trellis_staging_leader', me)).toBe(1);
     expect(scraped.value('trellis_drain_loops_alive', me)).toBe(2);
     expect(scraped.sum('trellis_keys_rederived_total', me)).toBeGreaterThan(0);
