@@ -6,6 +6,7 @@ import { analyzeRefilled } from './analyze-built.js';
 import { type ApplyMode, recordCost } from './apply-choice.js';
 import { applyKeysBisecting, type ChangedKey, newBisection } from './apply-keys.js';
 import { changedFromLedger } from './changed-sql.js';
+import { deltaRefillStatements } from './delta-sql.js';
 import { advanceCursor } from './cursor.js';
 import type { TransformPlan } from './plan.js';
 import type { PlanCache } from './plan-cache.js';
@@ -161,8 +162,10 @@ export async function applyChanged(
   const tally = emptyTally();
   try {
     if (mode === 'recompute' && plan.delta) {
-      // Refilled whole by the recompute (deltaRecomputeSql); rolled back with it on failure.
+      // Refilled whole (the key map, then the states, as a build does), then the target
+      // merged (deltaRecomputeSql); rolled back with it on failure.
       await session.query(`TRUNCATE ${plan.mapSql}, ${plan.delta.statesSql}`);
+      for (const fill of deltaRefillStatements(plan)) await session.query(fill);
     }
     const sources = await changedSources(session, plan, changed, params, mode);
     await rederiveCounted(
