@@ -1,10 +1,10 @@
 import type { ApplyMode } from './apply-choice.js';
 import type { PlanSource, TransformPlan } from './plan.js';
 import {
+  type ChangedSources,
   shadowAffectedGroupsSql,
   shadowFillSql,
   shadowRederiveSql,
-  type ChangedSources,
   shadowRegroupSql,
 } from './shadow-sql.js';
 import {

@@ -6,13 +6,13 @@ import { analyzeRefilled } from './analyze-built.js';
 import { type ApplyMode, recordCost } from './apply-choice.js';
 import { applyKeysBisecting, type ChangedKey, newBisection } from './apply-keys.js';
 import { changedFromLedger } from './changed-sql.js';
-import { deltaRefillStatements } from './delta-sql.js';
 import { advanceCursor } from './cursor.js';
+import { deltaRefillStatements } from './delta-sql.js';
 import type { TransformPlan } from './plan.js';
 import type { PlanCache } from './plan-cache.js';
 import { rederiveSql } from './rederive-sql.js';
-import type { ChangedSources } from './shadow-sql.js';
 import { backoffMs, isRowError } from './row-errors.js';
+import type { ChangedSources } from './shadow-sql.js';
 import { type AppliedWork, appliedWork, emptyTally, rederiveCounted, type Tally } from './tally.js';
 import { enterTransformWork } from './work-settings.js';
 
@@ -168,12 +168,7 @@ export async function applyChanged(
       for (const fill of deltaRefillStatements(plan)) await session.query(fill);
     }
     const sources = await changedSources(session, plan, changed, params, mode);
-    await rederiveCounted(
-      session,
-      rederiveSql(plan, changed, '$1', mode, sources),
-      params,
-      tally,
-    );
+    await rederiveCounted(session, rederiveSql(plan, changed, '$1', mode, sources), params, tally);
     if (mode === 'recompute' && plan.delta) await analyzeRefilled(session, plan);
     await session.query('RELEASE SAVEPOINT trellis_page');
     return { failure: null, tally, paused: false };
