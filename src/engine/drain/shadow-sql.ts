@@ -183,9 +183,12 @@ function touched(plan: TransformPlan, changed: ChangedSources): string[] {
    WHERE ${restrictedWhere(`${tuple(sourceKeys(driving))} IN (SELECT ${list(names)} FROM affected)`, plan.where)}`,
     );
   }
+  // The restriction repeats what the occurrence's rows already are: it keeps WHERE from
+  // being evaluated on rows of the other occurrences that join no changed row.
   return changedOccurrences(plan, changed).map(
     (s) => `SELECT ${select}
-    FROM ${fromIn(plan, 'union', changed, s)}${plan.where ? `\n   WHERE ${plan.where}` : ''}`,
+    FROM ${fromIn(plan, 'union', changed, s)}
+   WHERE ${restrictedWhere(`${tuple(sourceKeys(s))} IN (${changedOf(s)})`, plan.where)}`,
   );
 }
 
