@@ -8,6 +8,7 @@ import { freshness } from './freshness.js';
 import { groupBy } from './group-by.js';
 import { groupSize } from './group-size.js';
 import { idle } from './idle.js';
+import { q11 } from './q11.js';
 import { redefine } from './redefine.js';
 import { scaleOut } from './scale-out.js';
 import type { Scenario } from './scenario.js';
@@ -26,6 +27,7 @@ export const SCENARIOS: Scenario[] = [
   groupBy,
   groupSize,
   burst,
+  q11,
   build,
   redefine,
   scaleOut,

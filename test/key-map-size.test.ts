@@ -182,6 +182,36 @@ describe('the key map of a GROUP BY over a join that fans out', () => {
     await live.converged(q11);
   });
 
+  // ADR 0061: a range's statement joins only for the sources its changes are of, and finds
+  // the touched groups over both states at once. Changes to several sources in one
+  // transaction (one range), rows moving between groups and in and out of the join, then
+  // one source alone, then another alone.
+  it('Q11 follows changes to several of its sources in one transaction, and to each alone', async () => {
+    await live.db.sql.begin(async (tx) => {
+      await tx`UPDATE ks_partsupp SET ps_partkey = ps_partkey + 1000 WHERE ps_partkey % 11 = 0`;
+      await tx`UPDATE ks_supplier SET s_nationkey = (s_nationkey + 1) % 5 WHERE s_suppkey % 3 = 0`;
+      await tx`UPDATE ks_nation SET n_name = 'GERMANY' WHERE n_nationkey = 1`;
+      await tx`UPDATE ks_partsupp SET ps_supplycost = ps_supplycost + 1 WHERE ps_suppkey % 4 = 0`;
+      await tx`DELETE FROM ks_partsupp WHERE ps_partkey % 13 = 0`;
+    });
+    await live.converged(q11);
+    await live.db.sql`UPDATE ks_nation SET n_name = 'FRANCE' WHERE n_nationkey = 1`;
+    await live.converged(q11);
+    await live.db.sql`UPDATE ks_supplier SET s_nationkey = 0 WHERE s_suppkey IN (2, 4)`;
+    await live.converged(q11);
+    await live.db.sql`UPDATE ks_partsupp SET ps_availqty = ps_availqty + 7 WHERE ps_partkey = 12`;
+    await live.converged(q11);
+  });
+
+  it('a self-join follows rows swapping groups in one transaction', async () => {
+    await live.db.sql.begin(async (tx) => {
+      await tx`UPDATE ks_item SET cat = CASE cat WHEN 1 THEN 2 WHEN 2 THEN 1 ELSE cat END WHERE id % 4 = 1`;
+      await tx`UPDATE ks_item SET v = v + 3 WHERE cat = 0`;
+      await tx`INSERT INTO ks_item VALUES (2000, 1, 5), (2001, NULL, 6)`;
+    });
+    await live.converged([selfJoin, leftSelfJoin]);
+  });
+
   it('a shadow follows a read column renamed and retyped', async () => {
     await live.db.sql.unsafe(`
       CREATE TABLE ks_tag (id int PRIMARY KEY, grp int NOT NULL, w int NOT NULL);

@@ -1,6 +1,7 @@
 import type { ApplyMode } from './apply-choice.js';
 import type { PlanSource, TransformPlan } from './plan.js';
 import {
+  type ChangedSources,
   shadowAffectedGroupsSql,
   shadowFillSql,
   shadowRederiveSql,
@@ -315,10 +316,12 @@ export function aggregateRederiveSql(
    * large share of the groups (ADR 0029).
    */
   mode: ApplyMode = 'rederive',
+  /** The sources the changes may be of, for a shadow (see ChangedSources); null for all. */
+  changed: ChangedSources = null,
 ): string {
   if (plan.groups.length === 0 || !plan.mapSql) return grandTotalSql(plan, changedSql);
   // A join that fans out keeps its sources' shadow instead (ADR 0051).
-  if (plan.mapKind === 'shadow') return shadowRederiveSql(plan, changedSql, mode);
+  if (plan.mapKind === 'shadow') return shadowRederiveSql(plan, changedSql, mode, changed);
   const mapSql = plan.mapSql;
   const sources = requireSourceIds(plan);
   const driving = sources[0]!;

@@ -56,7 +56,13 @@ async function analyzeIndexedColumns(
                  ELSE array_agg(DISTINCT a.attname::text) END AS columns
        FROM unnest($1::text[]) AS t(tbl)
        LEFT JOIN pg_index i ON i.indrelid = t.tbl::regclass AND NOT i.indisunique
-       LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey::int2[])
+       LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum > 0 AND NOT a.attisdropped
+        AND (a.attnum = ANY (i.indkey::int2[])
+             -- A partial index's predicate column (a shadow's occurrence \`o\`, ADR 0051):
+             -- without its statistics each occurrence is taken for 0.5% of the table
+             -- (words of the predicate: a name it merely contains is analysed too).
+             OR (i.indpred IS NOT NULL
+                 AND a.attname::text = ANY (regexp_split_to_array(pg_get_expr(i.indpred, i.indrelid), '\\W+'))))
       GROUP BY t.tbl
      HAVING $2 OR count(i.indexrelid) > 0`,
     [tables, everyTable],

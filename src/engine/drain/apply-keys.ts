@@ -145,7 +145,14 @@ async function tryRederive(
   await session.query('SAVEPOINT trellis_keys');
   try {
     const counted = { keys: 0, upserted: 0, deleted: 0 };
-    await rederiveCounted(session, rederiveSql(plan, changedFromList()), [keys], counted);
+    // Only the keys' sources (a shadow's statement then joins for those alone).
+    const sources = new Set(keys.map((k) => k.s));
+    await rederiveCounted(
+      session,
+      rederiveSql(plan, changedFromList(), null, 'rederive', sources),
+      [keys],
+      counted,
+    );
     if (keep && tally) {
       tally.keys += counted.keys;
       tally.upserted += counted.upserted;

@@ -569,14 +569,16 @@ export function deltaFillStatements(
 /**
  * Every group recomputed for a range of changes too big for deltas (apply-choice.ts): the
  * key map and group states, emptied by the caller (TRUNCATE, in the same transaction),
- * are filled again from the sources, and the target is merged with what the states give —
- * rows that differ written, groups gone deleted — so readers see it before or after, never
- * half (ADR 0029). Over the `changed` CTE like every re-derivation, which it only counts.
+ * are filled again from the sources by deltaRefillStatements, then this statement merges
+ * the target with what the states give — rows that differ written, groups gone deleted —
+ * so readers see it before or after, never half (ADR 0029). Over the `changed` CTE like
+ * every re-derivation, which it only counts. The fills are statements of their own, as in
+ * a build (ADR 0050, ADR 0061): through data-modifying CTEs every key-map row was kept in
+ * a tuple store (spilled past work_mem) and read again, and every state row too.
  */
 export function deltaRecomputeSql(plan: TransformPlan, changedSql: string): string {
   const d = delta(plan);
   const gcols = groupCols(plan);
-  const states = stateColumns(plan);
   const gone =
     plan.groups.length === 0
       ? `removed AS (
@@ -592,20 +594,8 @@ ${nullSafeDelete('removed', plan.targetSql, plan.key.map(q), 'gone', plan.key.ma
   return `WITH changed AS MATERIALIZED (
   ${changedSql}
 ),
-mapped AS (
-  INSERT INTO ${plan.mapSql} (${list(mapColumns(plan))})
-  ${mapRows(plan, null)}
-  RETURNING ${list([...gcols, 'passes', ...d.inputs.map((_, i) => input(i + 1))])}
-),
-states AS (
-  INSERT INTO ${d.statesSql} (${list(states.map((c) => c.name))})
-  SELECT ${list([...gcols, ...foldRows(plan)])}
-    FROM ${withScaleWindows(plan, '(SELECT * FROM mapped WHERE passes)')} rows
-   ${groupBy(gcols)}
-  RETURNING *
-),
 derived AS MATERIALIZED (
-  ${targetRows(plan, 'states', gcols.length ? 'x.n > 0' : null)}
+  ${targetRows(plan, d.statesSql, gcols.length ? 'x.n > 0' : null)}
 ),
 upserted AS (
   ${upsert(plan, 'derived')}
@@ -615,6 +605,16 @@ ${gone}
 SELECT (SELECT count(*) FROM changed)::int AS keys,
        (SELECT count(*) FROM upserted)::int AS upserted,
        (SELECT count(*) FROM removed)::int AS removed`;
+}
+
+/**
+ * The key map and group states of a transform kept by delta filled again from the
+ * sources (emptied by the caller), before deltaRecomputeSql merges the target: the
+ * build's first two statements (deltaFillStatements), in the same transaction.
+ */
+export function deltaRefillStatements(plan: TransformPlan): [map: string, states: string] {
+  const [map, states] = deltaFillStatements(plan);
+  return [map, states];
 }
 
 /**

@@ -7,10 +7,12 @@ import { type ApplyMode, recordCost } from './apply-choice.js';
 import { applyKeysBisecting, type ChangedKey, newBisection } from './apply-keys.js';
 import { changedFromLedger } from './changed-sql.js';
 import { advanceCursor } from './cursor.js';
+import { deltaRefillStatements } from './delta-sql.js';
 import type { TransformPlan } from './plan.js';
 import type { PlanCache } from './plan-cache.js';
 import { rederiveSql } from './rederive-sql.js';
 import { backoffMs, isRowError } from './row-errors.js';
+import type { ChangedSources } from './shadow-sql.js';
 import { type AppliedWork, appliedWork, emptyTally, rederiveCounted, type Tally } from './tally.js';
 import { enterTransformWork } from './work-settings.js';
 
@@ -160,10 +162,13 @@ export async function applyChanged(
   const tally = emptyTally();
   try {
     if (mode === 'recompute' && plan.delta) {
-      // Refilled whole by the recompute (deltaRecomputeSql); rolled back with it on failure.
+      // Refilled whole (the key map, then the states, as a build does), then the target
+      // merged (deltaRecomputeSql); rolled back with it on failure.
       await session.query(`TRUNCATE ${plan.mapSql}, ${plan.delta.statesSql}`);
+      for (const fill of deltaRefillStatements(plan)) await session.query(fill);
     }
-    await rederiveCounted(session, rederiveSql(plan, changed, '$1', mode), params, tally);
+    const sources = await changedSources(session, plan, changed, params, mode);
+    await rederiveCounted(session, rederiveSql(plan, changed, '$1', mode, sources), params, tally);
     if (mode === 'recompute' && plan.delta) await analyzeRefilled(session, plan);
     await session.query('RELEASE SAVEPOINT trellis_page');
     return { failure: null, tally, paused: false };
@@ -185,6 +190,26 @@ export async function applyChanged(
       return { failure: bisectError, tally: emptyTally(), paused: false };
     }
   }
+}
+
+/**
+ * For a transform whose key map is a shadow, re-deriving by group: the sources the changes
+ * are of (one read of the range's ledger rows), so that its statement joins and plans only
+ * for those (ADR 0061). Null otherwise (every source).
+ */
+async function changedSources(
+  session: Session,
+  plan: TransformPlan,
+  changed: string,
+  params: unknown[],
+  mode: ApplyMode,
+): Promise<ChangedSources> {
+  if (plan.mapKind !== 'shadow' || plan.delta || mode !== 'rederive') return null;
+  const [row] = await session.query<{ ids: number[] | null }>(
+    `SELECT array_agg(DISTINCT c.source_id) AS ids FROM (${changed}) c`,
+    params,
+  );
+  return new Set(row?.ids ?? []);
 }
 
 async function recordPageFailure(

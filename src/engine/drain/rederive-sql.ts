@@ -3,6 +3,7 @@ import type { ApplyMode } from './apply-choice.js';
 import { changedFromList } from './changed-sql.js';
 import { deltaApplySql, deltaRecomputeSql } from './delta-sql.js';
 import type { TransformPlan } from './plan.js';
+import type { ChangedSources } from './shadow-sql.js';
 import {
   col,
   keyMatch,
@@ -128,13 +129,18 @@ export function rederiveSql(
   since: string | null = null,
   /** 'recompute' (a GROUP BY only): every group recomputed and merged; see aggregateRederiveSql. */
   mode: ApplyMode = 'rederive',
+  /**
+   * The sources the changes may be of (a superset), or null for all: a shadow's statement
+   * then plans joins only for those (see ChangedSources in shadow-sql.ts).
+   */
+  changed: ChangedSources = null,
 ): string {
   if (plan.delta) {
     return mode === 'recompute'
       ? deltaRecomputeSql(plan, changedSql)
       : deltaApplySql(plan, changedSql);
   }
-  if (plan.aggregates) return aggregateRederiveSql(plan, changedSql, since, mode);
+  if (plan.aggregates) return aggregateRederiveSql(plan, changedSql, since, mode, changed);
   const driving = plan.sources[0]!;
   const drivingKeys = tuple(driving.keyColumns.map((k) => col(driving.alias, k)));
   const drivingTargetKeys = driving.targetKeyColumns!;

@@ -36,7 +36,29 @@ import {
  * ranges.ts): two statements on one group at once would each miss the other's rows.
  */
 
-type State = 'before' | 'after';
+/**
+ * A source occurrence's rows in a state: 'before' (the shadow as it is), 'after' (the
+ * shadow with the changed keys' rows replaced by the sources' current rows of those keys),
+ * 'union' (the shadow and the current rows of the changed keys: both versions of a changed
+ * row), 'changed' (only the changed keys' rows, both versions).
+ */
+type State = 'before' | 'after' | 'union' | 'changed';
+
+/**
+ * The source ids whose changes a statement reads (a superset of those the `changed` CTE
+ * holds), or null for every source of the transform: an occurrence of a source not among
+ * them is read as the shadow has it in every state, and has no branch of its own.
+ */
+export type ChangedSources = ReadonlySet<number> | null;
+
+function isChanged(source: PlanSource, changed: ChangedSources): boolean {
+  return changed === null || changed.has(source.sourceId!);
+}
+
+/** The occurrences (with a source id) whose source may have changed keys. */
+function changedOccurrences(plan: TransformPlan, changed: ChangedSources): PlanSource[] {
+  return requireSourceIds(plan).filter((s) => isChanged(s, changed));
+}
 
 function shadowOf(plan: TransformPlan, source: PlanSource): ShadowSource {
   const shadow = plan.shadow?.find((x) => x.ordinal === source.ordinal);
@@ -60,25 +82,46 @@ function changedOf(source: PlanSource): string {
 }
 
 /** A source occurrence in a state, as a relation with its columns' names. */
-function relation(plan: TransformPlan, source: PlanSource, state: State): string {
+function relation(
+  plan: TransformPlan,
+  source: PlanSource,
+  state: State,
+  changed: ChangedSources = null,
+): string {
   const shadow = shadowOf(plan, source);
   const m = own('m');
   const before = `SELECT ${list(shadow.columns.map((c) => `${m}.${q(c.col)} AS ${q(c.name)}`))}
          FROM ${plan.mapSql} ${m} WHERE ${m}.o = ${source.ordinal}`;
-  if (state === 'before') return `(${before})`;
+  if (state === 'before' || (state !== 'changed' && !isChanged(source, changed))) {
+    return `(${before})`;
+  }
   const s = own('s');
-  return `(${before}
-          AND ${tuple(shadowKeys(plan, source, m))} NOT IN (${changedOf(source)})
+  const current = `SELECT ${list(shadow.columns.map((c) => `${s}.${q(c.name)}`))} FROM ${source.table} ${s}
+         WHERE ${tuple(source.keyColumns.map((k) => `${s}.${q(k)}`))} IN (${changedOf(source)})`;
+  const kept =
+    state === 'after'
+      ? `\n          AND ${tuple(shadowKeys(plan, source, m))} NOT IN (${changedOf(source)})`
+      : state === 'changed'
+        ? `\n          AND ${tuple(shadowKeys(plan, source, m))} IN (${changedOf(source)})`
+        : '';
+  return `(${before}${kept}
         UNION ALL
-        SELECT ${list(shadow.columns.map((c) => `${s}.${q(c.name)}`))} FROM ${source.table} ${s}
-         WHERE ${tuple(source.keyColumns.map((k) => `${s}.${q(k)}`))} IN (${changedOf(source)}))`;
+        ${current})`;
 }
 
-/** The definition's FROM over the sources in a state (the same aliases and conditions). */
-function fromIn(plan: TransformPlan, state: State): string {
+/**
+ * The definition's FROM over the sources in a state (the same aliases and conditions);
+ * `only`, if given, the one occurrence read in state 'changed'.
+ */
+function fromIn(
+  plan: TransformPlan,
+  state: State,
+  changed: ChangedSources = null,
+  only: PlanSource | null = null,
+): string {
   return plan.sources
     .map((s, i) => {
-      const rel = `${relation(plan, s, state)} AS ${q(s.alias)}`;
+      const rel = `${relation(plan, s, s === only ? 'changed' : state, changed)} AS ${q(s.alias)}`;
       if (i === 0) return rel;
       return `\n    ${s.joinType === 'left' ? 'LEFT JOIN' : 'JOIN'} ${rel} ON (${s.joinCondition})`;
     })
@@ -102,43 +145,59 @@ const hasLeftJoin = (plan: TransformPlan) => plan.sources.some((s) => s.joinType
  * none of the rows whose coming or going made it: its FROM row is found through the join
  * row that did hold one, in the other state.
  */
-function affectedCte(plan: TransformPlan): string {
+function affectedCte(plan: TransformPlan, changed: ChangedSources): string {
   const driving = plan.sources[0]!;
   const names = driving.keyColumns.map((_, i) => `k${i + 1}`);
   const branches = (['before', 'after'] as State[]).flatMap((state) =>
-    requireSourceIds(plan).map(
+    changedOccurrences(plan, changed).map(
       (s) => `SELECT ${list(sourceKeys(driving).map((k, i) => `${k} AS ${names[i]}`))}
-    FROM ${fromIn(plan, state)}
+    FROM ${fromIn(plan, state, changed)}
    WHERE ${tuple(sourceKeys(s))} IN (${changedOf(s)})`,
     ),
   );
+  const none = `SELECT ${list(driving.keyColumns.map((_, i) => `NULL::${driving.keyTypes[i]} AS ${names[i]}`))} WHERE false`;
   return `affected AS MATERIALIZED (
-  ${branches.join('\n  UNION\n  ')}
+  ${branches.length ? branches.join('\n  UNION\n  ') : none}
 ),`;
 }
 
 /**
- * The groups (columns `groupColumns`) the changes touch in a state: those of the join
- * rows, passing WHERE, that hold a changed row (with a LEFT JOIN, every join row of an
- * affected FROM row).
+ * The groups (columns `groupColumns`) the changes touch: those of the join rows, passing
+ * WHERE, that hold a changed row in the state before or after (with a LEFT JOIN, every
+ * join row of an affected FROM row, in both states). Over inner joins, one branch per
+ * changed occurrence: that occurrence read as both versions of its changed rows, every
+ * other as the union of both states. Each join row of either state is one of those (its
+ * rows are in the union, and its WHERE sees the same values), so no group is missed; a
+ * join row mixing the states only adds a group, recomputed for nothing. Half the joins of
+ * one per occurrence and state, and a source without changes has no branch.
  */
-function touched(plan: TransformPlan, state: State): string[] {
+function touched(plan: TransformPlan, changed: ChangedSources): string[] {
   const named = groupColumns(plan);
   const select = list(plan.groups.map((g, i) => `(${g.expression}) AS ${named[i]}`));
   if (hasLeftJoin(plan)) {
     const driving = plan.sources[0]!;
     const names = driving.keyColumns.map((_, i) => `k${i + 1}`);
-    return [
-      `SELECT ${select}
-    FROM ${fromIn(plan, state)}
+    return (['before', 'after'] as State[]).map(
+      (state) => `SELECT ${select}
+    FROM ${fromIn(plan, state, changed)}
    WHERE ${restrictedWhere(`${tuple(sourceKeys(driving))} IN (SELECT ${list(names)} FROM affected)`, plan.where)}`,
-    ];
+    );
   }
-  return requireSourceIds(plan).map(
+  // The restriction repeats what the occurrence's rows already are: it keeps WHERE from
+  // being evaluated on rows of the other occurrences that join no changed row.
+  return changedOccurrences(plan, changed).map(
     (s) => `SELECT ${select}
-    FROM ${fromIn(plan, state)}
+    FROM ${fromIn(plan, 'union', changed, s)}
    WHERE ${restrictedWhere(`${tuple(sourceKeys(s))} IN (${changedOf(s)})`, plan.where)}`,
   );
+}
+
+/** The body of the `groups` CTE: the touched groups (none when no source changed). */
+function touchedGroups(plan: TransformPlan, changed: ChangedSources): string {
+  const branches = touched(plan, changed);
+  if (branches.length) return branches.join('\n  UNION\n  ');
+  const named = groupColumns(plan);
+  return `SELECT ${list(plan.groups.map((g, i) => `NULL::${g.type} AS ${named[i]}`))} WHERE false`;
 }
 
 /**
@@ -171,9 +230,12 @@ function recomputed(plan: TransformPlan, from: string): string {
    GROUP BY ${list(plan.groupBy)}`;
 }
 
-/** CTEs writing the changed rows' current state into the shadow (one pair per occurrence). */
-function shadowReplaced(plan: TransformPlan): string {
-  return requireSourceIds(plan)
+/**
+ * CTEs writing the changed rows' current state into the shadow (one pair per occurrence
+ * whose source may have changed).
+ */
+function shadowReplaced(plan: TransformPlan, changed: ChangedSources): string {
+  return changedOccurrences(plan, changed)
     .map((source) => {
       const shadow = shadowOf(plan, source);
       const s = own('s');
@@ -245,6 +307,8 @@ export function shadowRederiveSql(
   plan: TransformPlan,
   changedSql: string,
   mode: ApplyMode = 'rederive',
+  /** The sources the changes may be of (a superset), or null for all: see ChangedSources. */
+  changed: ChangedSources = null,
 ): string {
   const named = groupColumns(plan);
   if (mode === 'recompute') {
@@ -271,23 +335,27 @@ SELECT (SELECT count(*) FROM changed)::int AS keys,
        (SELECT count(*) FROM shadow_cleared)::int AS map_removed,
        (${shadowFilledCount(plan)})::int AS map_added`;
   }
-  const replaced = requireSourceIds(plan);
+  const replaced = changedOccurrences(plan, changed);
+  const count = (cte: string) =>
+    replaced.length
+      ? replaced.map((s) => `(SELECT count(*) FROM ${cte}_${s.ordinal})`).join(' + ')
+      : '0';
   return `WITH changed AS MATERIALIZED (
   ${changedSql}
-),${hasLeftJoin(plan) ? `\n${affectedCte(plan)}` : ''}
+),${hasLeftJoin(plan) ? `\n${affectedCte(plan, changed)}` : ''}
 groups AS MATERIALIZED (
-  ${[...touched(plan, 'before'), ...touched(plan, 'after')].join('\n  UNION\n  ')}
+  ${touchedGroups(plan, changed)}
 ),
 aggregated AS MATERIALIZED (
-  ${recomputed(plan, fromIn(plan, 'after'))}
+  ${recomputed(plan, fromIn(plan, 'after', changed))}
 ),
-${derivedCte(plan)}${shadowReplaced(plan)}
+${derivedCte(plan)}${shadowReplaced(plan, changed)}
 ${written(plan)}
 SELECT (SELECT count(*) FROM (SELECT DISTINCT source_id, key FROM changed) c)::int AS keys,
        (SELECT count(*) FROM upserted)::int AS upserted,
        (SELECT count(*) FROM removed)::int AS removed,
-       (${replaced.map((s) => `(SELECT count(*) FROM shadow_removed_${s.ordinal})`).join(' + ')})::int AS map_removed,
-       (${replaced.map((s) => `(SELECT count(*) FROM shadow_added_${s.ordinal})`).join(' + ')})::int AS map_added`;
+       (${count('shadow_removed')})::int AS map_removed,
+       (${count('shadow_added')})::int AS map_added`;
 }
 
 /**
@@ -304,9 +372,9 @@ export function shadowAffectedGroupsSql(
   const where = filter(named);
   return `WITH changed AS MATERIALIZED (
   ${changedSql}
-),${hasLeftJoin(plan) ? `\n${affectedCte(plan)}` : ''}
+),${hasLeftJoin(plan) ? `\n${affectedCte(plan, null)}` : ''}
 groups AS MATERIALIZED (
-  ${[...touched(plan, 'before'), ...touched(plan, 'after')].join('\n  UNION\n  ')}
+  ${touchedGroups(plan, null)}
 )
 SELECT DISTINCT ARRAY[${list(named.map((c) => `${c}::text COLLATE "C"`))}]::text[] AS k
   FROM groups${where ? `\n WHERE ${where}` : ''}`;
