@@ -21,6 +21,16 @@ import { enterTransformWork } from './work-settings.js';
 /** Driving rows per chunk: a transaction each. Small enough that loops share a build evenly. */
 export const CHUNK_ROWS = 50_000;
 
+/**
+ * A build of at most this many driving rows (its table's row estimate) is filled in one
+ * statement, in the transaction that starts it and also puts its key back and moves it on
+ * (ADR 0060): no chunks, no claims, no commit per chunk, no second step to wait for. The
+ * custom setting `trellis.one_statement_build_rows` (a database's or role's, read by the
+ * drain's sessions) replaces it; 0 fills every build by chunks.
+ */
+export const ONE_STATEMENT_ROWS = 1_000_000;
+const ONE_STATEMENT_SETTING = 'trellis.one_statement_build_rows';
+
 interface PlannedChunk {
   lo: string[] | null;
   hi: string[] | null;
@@ -100,6 +110,62 @@ async function boundsFromStatistics(
   const ends = histogram.filter((_, i) => (i + 1) % step === 0);
   const total = Math.round(rows);
   return { chunks: fromEnds(ends, Math.round(step * perBound), total), total };
+}
+
+/**
+ * The driving rows of a build about to start, when it is to be filled in one statement
+ * (ONE_STATEMENT_ROWS); null when it is to be filled by chunks. The count is the table's
+ * row estimate, or exact when the table has none (never analysed: a pass over it, as the
+ * chunk planner's would be).
+ */
+export async function oneStatementRows(
+  session: Session,
+  plan: TransformPlan,
+): Promise<number | null> {
+  const driving = plan.sources[0]!;
+  const [row] = await session.query<{ limit: string | null; rows: number }>(
+    `SELECT current_setting($2, true) AS limit, c.reltuples::float8 AS rows
+       FROM pg_class c WHERE c.oid = $1::regclass`,
+    [driving.table, ONE_STATEMENT_SETTING],
+  );
+  const set = Number(row?.limit ?? '');
+  const limit =
+    row?.limit != null && row.limit !== '' && Number.isFinite(set) ? set : ONE_STATEMENT_ROWS;
+  if (limit <= 0 || !row) return null;
+  let rows = row.rows;
+  if (rows < 0) {
+    const [counted] = await session.query<{ n: string }>(
+      `SELECT count(*) AS n FROM ${driving.table}`,
+    );
+    rows = Number(counted?.n ?? 0);
+  }
+  return rows <= limit ? Math.round(rows) : null;
+}
+
+/**
+ * Fills a whole build in one statement (the chunk fill without bounds), under a savepoint.
+ * Returns false when it failed on a row: the build is then filled by chunks, which hold
+ * the failing rows and fill the rest. Any other failure is thrown.
+ */
+export async function fillInOneStatement(
+  session: Session,
+  plan: TransformPlan,
+  log: Logger,
+): Promise<boolean> {
+  await session.query('SAVEPOINT trellis_one_statement');
+  try {
+    await session.query(backfillChunkSql(plan), [null, null]);
+    await session.query('RELEASE SAVEPOINT trellis_one_statement');
+    return true;
+  } catch (error) {
+    await session.query('ROLLBACK TO SAVEPOINT trellis_one_statement');
+    if (!isRowError(error)) throw error;
+    log.warn(
+      { target: plan.target },
+      'the build failed on a row in one statement: it is filled by chunks instead',
+    );
+    return false;
+  }
 }
 
 interface ChunkClaim {
