@@ -176,6 +176,7 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
         // Small enough: filled whole in this step, which then finishes the build (ADR 0060).
         const rows = await oneStatementRows(session, plan);
         if (rows !== null && (await fillInOneStatement(session, plan, log))) {
+          log.debug({ target: plan.target, rows }, 'a build filled in one statement');
           total = rows;
           done = true;
         } else {

@@ -119,15 +119,21 @@ async function boundsFromStatistics(
  * The driving rows of a build about to start, when it is to be filled in one statement
  * (ONE_STATEMENT_ROWS); null when it is to be filled by chunks. The count is the table's
  * row estimate, or exact when the table has none (never analysed: a pass over it, as the
- * chunk planner's would be).
+ * chunk planner's would be). A partitioned driving table has no size of its own: counted.
  */
 export async function oneStatementRows(
   session: Session,
   plan: TransformPlan,
 ): Promise<number | null> {
   const driving = plan.sources[0]!;
-  const [row] = await session.query<{ limit: string | null; rows: number }>(
-    `SELECT current_setting($2, true) AS limit, c.reltuples::float8 AS rows
+  // The row estimate scaled to the table's size now, as the planner does: statistics from
+  // when the table was a tenth of its size do not make it small.
+  const [row] = await session.query<{ limit: string | null; rows: number | null }>(
+    `SELECT current_setting($2, true) AS limit,
+            CASE WHEN c.reltuples > 0 AND c.relpages > 0
+                 THEN c.reltuples / c.relpages
+                      * (pg_relation_size(c.oid) / current_setting('block_size')::float8)
+                 WHEN c.reltuples > 0 THEN c.reltuples END AS rows
        FROM pg_class c WHERE c.oid = $1::regclass`,
     [driving.table, ONE_STATEMENT_SETTING],
   );
@@ -136,9 +142,12 @@ export async function oneStatementRows(
     row?.limit != null && row.limit !== '' && Number.isFinite(set) ? set : ONE_STATEMENT_ROWS;
   if (limit <= 0 || !row) return null;
   let rows = row.rows;
-  if (rows < 0) {
+  if (rows === null) {
+    // No estimate (never analysed, or a partitioned table's parent): counted, up to one
+    // past the limit (a big table is not read whole for this).
     const [counted] = await session.query<{ n: string }>(
-      `SELECT count(*) AS n FROM ${driving.table}`,
+      `SELECT count(*) AS n FROM (SELECT FROM ${driving.table} LIMIT $1::bigint + 1) r`,
+      [limit],
     );
     rows = Number(counted?.n ?? 0);
   }
