@@ -48,13 +48,14 @@ describe('builds filled in one statement', { timeout: 120_000 }, () => {
     await db.sql`UPDATE accounts SET status = 'closed' WHERE id % 101 = 0`;
     await db.sql`DELETE FROM accounts WHERE id % 103 = 0`;
     await db.sql`INSERT INTO accounts (id, owner, balance, status, branch_id)
-                 SELECT g, 'late ' || g, g, 'active', 1 FROM generate_series(${ROWS + 1}, ${ROWS + 50}) g`;
+                 SELECT g, 'late ' || g, g, 'active', 1 FROM generate_series(${ROWS + 1}::int, ${ROWS + 50}::int) g`;
     await waitForStatus(trellis, PROJECTION.target, 'live', 90_000);
     expect(lines).toContain('a build filled in one statement');
     expect(lines).not.toContain('a build chunk filled');
     const status = await trellis.status(PROJECTION.target);
-    // Never analysed: the driving rows were counted, and the progress ends at them.
-    expect(status.backfill?.keysTotal).toBeGreaterThanOrEqual(ROWS);
+    // Never analysed: the driving rows were counted (when the build started, the writes
+    // above maybe among them), and the progress ends at them.
+    expect(status.backfill?.keysTotal).toBeGreaterThan(ROWS - 1_000);
     expect(status.backfill?.keysDone).toBe(status.backfill?.keysTotal);
     await trellis.awaitConverged(PROJECTION.target, await trellis.watermarkToken(), {
       timeoutMs: 30_000,
