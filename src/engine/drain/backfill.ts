@@ -10,7 +10,9 @@ import {
   ChunkFailure,
   deleteChunk,
   fillChunk,
+  fillInOneStatement,
   nextRepairChunk,
+  oneStatementRows,
   planChunks,
   shrinkChunk,
 } from './build-chunks.js';
@@ -99,8 +101,10 @@ export async function backfillChunk(
 /**
  * A build step that holds the build's pipeline row, recording progress with it in the
  * same transaction (so a crash repeats at most the step). Stages:
- * - 'rows' (projections, filters, joins): plans the chunks, in key order of the FROM
- *   (driving) table, that any drain loop then fills ('chunks', see build-chunks.ts);
+ * - 'rows' (projections, filters, joins): a driving table of at most ONE_STATEMENT_ROWS
+ *   is filled in one statement and the build finished in this same step (ADR 0060);
+ *   otherwise (or when that statement fails on a row) plans the chunks, in key order of
+ *   the FROM (driving) table, that any drain loop then fills ('chunks', build-chunks.ts);
  * - 'chunks', once no chunk is left to fill: re-derives, one per step, the chunks whose
  *   fill failed on a row (through the drain's bisecting path, so the failing rows are
  *   held), then puts the target's key back and moves on;
@@ -169,8 +173,16 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
       let stopped = false;
       let total: number | null = null;
       if (stage === 'rows') {
-        total = await planChunks(session, schema, plan);
-        next = 'chunks';
+        // Small enough: filled whole in this step, which then finishes the build (ADR 0060).
+        const rows = await oneStatementRows(session, plan);
+        if (rows !== null && (await fillInOneStatement(session, plan, log))) {
+          log.debug({ target: plan.target, rows }, 'a build filled in one statement');
+          total = rows;
+          done = true;
+        } else {
+          total = await planChunks(session, schema, plan);
+          next = 'chunks';
+        }
       } else if (stage === 'chunks') {
         const repair = await nextRepairChunk(session, schema, plan.id);
         if (repair) {
@@ -242,8 +254,9 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
         `UPDATE ${s}.pipeline
             SET backfill_position = $2, rebuild = false, backfill_stage = $4,
                 backfill_total = coalesce($6::bigint, greatest(backfill_total, backfill_done + $3)),
-                backfill_done = CASE WHEN $6::bigint IS NOT NULL THEN 0
-                                     WHEN $5 AND $7 = 'chunks' THEN backfill_total
+                backfill_done = CASE WHEN $5 AND $7 IN ('rows', 'chunks')
+                                     THEN coalesce($6::bigint, backfill_total)
+                                     WHEN $6::bigint IS NOT NULL THEN 0
                                      ELSE backfill_done + $3 END,
                 phase = CASE WHEN $5 THEN 'catching_up' ELSE phase END,
                 build_attempts = 0, build_error = NULL, build_next_at = NULL, updated_at = now()
