@@ -203,7 +203,12 @@ export class StagingWorker {
     let reconcile = wake === 'capture' || now >= this.nextReconcile;
     reconcile ||= now >= this.capture.nextRetryAt();
     let backfills = false;
-    if (wake === 'tick') {
+    // A pass that found other work already due (it did not wait for work, so nothing told
+    // it whether a tick is due) checks for one too: passes longer than the interval they
+    // set themselves (reconciling while a build waits, under load) were each due at once,
+    // and no tick was ever taken, so a build waiting for its first tick never started
+    // (issue #24, ADR 0063). The tick's statement inserts nothing when none is needed.
+    if (wake === 'tick' || wake === 'due') {
       const check = now >= this.nextCaptureCheck;
       const ticked = await tick(session, this.schema, check);
       this.ticking = ticked.seq !== null;
@@ -256,8 +261,10 @@ export class StagingWorker {
       const [left] = await session.query<{ pending: boolean }>(
         `SELECT ${quoteIdent(this.schema)}._capture_pending() AS pending`,
       );
+      // From the pass's end, not its start: a pass longer than the interval leaves time to
+      // wait for work (and take ticks) before the next one.
       this.nextReconcile =
-        now +
+        Date.now() +
         (left?.pending || this.redefining
           ? this.timings.pendingReconcileMs
           : this.timings.reconcileMs);
