@@ -17,7 +17,8 @@ import {
 // playwright-core), mounted in the shop example as a person would use it: transforms going
 // from backfilling to live, a pause and a resume through the page where the app's
 // authorize allows them, no actions where it does not, names from the database shown as
-// text. It saves a screenshot (test-output/operations-page.png), which the README's is.
+// text. It saves a screenshot (test-output/operations-page.png); README's is the shop under
+// load, taken by scripts/screenshot-operations.mjs.
 
 const OUTPUT = resolve(import.meta.dirname, '../test-output');
 /** A target and a column named to break out of HTML if anything rendered them as HTML. */
@@ -310,7 +311,7 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
       30_000,
     ).toBe('consistent');
 
-    // The screenshot the README shows: a paused transform, held keys, an index gap, a check.
+    // A screenshot of the page's states: a paused transform, held keys, an index gap, a check.
     await screenshot(admin, 'operations-page.png');
     const dark = await openPage(withActions.baseUrl, 'dark');
     await card(dark, 'open_orders').waitFor();
