@@ -238,12 +238,25 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
   });
 
   it("draws each transform's lag and changed keys over the last hour from the engine's samples", async () => {
-    // The staging worker samples every 10 s: three samples of product_sales.
+    // The staging worker samples every 10 s what changed since (ADR 0063): a writer keeps
+    // product_sales changing until it has three samples.
     const lag = card(viewer, 'product_sales').locator('svg[data-chart=lag]');
-    await eventually(
-      async () => Number(await lag.getAttribute('data-points')),
-      60_000,
-    ).toBeGreaterThanOrEqual(3);
+    let writing = true;
+    const writer = (async () => {
+      for (let id = 1; writing; id += 1) {
+        await db.sql`UPDATE order_lines SET quantity = quantity + 1 WHERE id = ${id}`;
+        await new Promise((resolve) => setTimeout(resolve, 500)); // pacing of the writer
+      }
+    })();
+    try {
+      await eventually(
+        async () => Number(await lag.getAttribute('data-points')),
+        60_000,
+      ).toBeGreaterThanOrEqual(3);
+    } finally {
+      writing = false;
+      await writer;
+    }
     // Read at once: the page redraws every second, and reads the samples every 10 s.
     const read: ChartRead = await lag.evaluate((el) => ({
       points: Number(el.getAttribute('data-points')),
