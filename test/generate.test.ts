@@ -2,6 +2,7 @@ import { execFile } from 'node:child_process';
 import { cp, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
+import { drizzle } from 'drizzle-orm/postgres-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { writeCustomMigration } from '../src/cli/generate/migration-folder.js';
 import { redefinition } from '../src/cli/generate/transform-diff.js';
@@ -316,6 +317,84 @@ describe('trellis generate', () => {
       code: 0,
       out: 'No transform changes: nothing written\n',
     });
+  });
+
+  it("--from follows the drizzle config's casing (or --casing), as drizzle-kit names the tables", {
+    timeout: 240_000,
+  }, async () => {
+    // Columns declared without a name, and casing: 'snake_case' in drizzle.config.ts:
+    // drizzle-kit makes placed_by; the transform, which names no casing, must read it and
+    // name its own column the same way.
+    const dir = await mkdtemp(join(tmpdir(), 'trellis-generate-'));
+    dirs.push(dir);
+    await symlink(join(repo, 'node_modules'), join(dir, 'node_modules'));
+    await writeFile(
+      join(dir, 'schema.ts'),
+      `import { integer, numeric, pgTable } from 'drizzle-orm/pg-core';
+export const sales = pgTable('sales', { id: integer().primaryKey(), placedBy: integer().notNull(), amount: numeric().notNull() });
+`,
+    );
+    await writeFile(
+      join(dir, 'drizzle.config.ts'),
+      CONFIG.replace("out: './migrations',", "out: './migrations',\n  casing: 'snake_case',"),
+    );
+    await writeFile(
+      join(dir, 'transforms.ts'),
+      `import { sql } from 'drizzle-orm';
+import { transform } from ${JSON.stringify(BUILDER)};
+import { sales } from './schema.ts';
+export const bySeller = transform('sales_by_seller', (t) =>
+  t.from(sales)
+    .select({ placedBy: sales.placedBy, totalAmount: sql<string>\`sum(\${sales.amount})\` })
+    .groupBy(sales.placedBy),
+);
+`,
+    );
+    const own = await freshDatabase();
+    const env = { DATABASE_URL: own.url };
+    const kit = (args: string[]) => exec(dir, [drizzleKit, ...args], env);
+    const generate = (...args: string[]) =>
+      trellis(dir, ['generate', 'transform', '--from', 'transforms.ts', ...args], env);
+    expect((await trellis(dir, ['generate', 'install'])).code).toBe(0);
+    expect((await kit(['generate', '--name', 'tables'])).code).toBe(0);
+    const written = await generate();
+    expect(written).toMatchObject({ code: 0, err: '' });
+    const statement =
+      'TRANSFORM "sales_by_seller"\nFROM "sales"\nSELECT "sales"."placed_by" AS "placed_by", sum("sales"."amount") AS "total_amount"\nGROUP BY "sales"."placed_by"';
+    const snapshot = JSON.parse(
+      await readFile(join(dir, 'migrations', 'meta', '_trellis_snapshot.json'), 'utf8'),
+    );
+    expect(snapshot.transforms.sales_by_seller.statement).toBe(statement);
+    // drizzle-kit migrate applies it: the target has the config's column names.
+    expect((await kit(['migrate'])).code).toBe(0);
+    const columns = await own.sql`
+      SELECT column_name FROM information_schema.columns
+       WHERE table_schema = 'public' AND table_name = 'sales_by_seller' ORDER BY ordinal_position`;
+    expect(columns.map((c) => c.column_name)).toEqual(['placed_by', 'total_amount']);
+    // --casing names it on the command line, over the config's.
+    expect((await generate('--check', '--casing', 'snake_case')).code).toBe(0);
+    expect((await generate('--check', '--casing', 'camelCase')).code).toBe(1);
+    expect(await generate('--check', '--casing', 'kebab')).toMatchObject({
+      code: 2,
+      err: 'trellis: --casing is snake_case or camelCase, not kebab (validation)\n',
+    });
+    // And the app reads the target through a drizzle() made with the same casing: its
+    // columns, declared without a name, are named by it (no casing: by their keys).
+    const { bySeller } = (await import(join(dir, 'transforms.ts'))) as { bySeller: unknown };
+    const snake = drizzle.mock({ casing: 'snake_case' });
+    expect(
+      snake
+        .select()
+        .from(bySeller as never)
+        .toSQL().sql,
+    ).toBe('select "placed_by", "total_amount" from "sales_by_seller"');
+    expect(
+      drizzle
+        .mock()
+        .select()
+        .from(bySeller as never)
+        .toSQL().sql,
+    ).toBe('select "placedBy", "totalAmount" from "sales_by_seller"');
   });
 
   it('checks statements first, then writes migrations drizzle-kit migrate applies', {

@@ -1,18 +1,32 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Trellis } from '../src/engine/index.js';
 import { freshDatabase, sqlClient, type TestDatabase } from './support/database.js';
+import { type LoggedLine, recordingLogger } from './support/logging.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
 import { migratedTrellis, waitFor } from './support/trellis.js';
 
 // I8, idle half: live transforms with nothing written cost next to nothing. No tick is
 // taken (there is nothing to seal), so no cursor moves and no drain transaction runs; the
 // workers wait for work inside one statement each, for seconds at a time. And a write
-// after a long idle stretch still flows through.
+// after a long idle stretch still flows through. Nor is a sample of any transform written
+// (the operations page's charts, ADR 0063): only a change brings one.
 
 const TABLES = 30;
 
 let db: TestDatabase;
 let worker: Trellis;
+/** Every line the worker's handle logged (debug included): its sample passes are counted. */
+const lines: LoggedLine[] = [];
+
+/** Waits for `n` more sample passes of the staging worker (one each 10 s); what each wrote. */
+async function samplePasses(n: number): Promise<number[]> {
+  const from = lines.length;
+  const passes = () => lines.slice(from).filter((l) => l.msg === 'samples taken');
+  await waitFor(async () => passes().length >= n, `${n} sample passes`, 20_000 + n * 10_000);
+  return passes()
+    .slice(0, n)
+    .map((l) => l.obj.written as number);
+}
 
 const projection = (n: number): Definition => ({
   target: `idle_v${n}`,
@@ -71,7 +85,11 @@ beforeAll(async () => {
       INSERT INTO idle_s${n} SELECT g, g, g % 7 FROM generate_series(1, 50) g;`);
   }
   await db.sql.unsafe('CREATE INDEX ON idle_s1 (grp)');
-  worker = await migratedTrellis(db, { staging: true, drainThreads: 2 });
+  worker = await migratedTrellis(db, {
+    staging: true,
+    drainThreads: 2,
+    logger: recordingLogger(lines),
+  });
   for (const d of definitions) await worker.define(transformStatement(d));
   const token = await worker.watermarkToken();
   for (const d of definitions) {
@@ -129,8 +147,28 @@ describe('an idle instance', () => {
     expect(perSecond).toBeLessThan(10);
   });
 
+  it('writes no sample while nothing changes', { timeout: 90_000 }, async () => {
+    // A pass after everything settled (the first test's time): each transform's latest
+    // state is sampled by then.
+    await samplePasses(1);
+    const samples = async () =>
+      (
+        await db.sql<{ n: number; latest: string }[]>`
+          SELECT count(*)::int AS n, max(at)::text AS latest FROM trellis.samples`
+      )[0];
+    const before = await samples();
+    expect(before!.n).toBeGreaterThanOrEqual(definitions.length);
+    // Two more passes, nothing written: the catalog's samples are as they were.
+    expect(await samplePasses(2)).toEqual([0, 0]);
+    expect(await samples()).toEqual(before);
+  });
+
   it('still converges a write that comes after a long idle stretch', async () => {
     const before = await snapshot();
+    const [latest] = await db.sql<{ keys: string }[]>`
+      SELECT max(s.keys)::text AS keys FROM trellis.samples s
+        JOIN trellis.transforms t ON t.id = s.transform_id WHERE t.target_name = 'idle_v7'`;
+    const sampledKeys = Number(latest!.keys);
     await db.sql.unsafe(`
       INSERT INTO idle_s1 VALUES (1000, 1000, 3);
       UPDATE idle_s7 SET a = a + 1 WHERE id <= 10;
@@ -143,5 +181,16 @@ describe('an idle instance', () => {
     const after = await snapshot();
     expect(after.tick).not.toBe(before.tick);
     for (const d of definitions) expect((await worker.status(d.target)).status).toBe('live');
+    // The change is sampled: a sample of idle_v7 with more changed keys than its latest
+    // before the write.
+    const keys = async () =>
+      Number(
+        (
+          await db.sql<{ keys: string }[]>`
+            SELECT max(s.keys)::text AS keys FROM trellis.samples s
+              JOIN trellis.transforms t ON t.id = s.transform_id WHERE t.target_name = 'idle_v7'`
+        )[0]!.keys,
+      );
+    await waitFor(async () => (await keys()) >= sampledKeys + 10, 'a sample of the write', 30_000);
   });
 });

@@ -17,7 +17,8 @@ import {
 // playwright-core), mounted in the shop example as a person would use it: transforms going
 // from backfilling to live, a pause and a resume through the page where the app's
 // authorize allows them, no actions where it does not, names from the database shown as
-// text. It saves a screenshot (test-output/operations-page.png), which the README's is.
+// text. It saves a screenshot (test-output/operations-page.png); README's is the shop under
+// load, taken by scripts/screenshot-operations.mjs.
 
 const OUTPUT = resolve(import.meta.dirname, '../test-output');
 /** A target and a column named to break out of HTML if anything rendered them as HTML. */
@@ -237,12 +238,25 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
   });
 
   it("draws each transform's lag and changed keys over the last hour from the engine's samples", async () => {
-    // The staging worker samples every 10 s: three samples of product_sales.
+    // The staging worker samples every 10 s what changed since (ADR 0063): a writer keeps
+    // product_sales changing until it has three samples.
     const lag = card(viewer, 'product_sales').locator('svg[data-chart=lag]');
-    await eventually(
-      async () => Number(await lag.getAttribute('data-points')),
-      60_000,
-    ).toBeGreaterThanOrEqual(3);
+    let writing = true;
+    const writer = (async () => {
+      for (let id = 1; writing; id += 1) {
+        await db.sql`UPDATE order_lines SET quantity = quantity + 1 WHERE id = ${id}`;
+        await new Promise((resolve) => setTimeout(resolve, 500)); // pacing of the writer
+      }
+    })();
+    try {
+      await eventually(
+        async () => Number(await lag.getAttribute('data-points')),
+        60_000,
+      ).toBeGreaterThanOrEqual(3);
+    } finally {
+      writing = false;
+      await writer;
+    }
     // Read at once: the page redraws every second, and reads the samples every 10 s.
     const read: ChartRead = await lag.evaluate((el) => ({
       points: Number(el.getAttribute('data-points')),
@@ -310,7 +324,7 @@ describe.skipIf(!executablePath)('the operations page, in Chromium', () => {
       30_000,
     ).toBe('consistent');
 
-    // The screenshot the README shows: a paused transform, held keys, an index gap, a check.
+    // A screenshot of the page's states: a paused transform, held keys, an index gap, a check.
     await screenshot(admin, 'operations-page.png');
     const dark = await openPage(withActions.baseUrl, 'dark');
     await card(dark, 'open_orders').waitFor();

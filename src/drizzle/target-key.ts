@@ -14,6 +14,13 @@ export interface TransformDefinition {
   statement: string;
   /** Targets of other transforms this one reads (a chain): they must be defined first. */
   reads: string[];
+  /**
+   * Present when `transform()` was given no `casing`: the definition as that casing names
+   * its columns (source columns declared without a name, and the target's), which
+   * `trellis generate transform --from` uses with the casing of the app's drizzle config
+   * (drizzle-kit names those tables' columns by it).
+   */
+  withCasing?: (casing: 'snake_case' | 'camelCase') => TransformDefinition;
 }
 
 /** The definition a target carries, or undefined for anything else. */

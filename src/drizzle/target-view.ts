@@ -102,15 +102,26 @@ export function targetColumn(
   };
 }
 
-/** The drizzle object for the target: `pgView(name, columns).existing()`. */
-export function targetView(name: string, columns: TargetColumnSpec[], schema: string | undefined) {
+/**
+ * The drizzle object for the target: `pgView(name, columns).existing()`. With `named`
+ * false (the transform named no casing), its columns are declared without a name, as an
+ * app's own unnamed columns are: the `drizzle()` database's casing names them when it
+ * queries, as drizzle-kit's casing named them when `trellis generate transform --from`
+ * followed the drizzle config (with no casing anywhere, a column is named by its key).
+ */
+export function targetView(
+  name: string,
+  columns: TargetColumnSpec[],
+  schema: string | undefined,
+  named = true,
+) {
   const builders: Record<string, PgColumnBuilderBase> = {};
   for (const c of columns) {
     const type = customType<{ data: unknown; driverData: unknown }>({
       dataType: () => c.sqlType,
       fromDriver: c.decode,
     });
-    const builder = type(c.name);
+    const builder = named || c.name !== c.key ? type(c.name) : type();
     builders[c.key] = c.notNull ? builder.notNull() : builder;
   }
   // pgSchema('public') is refused by drizzle: the public schema is its default.

@@ -249,10 +249,20 @@ export function transform<
   }
   const casing = casingOf(options.casing);
   const { statement, reads, columns } = render(name, built.parts, casing);
-  const view = targetView(name, columns, options.schema);
+  const view = targetView(name, columns, options.schema, options.casing !== undefined);
   const names = new ExpressionRenderer([], casing);
   recordNeeds(view, built.parts.joins, built.parts.groupBy, (c) => names.columnName(c));
   const definition: TransformDefinition = { target: name, statement, reads };
+  if (options.casing === undefined) {
+    // No casing named here: the CLI renders it again with the drizzle config's (ADR 0063).
+    Object.defineProperty(definition, 'withCasing', {
+      value: (other: Casing): TransformDefinition => {
+        const again = render(name, built.parts, other);
+        return { target: name, statement: again.statement, reads: again.reads };
+      },
+      enumerable: false,
+    });
+  }
   Object.defineProperty(view, TARGET_KEY, { value: Object.freeze(definition), enumerable: false });
   return view as unknown as TrellisTarget<TName, TargetColumns<TSelection, TNullable>>;
 }

@@ -29,6 +29,7 @@ const OPTIONS = {
   from: { type: 'string' },
   check: { type: 'boolean' },
   'allow-drop': { type: 'boolean' },
+  casing: { type: 'string' },
 } as const;
 
 /** `trellis_transform_customer_totals`, `trellis_drop_x_and_2_more`. */
@@ -71,6 +72,10 @@ Options:
   --allow-drop            with --from: drop the targets the module no longer exports
   --check                 with --from: write nothing; exit 1 when the module and the
                           migrations disagree (for CI)
+  --casing <casing>       with --from: snake_case or camelCase, how columns declared
+                          without a name and the targets' columns are named, for
+                          targets whose transform() names no casing (default: the
+                          drizzle config's casing, as drizzle-kit names the tables)
 ${GENERATE_HELP}
 `,
   async run(args, io) {
@@ -130,8 +135,16 @@ function migrationLines(statements: string[], schema: string): string[] {
  */
 async function fromModule(values: Values, names: string[], io: CliIo): Promise<number> {
   const from = values.from as string;
-  const declared = await targetsFromModule(process.cwd(), from, names);
   const context = await generateContext(values);
+  const casing = values.casing ?? context.settings.casing;
+  if (casing !== undefined && casing !== 'snake_case' && casing !== 'camelCase') {
+    throw new TrellisError('validation', `--casing is snake_case or camelCase, not ${casing}`);
+  }
+  // A target whose transform() named no casing follows the drizzle config's, as the
+  // tables' unnamed columns do (drizzle-kit names them by it).
+  const declared = (await targetsFromModule(process.cwd(), from, names)).map((d) =>
+    casing !== undefined && d.withCasing ? d.withCasing(casing) : d,
+  );
   const { snapshot } = previousTransforms(context.settings.out, context.schema);
   // Targets named: only they are compared (nothing is removed).
   const previous =

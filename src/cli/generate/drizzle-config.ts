@@ -23,10 +23,20 @@ export interface DrizzleSettings {
   migrationsTable: string;
   /** `dbCredentials.url`, when the config has one. */
   url: string | undefined;
+  /**
+   * `casing` (drizzle-kit's name for columns declared without one), when the config sets
+   * it: `trellis generate transform --from` renders targets that name no casing with it.
+   */
+  casing: 'snake_case' | 'camelCase' | undefined;
 }
 
-/** The config files drizzle-kit finds on its own, in its order. */
-const DEFAULT_CONFIGS = ['drizzle.config.ts', 'drizzle.config.js', 'drizzle.config.json'];
+/** The config files drizzle-kit finds on its own, in its order (and an ESM .mjs one). */
+const DEFAULT_CONFIGS = [
+  'drizzle.config.ts',
+  'drizzle.config.js',
+  'drizzle.config.json',
+  'drizzle.config.mjs',
+];
 const PREFIXES = new Set(['index', 'timestamp', 'supabase', 'unix', 'none']);
 
 interface RawConfig {
@@ -35,6 +45,7 @@ interface RawConfig {
   breakpoints?: unknown;
   migrations?: { prefix?: unknown; schema?: unknown; table?: unknown };
   dbCredentials?: { url?: unknown };
+  casing?: unknown;
 }
 
 /**
@@ -67,6 +78,7 @@ export async function readDrizzleSettings(options: {
       migrationsSchema: 'drizzle',
       migrationsTable: '__drizzle_migrations',
       url: undefined,
+      casing: undefined,
     };
   }
   const raw = await loadConfig(file);
@@ -79,6 +91,12 @@ export async function readDrizzleSettings(options: {
   const prefix = raw.migrations?.prefix ?? 'index';
   if (typeof prefix !== 'string' || !PREFIXES.has(prefix)) {
     throw new TrellisError('validation', `${file}: unknown migrations.prefix ${String(prefix)}`);
+  }
+  if (raw.casing !== undefined && raw.casing !== 'snake_case' && raw.casing !== 'camelCase') {
+    throw new TrellisError(
+      'validation',
+      `${file}: casing is ${JSON.stringify(raw.casing)}; drizzle-kit takes 'snake_case' or 'camelCase'`,
+    );
   }
   const out = options.out ?? (typeof raw.out === 'string' ? raw.out : 'drizzle');
   const url = raw.dbCredentials?.url;
@@ -93,6 +111,7 @@ export async function readDrizzleSettings(options: {
     migrationsTable:
       typeof raw.migrations?.table === 'string' ? raw.migrations.table : '__drizzle_migrations',
     url: typeof url === 'string' && url !== '' ? url : undefined,
+    casing: raw.casing,
   };
 }
 

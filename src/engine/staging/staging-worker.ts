@@ -50,7 +50,8 @@ export interface StagingTimings {
   standbyMs: number;
   /**
    * Between samples of every transform's lag and applied keys (`<schema>.samples`, kept
-   * for an hour: the operations page's charts, ADR 0054).
+   * for an hour: the operations page's charts, ADR 0054); written only for transforms
+   * that changed since their latest sample (ADR 0063).
    */
   sampleMs: number;
 }
@@ -100,6 +101,8 @@ export class StagingWorker {
   private nextReconcile = 0;
   private nextMaintenance = 0;
   private nextSample = 0;
+  /** When this election's last sample pass ran (the database's clock), for the next. */
+  private lastSampleAt: string | null = null;
   private lastMaintenance = 0;
   /** The oldest cursor the last maintenance pass worked from. */
   private maintainedFloor: string | null = null;
@@ -168,6 +171,7 @@ export class StagingWorker {
       this.nextReconcile = 0;
       this.fingerprint = null;
       this.ticking = false;
+      this.lastSampleAt = null;
       this.log.info({ pid: row.pid }, 'staging worker elected');
       this.restoreChecked = false;
     }
@@ -203,7 +207,12 @@ export class StagingWorker {
     let reconcile = wake === 'capture' || now >= this.nextReconcile;
     reconcile ||= now >= this.capture.nextRetryAt();
     let backfills = false;
-    if (wake === 'tick') {
+    // A pass that found other work already due (it did not wait for work, so nothing told
+    // it whether a tick is due) checks for one too: passes longer than the interval they
+    // set themselves (reconciling while a build waits, under load) were each due at once,
+    // and no tick was ever taken, so a build waiting for its first tick never started
+    // (issue #24, ADR 0063). The tick's statement inserts nothing when none is needed.
+    if (wake === 'tick' || wake === 'due') {
       const check = now >= this.nextCaptureCheck;
       const ticked = await tick(session, this.schema, check);
       this.ticking = ticked.seq !== null;
@@ -256,8 +265,10 @@ export class StagingWorker {
       const [left] = await session.query<{ pending: boolean }>(
         `SELECT ${quoteIdent(this.schema)}._capture_pending() AS pending`,
       );
+      // From the pass's end, not its start: a pass longer than the interval leaves time to
+      // wait for work (and take ticks) before the next one.
       this.nextReconcile =
-        now +
+        Date.now() +
         (left?.pending || this.redefining
           ? this.timings.pendingReconcileMs
           : this.timings.reconcileMs);
@@ -273,8 +284,14 @@ export class StagingWorker {
         now + (done.skipped ? this.timings.maintenanceMs : this.timings.idleMaintenanceMs);
     }
     if (now >= this.nextSample) {
-      // One row per transform; an idle instance pays one short commit per sampleMs.
-      await session.query(`SELECT ${quoteIdent(this.schema)}._sample()`);
+      // A row per transform that changed since its latest sample (and, after a quiet
+      // stretch, the previous pass's view of it): an idle instance writes nothing (ADR 0063).
+      const [sampled] = await session.query<{ written: number; at: string }>(
+        `SELECT written, at::text AS at FROM ${quoteIdent(this.schema)}._sample($1::timestamptz)`,
+        [this.lastSampleAt],
+      );
+      this.lastSampleAt = sampled?.at ?? null;
+      this.log.debug({ written: sampled?.written ?? 0 }, 'samples taken');
       this.nextSample = now + this.timings.sampleMs;
     }
     await this.hooks.afterPass(session);

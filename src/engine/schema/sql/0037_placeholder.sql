@@ -1,0 +1,1 @@
+-- Placeholder for another helper's migration 0037 (the lead removes it at merge).
