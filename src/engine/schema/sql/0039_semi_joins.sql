@@ -552,7 +552,7 @@ BEGIN
       'key', (SELECT coalesce(jsonb_agg(k ORDER BY o), '[]') FROM jsonb_array_elements_text(spec->'key') WITH ORDINALITY AS x(k, o)
                WHERE NOT (k = ANY (dropped))),
       'sources', (SELECT jsonb_agg(CASE WHEN (s->>'ordinal')::int = ANY (semi)
-                                        THEN s || jsonb_build_object('target_key_columns', '[]'::jsonb) ELSE s END
+                                        THEN s || jsonb_build_object('target_key_columns', 'null'::jsonb) ELSE s END
                                    ORDER BY o)
                     FROM jsonb_array_elements(spec->'sources') WITH ORDINALITY AS x(s, o)));
     spec := spec || jsonb_build_object('key_nullable', EXISTS (
