@@ -333,6 +333,15 @@ describe('semi- and anti-joins over subqueries in WHERE', () => {
     const e = defs.find((d) => d.target === 'sj_exists');
     expect(e?.columns.map((c) => c.name)).toEqual(['name', 'region', 'id']);
     expect(e?.columns.filter((c) => c.key).map((c) => c.name)).toEqual(['id']);
+    // ALTER … ADD COLUMN on the statement around the part: the statement still shows EXISTS.
+    await live.trellis.apply('ALTER TRANSFORM sj_exists ADD COLUMN c.id * 2 AS twice');
+    await live.db.sql.unsafe(`INSERT INTO sj_orders VALUES (500, 8, 1, 'paid')`);
+    await live.converged({ ...exists, select: `${exists.select}, c.id * 2 AS twice` });
+    expect(
+      (await live.trellis.definitions()).find((d) => d.target === 'sj_exists')?.statement,
+    ).toBe(
+      "TRANSFORM sj_exists AS SELECT c.name AS name, c.region AS region, c.id * 2 AS twice FROM public.sj_customers AS c WHERE EXISTS(SELECT 1 FROM sj_orders o WHERE o.customer_id = c.id AND o.status = 'paid')",
+    );
     // The statement as recorded defines the same transform again.
     await live.trellis.apply('DROP TRANSFORM q4');
     await live.trellis.apply(q!.statement);
