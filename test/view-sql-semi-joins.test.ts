@@ -162,6 +162,18 @@ const q21: Definition = {
   orderBy: 'numwait DESC, s_name',
 };
 
+// NOT EXISTS correlated by = and <>: orders with no other paid order of their customer (a
+// customer with none at all, or a NULL customer, has no row in the part: kept).
+const noOtherPaid: Definition = {
+  form: 'as',
+  target: 'sj_no_other_paid',
+  select: 'o.amount, o.status',
+  from: 'sj_orders o',
+  where: `NOT EXISTS (SELECT 1 FROM sj_orders o2 WHERE o2.customer_id = o.customer_id AND o2.id <> o.id
+                        AND o2.status = 'paid')`,
+  implicit: 'o.id AS id',
+};
+
 // NOT IN over the groups of a GROUP BY ... HAVING.
 const notInGroups: Definition = {
   form: 'as',
@@ -183,7 +195,17 @@ const q18: Definition = {
   groupBy: 'o_orderkey, o_orderdate',
 };
 
-const shop = [exists, notExists, inGrouped, anyForm, notIn, allForm, existsAndNot, notInGroups];
+const shop = [
+  exists,
+  notExists,
+  inGrouped,
+  anyForm,
+  notIn,
+  allForm,
+  existsAndNot,
+  noOtherPaid,
+  notInGroups,
+];
 const tpch = [q4, q16, q18, q21];
 
 /** Writes on every side, each step followed by a comparison with the oracle. */
