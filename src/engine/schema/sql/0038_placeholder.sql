@@ -1,1 +1,1 @@
--- Placeholder for another helper's migration 0038 (the lead removes it at merge).
+-- Placeholder: migration 0038 belongs to another helper's branch (the lead deletes this file at merge).
