@@ -5,9 +5,9 @@
 --   uncorrelated  x > (SELECT 0.5 * sum(y) FROM t WHERE ...)
 --     -> a one-row part (the subquery, aggregates without GROUP BY), given a constant key
 --        column "trellis#one" (boolean, always true, its primary key) so the statement
---        around it can read it as a source: JOIN <part> AS "trellis#scalar#n" ON true, and
---        the subquery replaced by "trellis#scalar#n".v. In HAVING or the SELECT list of a
---        GROUP BY, the part's key joins the GROUP BY (the value then depends on the group).
+--        around it can read it as a source: JOIN <part> AS "scalar#n" ON true, and
+--        the subquery replaced by "scalar#n".v (in HAVING or the SELECT list of a GROUP
+--        BY, outside an aggregate, by (array_agg("scalar#n".v))[1]: the same in every row).
 --   correlated    x < (SELECT 0.2 * avg(q) FROM t2 WHERE t2.k = outer.k AND ...)
 --     -> a GROUP BY part keyed by the inner side of each correlation equality, LEFT JOINed
 --        on those equalities; the subquery replaced by CASE WHEN the part's key IS NULL
@@ -116,7 +116,7 @@ CREATE FUNCTION @schema@._scalar_part(sub jsonb, n int, clause text, outer_ast j
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
 DECLARE
   name text := 'scalar#' || n;
-  alias text := 'trellis#scalar#' || n;
+  alias text := 'scalar#' || n;
   what text := format('the scalar subquery in %s', clause);
   info jsonb;
   bare jsonb := sub || jsonb_build_object('where', NULL);
@@ -288,10 +288,23 @@ BEGIN
 END
 $fn$;
 
+-- A statement's HAVING and SELECT list with a placeholder read as (array_agg(it))[1].
+CREATE FUNCTION @schema@._scalar_wrap(ast jsonb, placeholder text)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $fn$
+  SELECT ast || jsonb_build_object(
+    'having', replace(ast->>'having', placeholder, '(array_agg(' || placeholder || '))[1]'),
+    'select', (SELECT jsonb_agg(i || jsonb_build_object(
+                        'expr', replace(i->>'expr', placeholder, '(array_agg(' || placeholder || '))[1]'))
+                      || CASE WHEN i->>'label_expr' IS NOT NULL THEN jsonb_build_object('label_expr',
+                           replace(i->>'label_expr', placeholder, '(array_agg(' || placeholder || '))[1]')) ELSE '{}' END
+                      ORDER BY o)
+                 FROM jsonb_array_elements(ast->'select') WITH ORDINALITY AS x(i, o)))
+$fn$;
+
 -- A view's statement (AS form) with its scalar subqueries (SELECT list, WHERE, HAVING)
--- made parts of kind 'scalar', each joined under an alias "trellis#scalar#<n>" and read
+-- made parts of kind 'scalar', each joined under an alias "scalar#<n>" and read
 -- through a placeholder expression (_scalar_part). The AST keeps how it was written
--- (`scalars`: [{placeholder, written, group_by}]): _scalar_as_written gives it back. A
+-- (`scalars`: [{placeholder, written}]): _scalar_as_written gives it back. A
 -- statement without any is returned as it is.
 CREATE FUNCTION @schema@._scalar_subqueries(ast jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $fn$
@@ -307,7 +320,8 @@ DECLARE
   aggregating boolean;
   info jsonb;
   written jsonb := '[]';
-  group_add text;
+  trial jsonb;
+  wrapped boolean := false;
 BEGIN
   IF ast->>'form' IS DISTINCT FROM 'as' OR ast->>'kind' IS DISTINCT FROM 'transform' OR ast ? 'scalars' THEN
     RETURN ast;
@@ -357,7 +371,6 @@ BEGIN
     RETURN ast;
   END IF;
   FOR s IN SELECT value FROM jsonb_array_elements(all_found) LOOP
-    group_add := NULL;
     IF aggregating AND s->>'clause' <> 'WHERE' THEN
       IF (s->>'correlated')::boolean THEN
         PERFORM @schema@._fail('TRV01', format(
@@ -369,15 +382,30 @@ BEGIN
           'a scalar subquery in %s of an aggregate without GROUP BY is not supported yet: compute the aggregate in a WITH query, and compare with it in the statement around it',
           CASE s->>'clause' WHEN 'SELECT' THEN 'the SELECT list' ELSE s->>'clause' END));
       END IF;
-      -- Its one row is read in every group: its key joins the GROUP BY (Postgres then
-      -- lets the group read its columns), and the group's key.
-      group_add := quote_ident(s->'join'->>'alias') || '.' || quote_ident('trellis#one');
-      ast := jsonb_set(ast, '{group_by}', (ast->'group_by') || to_jsonb(group_add));
     END IF;
     ast := jsonb_set(ast, '{parts}', coalesce(ast->'parts', '[]') || jsonb_build_array(s->'part'));
     ast := jsonb_set(ast, '{joins}', coalesce(ast->'joins', '[]') || jsonb_build_array(s->'join'));
+  END LOOP;
+  -- In HAVING or the SELECT list of a GROUP BY, outside an aggregate, the part's one row
+  -- (the same in every row of a group) is read as (array_agg(v))[1]: a group is never
+  -- empty, and its value is then the subquery's. Inside an aggregate's argument it stays
+  -- a row's value. Tried whole, as Postgres reads the statement; left bare if that fails.
+  trial := ast;
+  FOR s IN SELECT value FROM jsonb_array_elements(all_found) LOOP
+    IF aggregating AND s->>'clause' <> 'WHERE' THEN
+      trial := @schema@._scalar_wrap(trial, s->>'placeholder');
+    END IF;
+  END LOOP;
+  IF trial <> ast AND @schema@._view_parse(@schema@._render_view_select(trial)) IS NOT NULL THEN
+    ast := trial;
+    wrapped := true;
+  END IF;
+  FOR s IN SELECT value FROM jsonb_array_elements(all_found) LOOP
     written := written || jsonb_build_array(jsonb_build_object(
-      'placeholder', s->>'placeholder', 'written', s->>'written', 'group_by', group_add));
+      'placeholder', CASE WHEN wrapped AND s->>'clause' <> 'WHERE'
+                          THEN '(array_agg(' || (s->>'placeholder') || '))[1]'
+                          ELSE s->>'placeholder' END,
+      'written', s->>'written'));
   END LOOP;
   RETURN ast || jsonb_build_object('scalars', written);
 END
@@ -404,10 +432,6 @@ BEGIN
                        THEN jsonb_build_object('label_expr', @schema@._scalar_replace(i->>'label_expr', sc, true))
                        ELSE '{}' END ORDER BY o)
         FROM jsonb_array_elements(ast->'select') WITH ORDINALITY AS x(i, o)), '[]'),
-    'group_by', coalesce((
-      SELECT jsonb_agg(g ORDER BY o)
-        FROM jsonb_array_elements_text(coalesce(ast->'group_by', '[]')) WITH ORDINALITY AS x(g, o)
-       WHERE g NOT IN (SELECT s->>'group_by' FROM jsonb_array_elements(sc) s WHERE s->>'group_by' IS NOT NULL)), '[]'),
     'joins', coalesce((
       SELECT jsonb_agg(j ORDER BY o)
         FROM jsonb_array_elements(coalesce(ast->'joins', '[]')) WITH ORDINALITY AS x(j, o)
