@@ -14,14 +14,24 @@ const live = livePipeline({
   drainThreads: 1,
   setup: async (db) => {
     await db.sql.unsafe(`
+      CREATE TABLE nation (n_nationkey int PRIMARY KEY, n_name text NOT NULL);
+      CREATE TABLE supplier (s_suppkey int PRIMARY KEY, s_name text, s_address text,
+                             s_nationkey int NOT NULL, s_phone text);
       CREATE TABLE part (p_partkey int PRIMARY KEY, p_brand text, p_container text);
-      CREATE TABLE lineitem (l_id int PRIMARY KEY, l_partkey int NOT NULL, l_quantity numeric,
-                             l_extendedprice numeric);
+      CREATE TABLE lineitem (l_id int PRIMARY KEY, l_partkey int NOT NULL, l_suppkey int NOT NULL,
+                             l_quantity numeric, l_extendedprice numeric, l_discount numeric,
+                             l_shipdate date);
       CREATE TABLE partsupp (ps_partkey int, ps_suppkey int, ps_supplycost numeric,
                              ps_availqty int, PRIMARY KEY (ps_partkey, ps_suppkey));
-      INSERT INTO part SELECT k, 'Brand#' || (k % 3), CASE WHEN k % 4 = 0 THEN NULL ELSE 'BOX' END
+      INSERT INTO nation VALUES (1, 'GERMANY'), (2, 'FRANCE'), (3, 'PERU');
+      INSERT INTO supplier SELECT k, 'Supplier#' || k, 'street ' || k, 1 + k % 3, '27-' || k
+        FROM generate_series(1, 5) k;
+      INSERT INTO part SELECT k, 'Brand#' || (k % 3) || CASE WHEN k % 2 = 0 THEN '3' ELSE '' END,
+        CASE WHEN k % 4 = 0 THEN NULL WHEN k % 3 = 0 THEN 'BOX' ELSE 'MED BOX' END
         FROM generate_series(1, 10) k;
-      INSERT INTO lineitem SELECT k, 1 + k % 8, (k * 7) % 13, k * 10.5 FROM generate_series(1, 40) k;
+      INSERT INTO lineitem SELECT k, 1 + k % 8, 1 + k % 5, (k * 7) % 13, k * 10.5, (k % 4) / 20.0,
+        date '1995-12-01' + (k * 5)
+        FROM generate_series(1, 40) k;
       INSERT INTO partsupp SELECT p, s, (p * s) % 7 + 0.5, (p + s) % 5 FROM generate_series(1, 6) p,
         generate_series(1, 3) s;`);
   },
@@ -105,7 +115,59 @@ const oneRowDerived: Definition = {
   implicit: 'true AS "trellis#one"',
 };
 
+// TPC-H Q11, Q15 and Q17 as the specification writes them (parameters substituted; Q15's
+// view as a WITH query, as its variant does), comma-separated FROM lists included.
+const q11: Definition = {
+  form: 'as',
+  target: 'q11',
+  select: 'ps_partkey, sum(ps_supplycost * ps_availqty) as value',
+  from: 'partsupp, supplier, nation',
+  where: "ps_suppkey = s_suppkey and s_nationkey = n_nationkey and n_name = 'GERMANY'",
+  groupBy: 'ps_partkey',
+  having: `sum(ps_supplycost * ps_availqty) > (
+      select sum(ps_supplycost * ps_availqty) * 0.0001000000
+      from partsupp, supplier, nation
+      where ps_suppkey = s_suppkey and s_nationkey = n_nationkey and n_name = 'GERMANY')`,
+  orderBy: 'value desc',
+};
+const q15: Definition = {
+  form: 'as',
+  target: 'q15',
+  with: `revenue0 (supplier_no, total_revenue) as (
+      select l_suppkey, sum(l_extendedprice * (1 - l_discount))
+      from lineitem
+      where l_shipdate >= date '1996-01-01' and l_shipdate < date '1996-01-01' + interval '3' month
+      group by l_suppkey)`,
+  select: 's_suppkey, s_name, s_address, s_phone, total_revenue',
+  from: 'supplier, revenue0',
+  where: 's_suppkey = supplier_no and total_revenue = (select max(total_revenue) from revenue0)',
+  orderBy: 's_suppkey',
+  implicit: 'supplier_no, true AS "trellis#one"',
+};
+const q17: Definition = {
+  form: 'as',
+  target: 'q17',
+  select: 'sum(l_extendedprice) / 7.0 as avg_yearly',
+  from: 'lineitem, part',
+  where: `p_partkey = l_partkey and p_brand = 'Brand#23' and p_container = 'MED BOX'
+      and l_quantity < (select 0.2 * avg(l_quantity) from lineitem where l_partkey = p_partkey)`,
+};
+
+// A comma-separated FROM list: WHERE's conditions on a joined table become its join's.
+const commaList: Definition = {
+  form: 'as',
+  target: 'supplier_nations',
+  select: 's.s_name, n.n_name, p.p_brand',
+  from: 'supplier s, nation n, part p',
+  where: "s.s_nationkey = n.n_nationkey AND p.p_partkey = s.s_suppkey AND n.n_name <> 'PERU' AND (s.s_suppkey > 1 OR p.p_brand IS NULL)",
+  implicit: 's.s_suppkey, n.n_nationkey, p.p_partkey',
+};
+
 const all = [
+  q11,
+  q15,
+  q17,
+  commaList,
   aboveAverage,
   important,
   topSupplier,
@@ -117,7 +179,8 @@ const all = [
 
 const steps: string[] = [
   // The scalars move: a big line raises the average, the maximum and the totals.
-  `INSERT INTO lineitem VALUES (41, 2, 100, 5000), (42, 9, NULL, 10), (43, 9, 6, 1);`,
+  `INSERT INTO lineitem VALUES (41, 2, 1, 100, 5000, 0, date '1996-01-05'), (42, 9, 2, NULL, 10, 0.1, NULL),
+     (43, 9, 2, 6, 1, 0, date '1996-01-05');`,
   // Outer rows move: quantities, a key, a part's brand, a part with no line.
   `UPDATE lineitem SET l_quantity = 1 WHERE l_id IN (3, 5, 7);
    UPDATE lineitem SET l_id = 100 WHERE l_id = 8;
@@ -135,8 +198,20 @@ const steps: string[] = [
   `UPDATE partsupp SET ps_supplycost = ps_supplycost * 3 WHERE ps_suppkey = 3;
    DELETE FROM part WHERE p_partkey = 1;`,
   // No rows at all: every aggregate over nothing.
+  // TPC-H's sources: a supplier changes nation, a nation its name, lines their dates,
+  // suppliers and discounts; a tie for the top revenue.
+  `UPDATE supplier SET s_nationkey = 1 WHERE s_suppkey = 2;
+   UPDATE nation SET n_name = 'GERMANY' WHERE n_nationkey = 3;
+   UPDATE lineitem SET l_shipdate = date '1996-02-01', l_suppkey = 4 WHERE l_id IN (1, 2, 3);
+   UPDATE lineitem SET l_discount = 0.5 WHERE l_suppkey = 3;
+   UPDATE part SET p_brand = 'Brand#23', p_container = 'MED BOX' WHERE p_partkey IN (2, 7);
+   UPDATE supplier SET s_suppkey = 9 WHERE s_suppkey = 5;`,
+  `UPDATE nation SET n_name = 'PERU' WHERE n_nationkey = 1;
+   INSERT INTO lineitem VALUES (60, 2, 1, 1, 99999, 0, date '1996-01-15'), (61, 7, 2, 0.5, 10, 0, NULL);
+   DELETE FROM supplier WHERE s_suppkey = 3;`,
   `DELETE FROM lineitem; DELETE FROM partsupp;`,
-  `INSERT INTO lineitem VALUES (1, 2, 3, 30), (2, 2, 30, 300), (3, 3, 1, 10);
+  `INSERT INTO lineitem VALUES (1, 2, 1, 3, 30, 0, date '1996-01-02'), (2, 2, 1, 30, 300, 0.1, NULL),
+     (3, 3, 2, 1, 10, 0, date '1996-03-03');
    INSERT INTO partsupp VALUES (1, 1, 2, 2);`,
 ];
 
@@ -149,7 +224,7 @@ describe('scalar subqueries', () => {
       try {
         await live.converged(all);
       } catch (e) {
-        for (const d of all) console.log('DEBUG', d.target, JSON.stringify(await live.trellis.status(d.target)).slice(0, 3000));
+        for (const d of all) console.log('DEBUG', d.target, JSON.stringify(await live.trellis.status(d.target)).slice(0, 1500));
         throw e;
       }
     }

@@ -458,6 +458,74 @@ BEGIN
 END
 $fn$;
 
+-- A comma-separated FROM list (FROM a, b, c WHERE ...), parsed as inner joins ON true
+-- (marked `comma`), with each top-level conjunct of WHERE that needs a comma-joined table
+-- moved into that join's ON: the first join after which Postgres can read it (its
+-- equalities are then the join's columns, found by index, as JOIN ... ON's are). For inner
+-- joins, a condition in ON or in WHERE is the same. A conjunct with a subquery stays in
+-- WHERE. Parts already bound to their targets are read as those tables.
+CREATE FUNCTION @schema@._comma_joins(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  joins jsonb := coalesce(ast->'joins', '[]');
+  n int := jsonb_array_length(coalesce(ast->'joins', '[]'));
+  conj text;
+  kept text[] := '{}';
+  k int;
+  placed boolean;
+  probe jsonb;
+BEGIN
+  IF ast->>'where' IS NULL OR NOT EXISTS (
+       SELECT 1 FROM jsonb_array_elements(joins) j WHERE coalesce((j->>'comma')::boolean, false)) THEN
+    RETURN ast;
+  END IF;
+  probe := (ast - 'scalars') || jsonb_build_object(
+    'select', jsonb_build_array(jsonb_build_object('expr', '1', 'name', 'x')),
+    'group_by', '[]'::jsonb, 'having', NULL, 'distinct', false,
+    'from', @schema@._comma_as_table(ast->'from'));
+  -- Bound throughout (a part's own statement): its WITH queries are tables already.
+  IF ast->'from'->>'schema' IS NOT NULL AND NOT EXISTS (
+       SELECT 1 FROM jsonb_array_elements(joins) j WHERE j->>'part' IS NOT NULL AND j->>'schema' IS NULL) THEN
+    probe := probe || jsonb_build_object('parts', '[]'::jsonb);
+  END IF;
+  FOREACH conj IN ARRAY @schema@._split_conjuncts(ast->>'where') LOOP
+    placed := false;
+    IF conj !~* '\(\s*(select|with)\M' THEN
+      FOR k IN 0 .. n LOOP
+        IF @schema@._view_parse(@schema@._render_view_select(probe || jsonb_build_object(
+             'where', conj,
+             'joins', coalesce((SELECT jsonb_agg(@schema@._comma_as_table(j) ORDER BY o)
+                                  FROM jsonb_array_elements(joins) WITH ORDINALITY AS x(j, o)
+                                 WHERE o <= k), '[]')))) IS NOT NULL THEN
+          IF k > 0 AND coalesce((joins->(k - 1)->>'comma')::boolean, false) THEN
+            joins := jsonb_set(joins, ARRAY[(k - 1)::text, 'on'], to_jsonb(
+              CASE WHEN joins->(k - 1)->>'on' = 'true' THEN conj
+                   ELSE (joins->(k - 1)->>'on') || ' AND ' || conj END));
+            placed := true;
+          END IF;
+          EXIT;
+        END IF;
+      END LOOP;
+    END IF;
+    IF NOT placed THEN
+      kept := kept || conj;
+    END IF;
+  END LOOP;
+  RETURN ast || jsonb_build_object(
+    'joins', (SELECT jsonb_agg(j - 'comma' ORDER BY o) FROM jsonb_array_elements(joins) WITH ORDINALITY AS x(j, o)),
+    'where', CASE WHEN cardinality(kept) > 0 THEN array_to_string(kept, ' AND ') END);
+END
+$fn$;
+
+-- A FROM or JOIN item bound to a part's target (schema set) read as that table; any other
+-- as it is.
+CREATE FUNCTION @schema@._comma_as_table(item jsonb)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $fn$
+  SELECT CASE WHEN item->>'part' IS NOT NULL AND item->>'schema' IS NOT NULL
+              THEN item - 'part' - 'part_kind' - 'alias_implicit'
+              ELSE item END
+$fn$;
+
 -- 0040: _render_view_item as in 0036, and a scalar subquery's part (before it is bound).
 CREATE OR REPLACE FUNCTION @schema@._render_view_item(ast jsonb, item jsonb)
 RETURNS text LANGUAGE plpgsql IMMUTABLE
@@ -564,6 +632,8 @@ BEGIN
     res := @schema@._define_parts(part->'ast', root, path || (part->>'name') || '.', scope);
     ids := ids || (res->'ids');
     sub := res->'ast';
+    -- 0040: a comma-separated FROM list's conditions go to its joins.
+    sub := @schema@._comma_joins(sub);
     -- Column aliases name the part's columns, in order; Postgres refuses more of them than
     -- columns (the statement was checked whole before this).
     cols := coalesce(part->'columns', '[]');
@@ -644,7 +714,9 @@ BEGIN
       'the name %I is reserved (names starting with trellis# are the engine''s own): choose another target name',
       tname));
   END IF;
-  -- 0040: scalar subqueries become parts.
+  -- 0040: a comma-separated FROM list's conditions go to its joins; scalar subqueries
+  -- become parts.
+  ast := @schema@._comma_joins(ast);
   ast := @schema@._scalar_subqueries(ast);
   IF jsonb_array_length(coalesce(ast->'parts', '[]')) = 0 THEN
     RETURN @schema@._define_one(ast, statement);
@@ -665,5 +737,353 @@ BEGIN
    WHERE t.target_schema = tschema AND t.target_name = tname
      AND p.id IN (SELECT (x)::int FROM jsonb_array_elements_text(res->'ids') x);
   RETURN result;
+END
+$fn$;
+
+-- 0040: grammar_parse_view (the four-argument form) as in 0036, with a comma-separated
+-- FROM list read as inner joins ON true, marked `comma` (_comma_joins moves WHERE's
+-- conditions into them when the statement is defined).
+CREATE OR REPLACE FUNCTION @schema@.grammar_parse_view(
+  toks @schema@.grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  t @schema@.grammar_token := toks[i];
+  e int;
+  start int;
+  sch text;
+  nm text;
+  alias text;
+  jt text;
+  expected text;
+  from_ jsonb;
+  joins jsonb := '[]';
+  items jsonb := '[]';
+  group_by jsonb := '[]';
+  where_ text;
+  having_ text;
+  distinct_ boolean := false;
+  wsi boolean := false;
+  wrs boolean := false;
+  label text;
+  label_expr text;
+  last @schema@.grammar_token;
+  before @schema@.grammar_token;
+  -- 0036
+  parts jsonb := '[]';
+  cte_name text;
+  cte_cols jsonb;
+  cte_pos int;
+  sub jsonb;
+  part jsonb;
+  derived jsonb;
+BEGIN
+  IF @schema@.grammar_kw(t, 'with') THEN
+    IF @schema@.grammar_kw(toks[i + 1], 'recursive') THEN
+      PERFORM @schema@.grammar_refuse('a recursive WITH clause (WITH RECURSIVE) is not supported', t.pos);
+    END IF;
+    -- 0036: WITH name [(columns)] AS [[NOT] MATERIALIZED] (<select>) {, ...}: each a part,
+    -- in scope for the queries after it and for the SELECT.
+    i := i + 1;
+    LOOP
+      cte_pos := toks[i].pos;
+      cte_name := @schema@.grammar_name(toks[i], 'a WITH query name', true);
+      i := i + 1;
+      cte_cols := NULL;
+      IF toks[i].kind = 'punct' AND toks[i].text = '(' THEN
+        SELECT q.names, q.next INTO cte_cols, i
+          FROM @schema@.grammar_name_list(toks, i, 'a column name') q;
+      END IF;
+      IF NOT @schema@.grammar_kw(toks[i], 'as') THEN
+        PERFORM @schema@.grammar_unexpected(toks, i, 'AS and the WITH query in parentheses');
+      END IF;
+      i := i + 1;
+      IF @schema@.grammar_kw(toks[i], 'not') AND @schema@.grammar_kw(toks[i + 1], 'materialized') THEN
+        i := i + 2;
+      ELSIF @schema@.grammar_kw(toks[i], 'materialized') THEN
+        i := i + 1;
+      END IF;
+      IF NOT (toks[i].kind = 'punct' AND toks[i].text = '(') THEN
+        PERFORM @schema@.grammar_unexpected(toks, i, '"(" and the WITH query');
+      END IF;
+      IF NOT (@schema@.grammar_kw(toks[i + 1], 'select') OR @schema@.grammar_kw(toks[i + 1], 'with')) THEN
+        PERFORM @schema@.grammar_refuse(
+          'a WITH query that is not a SELECT (INSERT, UPDATE, DELETE, VALUES) is not supported',
+          toks[i + 1].pos);
+      END IF;
+      IF EXISTS (SELECT 1 FROM jsonb_array_elements(parts) p WHERE p->>'name' = cte_name) THEN
+        PERFORM @schema@.grammar_fail(format('WITH query name %s is given more than once', cte_name),
+          cte_pos);
+      END IF;
+      SELECT q.ast, q.next INTO sub, i FROM @schema@.grammar_subselect(toks, i, ctes) q;
+      parts := parts || jsonb_build_array(jsonb_build_object(
+        'name', cte_name, 'kind', 'cte', 'columns', coalesce(cte_cols, '[]'), 'ast', sub,
+        'position', cte_pos));
+      ctes := ctes || jsonb_build_object(cte_name, true);
+      EXIT WHEN NOT (toks[i].kind = 'punct' AND toks[i].text = ',');
+      i := i + 1;
+    END LOOP;
+    t := toks[i];
+    IF NOT @schema@.grammar_kw(t, 'select') THEN
+      PERFORM @schema@.grammar_unexpected(toks, i, '",", or SELECT after the WITH queries');
+    END IF;
+  ELSIF t.kind = 'punct' AND t.text = '(' THEN
+    PERFORM @schema@.grammar_refuse(
+      'a SELECT in parentheses is not supported yet: write it without them', t.pos);
+  ELSIF @schema@.grammar_kw(t, 'values') OR @schema@.grammar_kw(t, 'table') THEN
+    PERFORM @schema@.grammar_refuse(format('%s is not supported: write a SELECT', upper(t.value)),
+      t.pos);
+  ELSIF NOT @schema@.grammar_kw(t, 'select') THEN
+    PERFORM @schema@.grammar_unexpected(toks, i, 'SELECT after AS');
+  END IF;
+  i := i + 1;
+  IF @schema@.grammar_kw(toks[i], 'distinct') THEN
+    IF @schema@.grammar_kw(toks[i + 1], 'on') THEN
+      PERFORM @schema@.grammar_refuse('DISTINCT ON is not supported yet', toks[i].pos);
+    END IF;
+    distinct_ := true;
+    i := i + 1;
+  ELSIF @schema@.grammar_kw(toks[i], 'all') THEN
+    i := i + 1;
+  END IF;
+
+  -- The SELECT list, as in the FROM-first form (0024).
+  LOOP
+    start := i;
+    e := @schema@.grammar_scan(toks, i);
+    IF e = start THEN
+      PERFORM @schema@.grammar_view_clause(toks, e);
+      PERFORM @schema@.grammar_unexpected(toks, e, 'a select item');
+    END IF;
+    IF (e = start + 1 AND toks[start].text = '*')
+      OR (e >= start + 2 AND toks[e - 1].text = '*' AND toks[e - 2].kind = 'punct'
+          AND toks[e - 2].text = '.') THEN
+      PERFORM @schema@.grammar_fail(format(
+        'name each column: SELECT * is not supported (expected an expression, found %s)',
+        @schema@.grammar_describe(toks[e - 1])), toks[start].pos);
+    END IF;
+    nm := NULL;
+    label := NULL;
+    label_expr := NULL;
+    IF @schema@.grammar_kw(toks[e], 'as') THEN
+      nm := @schema@.grammar_name(toks[e + 1], 'a column name after AS', false);
+      i := e + 2;
+    ELSE
+      i := e;
+      IF e >= start + 2 THEN
+        last := toks[e - 1];
+        before := toks[e - 2];
+        IF (last.kind = 'ident'
+            OR (last.kind = 'word' AND @schema@.grammar_keyword_class(last.value) IS NULL))
+          AND before.kind <> 'op'
+          AND NOT (before.kind = 'punct' AND before.text IN ('.', '::')) THEN
+          label := @schema@.grammar_name(last, 'a column name', false);
+          label_expr := @schema@.grammar_text(toks, start, e - 1);
+        END IF;
+      END IF;
+    END IF;
+    items := items || jsonb_build_array(jsonb_build_object(
+      'expr', @schema@.grammar_text(toks, start, e), 'name', nm, 'bare_label', label,
+      'label_expr', label_expr, 'position', toks[start].pos));
+    EXIT WHEN NOT (toks[i].kind = 'punct' AND toks[i].text = ',');
+    i := i + 1;
+  END LOOP;
+
+  IF NOT @schema@.grammar_kw(toks[i], 'from') THEN
+    PERFORM @schema@.grammar_view_clause(toks, i);
+    PERFORM @schema@.grammar_unexpected(toks, i, '",", or FROM and the tables');
+  END IF;
+  -- 0036: a table, a WITH query or a derived table.
+  SELECT q.schema_name, q.rel_name, q.alias, q.part, q.derived, q.next
+    INTO sch, nm, alias, part, derived, i
+    FROM @schema@.grammar_view_item(toks, i + 1, 'a source table name', ctes) q;
+  from_ := jsonb_build_object('schema', sch, 'name', nm, 'alias', alias) || coalesce(part, '{}');
+  IF derived IS NOT NULL THEN
+    parts := parts || jsonb_build_array(derived);
+  END IF;
+
+  LOOP
+    t := toks[i];
+    IF t.kind = 'punct' AND t.text = ',' THEN
+      -- 0040: a comma-separated FROM list: an inner join (its conditions found in WHERE).
+      jt := 'comma';
+      i := i + 1;
+    ELSIF t.kind = 'word' AND t.value IN ('right', 'full')
+      AND (@schema@.grammar_kw(toks[i + 1], 'join') OR @schema@.grammar_kw(toks[i + 1], 'outer')) THEN
+      PERFORM @schema@.grammar_refuse(format('a %s JOIN is not supported yet', upper(t.value)), t.pos);
+    ELSIF @schema@.grammar_kw(t, 'cross') AND @schema@.grammar_kw(toks[i + 1], 'join') THEN
+      PERFORM @schema@.grammar_refuse('CROSS JOIN is not supported yet', t.pos);
+    ELSIF @schema@.grammar_kw(t, 'natural') THEN
+      PERFORM @schema@.grammar_refuse('NATURAL JOIN is not supported yet: write JOIN ... ON', t.pos);
+    ELSIF @schema@.grammar_kw(t, 'join') THEN
+      jt := 'inner';
+      i := i + 1;
+    ELSIF @schema@.grammar_kw(t, 'inner') THEN
+      IF NOT @schema@.grammar_kw(toks[i + 1], 'join') THEN
+        PERFORM @schema@.grammar_unexpected(toks, i + 1, 'JOIN after INNER');
+      END IF;
+      jt := 'inner';
+      i := i + 2;
+    ELSIF @schema@.grammar_kw(t, 'left') AND coalesce(toks[i + 1].text, '') <> '(' THEN
+      i := i + 1;
+      IF @schema@.grammar_kw(toks[i], 'outer') THEN
+        i := i + 1;
+      END IF;
+      IF NOT @schema@.grammar_kw(toks[i], 'join') THEN
+        PERFORM @schema@.grammar_unexpected(toks, i, 'JOIN after LEFT');
+      END IF;
+      jt := 'left';
+      i := i + 1;
+    ELSE
+      EXIT;
+    END IF;
+    -- 0036: a table, a WITH query or a derived table.
+    SELECT q.schema_name, q.rel_name, q.alias, q.part, q.derived, q.next
+      INTO sch, nm, alias, part, derived, i
+      FROM @schema@.grammar_view_item(toks, i, 'a table name after JOIN', ctes) q;
+    IF derived IS NOT NULL THEN
+      IF EXISTS (SELECT 1 FROM jsonb_array_elements(parts) p
+                  WHERE p->>'kind' = 'derived' AND p->>'name' = derived->>'name') THEN
+        PERFORM @schema@.grammar_fail(format('table name %s is given more than once', derived->>'name'),
+          (derived->>'position')::int);
+      END IF;
+      parts := parts || jsonb_build_array(derived);
+    END IF;
+    -- 0040
+    IF jt = 'comma' THEN joins := joins || jsonb_build_array(jsonb_build_object('type', 'inner', 'comma', true, 'schema', sch, 'name', nm, 'alias', alias, 'on', 'true') || coalesce(part, '{}')); CONTINUE; END IF;
+    IF @schema@.grammar_kw(toks[i], 'using') THEN
+      PERFORM @schema@.grammar_refuse('JOIN ... USING is not supported yet: write ON', toks[i].pos);
+    END IF;
+    IF NOT @schema@.grammar_kw(toks[i], 'on') THEN
+      PERFORM @schema@.grammar_unexpected(toks, i, 'ON and a join condition');
+    END IF;
+    i := i + 1;
+    e := @schema@.grammar_scan(toks, i);
+    IF e = i THEN
+      PERFORM @schema@.grammar_unexpected(toks, i, 'a join condition after ON');
+    END IF;
+    joins := joins || jsonb_build_array(jsonb_build_object('type', jt, 'schema', sch,
+      'name', nm, 'alias', alias, 'on', @schema@.grammar_text(toks, i, e)) || coalesce(part, '{}'));
+    i := e;
+  END LOOP;
+  expected := 'JOIN, WHERE, GROUP BY, HAVING, ORDER BY, WITHOUT SOURCE INDEX, WITHOUT ROW SECURITY or end of statement';
+
+  IF @schema@.grammar_kw(toks[i], 'where') THEN
+    i := i + 1;
+    e := @schema@.grammar_scan(toks, i);
+    IF e = i THEN
+      PERFORM @schema@.grammar_unexpected(toks, i, 'a condition after WHERE');
+    END IF;
+    where_ := @schema@.grammar_text(toks, i, e);
+    i := e;
+    expected := 'GROUP BY, HAVING, ORDER BY, WITHOUT SOURCE INDEX, WITHOUT ROW SECURITY or end of statement';
+  END IF;
+
+  IF @schema@.grammar_kw(toks[i], 'group') AND @schema@.grammar_kw(toks[i + 1], 'by') THEN
+    IF distinct_ THEN
+      PERFORM @schema@.grammar_refuse('SELECT DISTINCT with GROUP BY is not supported yet', toks[i].pos);
+    END IF;
+    i := i + 2;
+    IF @schema@.grammar_kw(toks[i], 'all') THEN
+      PERFORM @schema@.grammar_fail(format(
+        'GROUP BY ALL is not supported: expected the GROUP BY expressions, found %s',
+        @schema@.grammar_describe(toks[i])), toks[i].pos);
+    END IF;
+    IF @schema@.grammar_kw(toks[i], 'distinct') THEN
+      PERFORM @schema@.grammar_fail(format(
+        'grouping sets are not supported: expected the GROUP BY expressions, found %s',
+        @schema@.grammar_describe(toks[i])), toks[i].pos);
+    END IF;
+    LOOP
+      IF ((@schema@.grammar_kw(toks[i], 'rollup') OR @schema@.grammar_kw(toks[i], 'cube'))
+          AND toks[i + 1].text = '(')
+        OR (@schema@.grammar_kw(toks[i], 'grouping') AND @schema@.grammar_kw(toks[i + 1], 'sets'))
+        OR (toks[i].text = '(' AND toks[i + 1].text = ')')
+      THEN
+        PERFORM @schema@.grammar_fail(format(
+          'grouping sets are not supported: expected a GROUP BY expression, found %s',
+          @schema@.grammar_describe(toks[i])), toks[i].pos);
+      END IF;
+      e := @schema@.grammar_scan(toks, i);
+      IF e = i THEN
+        PERFORM @schema@.grammar_unexpected(toks, i, 'a GROUP BY expression');
+      END IF;
+      group_by := group_by || jsonb_build_array(@schema@.grammar_text(toks, i, e));
+      i := e;
+      EXIT WHEN NOT (toks[i].kind = 'punct' AND toks[i].text = ',');
+      i := i + 1;
+    END LOOP;
+    expected := '",", HAVING, ORDER BY, WITHOUT SOURCE INDEX, WITHOUT ROW SECURITY or end of statement';
+  END IF;
+
+  IF @schema@.grammar_kw(toks[i], 'having') THEN
+    IF distinct_ THEN
+      PERFORM @schema@.grammar_refuse('SELECT DISTINCT with HAVING is not supported yet', toks[i].pos);
+    END IF;
+    i := i + 1;
+    e := @schema@.grammar_scan(toks, i);
+    IF e = i THEN
+      PERFORM @schema@.grammar_unexpected(toks, i, 'a condition after HAVING');
+    END IF;
+    having_ := @schema@.grammar_text(toks, i, e);
+    i := e;
+    expected := 'ORDER BY, WITHOUT SOURCE INDEX, WITHOUT ROW SECURITY or end of statement';
+  END IF;
+
+  -- A set operation or a WINDOW clause here is refused by name before ORDER BY is read.
+  PERFORM @schema@.grammar_view_clause(toks, i);
+
+  -- ORDER BY: read, and dropped (a table has no order; ADR 0049). Its expressions are not
+  -- checked: they never run.
+  IF @schema@.grammar_kw(toks[i], 'order') AND @schema@.grammar_kw(toks[i + 1], 'by') THEN
+    i := i + 2;
+    LOOP
+      e := @schema@.grammar_scan(toks, i);
+      IF e = i THEN
+        PERFORM @schema@.grammar_unexpected(toks, i, 'an ORDER BY expression');
+      END IF;
+      i := e;
+      EXIT WHEN NOT (toks[i].kind = 'punct' AND toks[i].text = ',');
+      i := i + 1;
+    END LOOP;
+    expected := '",", WITHOUT SOURCE INDEX, WITHOUT ROW SECURITY or end of statement';
+  END IF;
+
+  PERFORM @schema@.grammar_view_clause(toks, i);
+
+  -- WITHOUT SOURCE INDEX and WITHOUT ROW SECURITY, each at most once, in either order.
+  WHILE @schema@.grammar_kw(toks[i], 'without') LOOP
+    IF @schema@.grammar_kw(toks[i + 1], 'source') AND NOT wsi THEN
+      IF NOT @schema@.grammar_kw(toks[i + 2], 'index') THEN
+        PERFORM @schema@.grammar_unexpected(toks, i + 2, 'INDEX after WITHOUT SOURCE');
+      END IF;
+      wsi := true;
+    ELSIF @schema@.grammar_kw(toks[i + 1], 'row') AND NOT wrs THEN
+      IF NOT @schema@.grammar_kw(toks[i + 2], 'security') THEN
+        PERFORM @schema@.grammar_unexpected(toks, i + 2, 'SECURITY after WITHOUT ROW');
+      END IF;
+      wrs := true;
+    ELSE
+      PERFORM @schema@.grammar_unexpected(toks, i + 1, CASE
+        WHEN wsi THEN 'ROW SECURITY after WITHOUT' WHEN wrs THEN 'SOURCE INDEX after WITHOUT'
+        ELSE 'SOURCE INDEX or ROW SECURITY after WITHOUT' END);
+    END IF;
+    i := i + 3;
+    expected := CASE WHEN wsi AND wrs THEN 'end of statement'
+      WHEN wsi THEN 'WITHOUT ROW SECURITY or end of statement'
+      ELSE 'WITHOUT SOURCE INDEX or end of statement' END;
+  END LOOP;
+
+  PERFORM @schema@.grammar_end(toks, i, expected);
+  RETURN jsonb_build_object(
+    'kind', 'transform', 'form', 'as', 'target', target, 'from', from_, 'joins', joins,
+    'select', items, 'where', where_, 'group_by', group_by, 'having', having_,
+    'without_source_index', wsi)
+    || CASE WHEN distinct_ THEN jsonb_build_object('distinct', true) ELSE '{}' END
+    || CASE WHEN wrs THEN jsonb_build_object('without_row_security', true) ELSE '{}' END
+    -- 0036
+    || CASE WHEN jsonb_array_length(parts) > 0 THEN jsonb_build_object('parts', parts) ELSE '{}' END;
 END
 $fn$;
