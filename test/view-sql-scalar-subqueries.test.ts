@@ -249,14 +249,23 @@ describe('scalar subqueries', () => {
       ['revenue', ['supplier_no']],
       ['scalar#1', []],
     ]);
+    // A comma-separated FROM list is kept as joins on WHERE's conditions.
+    const comma = defs.find((d) => d.target === 'supplier_nations');
+    expect(comma?.statement).toBe(
+      "TRANSFORM supplier_nations AS SELECT s.s_name AS s_name, n.n_name AS n_name, p.p_brand AS p_brand FROM public.supplier AS s JOIN public.nation AS n ON s.s_nationkey = n.n_nationkey AND n.n_name <> 'PERU' JOIN public.part AS p ON p.p_partkey = s.s_suppkey AND (s.s_suppkey > 1 OR p.p_brand IS NULL)",
+    );
+    const q17def = defs.find((d) => d.target === 'q17');
+    expect(q17def?.statement).toContain(
+      "FROM public.lineitem JOIN public.part ON p_partkey = l_partkey AND p_brand = 'Brand#23' AND p_container = 'MED BOX' WHERE l_quantity < (select 0.2 * avg(l_quantity) from lineitem where l_partkey = p_partkey)",
+    );
     // The statement as recorded defines the same transform again.
-    for (const d of [q!, top!]) {
+    for (const d of [q!, top!, comma!, q17def!]) {
       await live.trellis.apply(`DROP TRANSFORM ${d.target}`);
       await live.trellis.apply(d.statement);
       const again = (await live.trellis.definitions()).find((x) => x.target === d.target);
       expect(again?.statement).toBe(d.statement);
     }
-    await live.converged([smallOrders, topSupplier]);
+    await live.converged([smallOrders, topSupplier, commaList, q17]);
   });
 
   const refusedStatements: Array<[string, string]> = [
