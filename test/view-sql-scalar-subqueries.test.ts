@@ -58,6 +58,27 @@ const important: Definition = {
     'sum(ps_supplycost * ps_availqty) > (SELECT sum(ps_supplycost * ps_availqty) * 0.15 FROM partsupp)',
 };
 
+// In the SELECT list of a GROUP BY: outside an aggregate (the part's one row read once per
+// group) and inside an aggregate's argument (read per row).
+const shares: Definition = {
+  form: 'as',
+  target: 'stock_shares',
+  select: `ps_partkey, sum(ps_availqty)::numeric / nullif((SELECT sum(ps_availqty) FROM partsupp), 0) AS share,
+    sum(ps_availqty * (SELECT count(*) FROM nation WHERE n_name <> 'PERU')) AS weighted`,
+  from: 'partsupp',
+  groupBy: 'ps_partkey',
+};
+
+// A one-row WITH query read by a projection.
+const oneRowCte: Definition = {
+  form: 'as',
+  target: 'over_max',
+  with: 'top AS (SELECT max(l_quantity) AS q, count(*) AS n FROM lineitem)',
+  select: 'p.p_partkey, t.q, t.n',
+  from: 'part p JOIN top t ON t.q > p.p_partkey',
+  implicit: 'true AS "trellis#one"',
+};
+
 // TPC-H Q15's shape: a WITH query, and the rows equal to its maximum.
 const topSupplier: Definition = {
   form: 'as',
@@ -165,6 +186,8 @@ const commaList: Definition = {
 };
 
 const all = [
+  shares,
+  oneRowCte,
   q11,
   q15,
   q17,
@@ -284,6 +307,10 @@ describe('scalar subqueries', () => {
     [
       'SELECT count(*) AS n FROM part HAVING count(*) > (SELECT count(*) FROM lineitem)',
       'aggregate without GROUP BY',
+    ],
+    [
+      'SELECT t.n FROM (SELECT p_partkey AS n FROM part WHERE p_partkey > (SELECT count(*) FROM lineitem)) t',
+      'a subquery in WHERE',
     ],
     [
       'SELECT p_partkey FROM part WHERE p_partkey IN (SELECT l_partkey FROM lineitem)',

@@ -321,7 +321,10 @@ DECLARE
   info jsonb;
   written jsonb := '[]';
   trial jsonb;
-  wrapped boolean := false;
+  cands int[];
+  m int;
+  mask int;
+  wrapped_set int[] := '{}';
 BEGIN
   IF ast->>'form' IS DISTINCT FROM 'as' OR ast->>'kind' IS DISTINCT FROM 'transform' OR ast ? 'scalars' THEN
     RETURN ast;
@@ -390,19 +393,31 @@ BEGIN
   -- (the same in every row of a group) is read as (array_agg(v))[1]: a group is never
   -- empty, and its value is then the subquery's. Inside an aggregate's argument it stays
   -- a row's value. Tried whole, as Postgres reads the statement; left bare if that fails.
-  trial := ast;
-  FOR s IN SELECT value FROM jsonb_array_elements(all_found) LOOP
-    IF aggregating AND s->>'clause' <> 'WHERE' THEN
-      trial := @schema@._scalar_wrap(trial, s->>'placeholder');
-    END IF;
-  END LOOP;
-  IF trial <> ast AND @schema@._view_parse(@schema@._render_view_select(trial)) IS NOT NULL THEN
-    ast := trial;
-    wrapped := true;
+  -- Which of them to wrap: the first choice Postgres accepts, trying every one wrapped
+  -- first, then fewer (a subquery inside an aggregate's argument stays bare).
+  cands := ARRAY(SELECT x.ord::int - 1 FROM jsonb_array_elements(all_found) WITH ORDINALITY AS x(found_item, ord)
+                  WHERE aggregating AND x.found_item->>'clause' <> 'WHERE');
+  m := least(cardinality(cands), 6);
+  IF m > 0 THEN
+    FOR mask IN SELECT g.b FROM generate_series(0, (1 << m) - 1) AS g(b)
+                 ORDER BY length(replace(g.b::bit(6)::text, '0', '')), g.b LOOP
+      trial := ast;
+      FOR k IN 1 .. m LOOP
+        IF mask & (1 << (k - 1)) = 0 THEN
+          trial := @schema@._scalar_wrap(trial, all_found->(cands[k])->>'placeholder');
+        END IF;
+      END LOOP;
+      IF @schema@._view_parse(@schema@._render_view_select(trial)) IS NOT NULL THEN
+        ast := trial;
+        wrapped_set := ARRAY(SELECT cands[g.j] FROM generate_series(1, m) AS g(j) WHERE mask & (1 << (g.j - 1)) = 0);
+        EXIT;
+      END IF;
+    END LOOP;
   END IF;
-  FOR s IN SELECT value FROM jsonb_array_elements(all_found) LOOP
+  FOR k IN 0 .. jsonb_array_length(all_found) - 1 LOOP
+    s := all_found->k;
     written := written || jsonb_build_array(jsonb_build_object(
-      'placeholder', CASE WHEN wrapped AND s->>'clause' <> 'WHERE'
+      'placeholder', CASE WHEN k = ANY (wrapped_set)
                           THEN '(array_agg(' || (s->>'placeholder') || '))[1]'
                           ELSE s->>'placeholder' END,
       'written', s->>'written'));
