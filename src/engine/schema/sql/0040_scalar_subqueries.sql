@@ -20,9 +20,13 @@
 -- New functions: _one_row_part_key (the constant key of a one-row part: reusable by any
 -- compilation that needs to read a one-row part as a source), _split_conjuncts,
 -- _top_level_equality, _scalar_subqueries (the rewrite), _scalar_part (one subquery),
--- _scalar_as_written (the statement as written, for rendering), _render_scalar_item.
+-- _scalar_as_written (the statement as written, for rendering), _render_scalar_item,
+-- _scalar_render, _scalar_rewrite_expr, _scalar_replace, _scalar_wrap; and for
+-- comma-separated FROM lists (FROM a, b WHERE ...: inner joins, WHERE's conditions moved
+-- into their ON) _comma_joins, _comma_as_table.
 -- Replaced (their latest bodies, 0036, copied; each change marked "0040"):
--- _render_view_item, _render_view_select, _define_parts, _define.
+-- _render_view_item, _render_view_select, _define_parts, _define, grammar_parse_view (the
+-- four-argument form).
 
 -- A one-row part's target (aggregates without GROUP BY: a grand total, one row, no key)
 -- gets a key the statement around it reads it by: a column "trellis#one" (boolean, NOT
