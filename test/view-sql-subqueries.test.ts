@@ -313,7 +313,7 @@ describe('subqueries in FROM and WITH', () => {
       'UNION ALL is not supported yet',
     ],
     [
-      'WITH r AS (SELECT customer_id, sum(amount) AS total FROM shop_orders GROUP BY customer_id) SELECT customer_id, total FROM r WHERE total = (SELECT max(total) FROM r)',
+      'WITH r AS (SELECT customer_id, sum(amount) AS total FROM shop_orders GROUP BY customer_id) SELECT customer_id, total FROM r WHERE customer_id IN (SELECT id FROM shop_customers)',
       'a subquery in WHERE',
     ],
     [
@@ -321,7 +321,6 @@ describe('subqueries in FROM and WITH', () => {
       'which can be NULL',
     ],
     ['SELECT d.tier FROM (SELECT DISTINCT tier FROM shop_customers) d', 'which can be NULL'],
-    ['SELECT t.n FROM (SELECT count(*) AS n FROM shop_orders) t', 'aggregates without GROUP BY'],
     ['SELECT id FROM (SELECT id FROM shop_orders)', 'needs an alias'],
     ['SELECT x.a FROM (VALUES (1)) x(a)', 'VALUES in FROM'],
     [

@@ -225,11 +225,11 @@ describe('what the AS form refuses, by name', () => {
       'not inside an OR',
     ],
     [
-      'SELECT o.id, (SELECT count(*) FROM customers) AS n FROM orders o',
+      'SELECT o.id, ARRAY(SELECT id FROM customers) AS n FROM orders o',
       'a subquery in the SELECT list',
     ],
     [
-      'SELECT status, count(*) AS n FROM orders GROUP BY status HAVING count(*) > (SELECT 1)',
+      'SELECT status, count(*) AS n FROM orders GROUP BY status HAVING count(*) > ALL (SELECT 1)',
       'a subquery in HAVING',
     ],
     [
@@ -252,10 +252,6 @@ describe('what the AS form refuses, by name', () => {
       'a FULL JOIN',
     ],
     ['SELECT o.id FROM orders o CROSS JOIN customers c', 'CROSS JOIN'],
-    [
-      'SELECT o.id FROM orders o, customers c WHERE c.id = o.customer_id',
-      'a comma-separated FROM list',
-    ],
     ['SELECT o.id FROM orders o JOIN customers c USING (id)', 'JOIN ... USING'],
     ['SELECT o.id FROM orders o NATURAL JOIN customers c', 'NATURAL JOIN'],
     [

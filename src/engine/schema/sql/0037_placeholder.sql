@@ -1,1 +1,1 @@
--- Placeholder: migration 0037 belongs to another helper's branch (the lead deletes this file at merge).
+-- Placeholder for a migration number another branch uses (the lead deletes it at merge).

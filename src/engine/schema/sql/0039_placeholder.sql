@@ -1,0 +1,1 @@
+-- Placeholder for a migration number another branch uses (the lead deletes it at merge).
