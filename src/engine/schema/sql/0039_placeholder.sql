@@ -1,1 +1,0 @@
--- Placeholder for a migration number another branch uses (the lead deletes it at merge).
