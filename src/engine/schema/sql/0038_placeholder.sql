@@ -1,0 +1,1 @@
+-- Placeholder for a migration another branch adds (the lead deletes this file at merge).
