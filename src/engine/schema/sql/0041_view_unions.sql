@@ -133,7 +133,7 @@ BEGIN
       branch := branch - 'parts' || coalesce((
         SELECT jsonb_build_object('parts', jsonb_agg(x ORDER BY o))
           FROM jsonb_array_elements(branch->'parts') WITH ORDINALITY AS y(x, o)
-         WHERE x->>'kind' <> 'cte'), '{}');
+         WHERE x->>'kind' <> 'cte' HAVING count(*) > 0), '{}');
     END IF;
     IF b < n AND (coalesce((branch->>'without_source_index')::boolean, false)
                   OR coalesce((branch->>'without_row_security')::boolean, false)) THEN
@@ -334,7 +334,7 @@ DECLARE
   cols text;
   new_cols text;
   excluded_cols text;
-  notnull boolean[];
+  nn boolean[];
   b int;
   j int;
   ddl text;
@@ -361,7 +361,7 @@ BEGIN
   END LOOP;
   info := @schema@._analyze_query(@schema@._render_view_select(
     jsonb_build_object('union', jsonb_build_object('all', is_all, 'branches', bound))), 'in ' || what);
-  notnull := array_fill(true, ARRAY[jsonb_array_length(info->'columns')]);
+  nn := array_fill(true, ARRAY[jsonb_array_length(info->'columns')]);
 
   FOR b IN 1 .. n LOOP
     binfo := @schema@._analyze_query(@schema@._render_view_select(bound->(b - 1)),
@@ -401,8 +401,8 @@ BEGIN
      WHERE t.target_schema = tschema AND t.target_name = hidden;
     UPDATE @schema@.transforms SET part_name = path || b WHERE id = part_id;
     ids := ids || to_jsonb(part_id);
-    FOR j IN 1 .. cardinality(notnull) LOOP
-      notnull[j] := notnull[j] AND coalesce((
+    FOR j IN 1 .. cardinality(nn) LOOP
+      nn[j] := nn[j] AND coalesce((
         SELECT a.attnotnull FROM pg_attribute a
          WHERE a.attrelid = part_oid AND a.attname = info->'columns'->(j - 1)->>'name' AND NOT a.attisdropped), false);
     END LOOP;
@@ -414,7 +414,7 @@ BEGIN
   ddl := 'CREATE TABLE ' || qualified || ' ("trellis#branch" int NOT NULL, "trellis#key" text NOT NULL, '
     || (SELECT string_agg(quote_ident(c->>'name') || ' ' || (c->>'type')
                           || coalesce(' COLLATE ' || (c->>'collation'), '')
-                          || CASE WHEN notnull[o] THEN ' NOT NULL' ELSE '' END, ', ' ORDER BY o)
+                          || CASE WHEN nn[o] THEN ' NOT NULL' ELSE '' END, ', ' ORDER BY o)
           FROM jsonb_array_elements(info->'columns') WITH ORDINALITY AS x(c, o))
     || ', PRIMARY KEY ("trellis#branch", "trellis#key"))';
   EXECUTE ddl;
@@ -454,11 +454,11 @@ BEGIN
   END LOOP;
 
   -- A UNION in a subquery is read by its key, all its columns: none may be NULL.
-  IF path <> '' AND NOT is_all AND NOT (true = ALL (notnull)) THEN
+  IF path <> '' AND NOT is_all AND NOT (true = ALL (nn)) THEN
     PERFORM @schema@._fail('TRV01', format(
       '%s is keyed by every column, and %s can be NULL: the statement around a subquery reads its rows by a key that is never NULL. Use UNION ALL there (a SELECT DISTINCT over it at the top of the statement removes duplicates), or select only columns the branches'' targets hold NOT NULL (their keys, count())',
       what, (SELECT string_agg(quote_ident(c->>'name'), ', ' ORDER BY o)
-               FROM jsonb_array_elements(info->'columns') WITH ORDINALITY AS x(c, o) WHERE NOT notnull[o])));
+               FROM jsonb_array_elements(info->'columns') WITH ORDINALITY AS x(c, o) WHERE NOT nn[o])));
   END IF;
 
   RETURN jsonb_build_object('ids', ids, 'ast', jsonb_build_object(
