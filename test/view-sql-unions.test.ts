@@ -1,5 +1,7 @@
 import { describe, expect, it } from 'vitest';
+import { formatExplanation } from '../src/engine/catalog/explain.js';
 import { TrellisError } from '../src/engine/index.js';
+import { trellisInProcess } from './support/cli.js';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
 import { waitForStatus } from './support/trellis.js';
@@ -73,19 +75,12 @@ const perKind: Definition = {
 };
 
 // A UNION in a derived table (its columns NOT NULL: the branches' keys), a grand total
-// over it; and a branch that aggregates.
+// over it.
 const distinctIds: Definition = {
   form: 'as',
   target: 'distinct_tag_ids',
   select: 'count(*) AS ids, max(x.id) AS top',
   from: '(SELECT id FROM tags_a UNION SELECT id FROM tags_b) AS x',
-};
-const groupedBranches: Definition = {
-  form: 'as',
-  target: 'tag_counts',
-  select: 'tag, count(*) AS n FROM tags_a GROUP BY tag UNION ALL SELECT tag, count(*) FROM tags_b',
-  from: 'tags_b GROUP BY tag',
-  implicit: undefined,
 };
 
 const defined = [tagsUnion, perSource, perKind, distinctIds];
@@ -142,7 +137,6 @@ describe('UNION ALL and UNION', () => {
               UNION ALL SELECT tag, count(*), 2, ROW(tag)::text FROM tags_b GROUP BY tag) u`,
       implicit: 'u."trellis#branch", u."trellis#key"',
     };
-    void groupedBranches;
     await live.converged(oracle);
     await live.db.sql.unsafe(`INSERT INTO tags_a VALUES (20, 'red', 1), (21, NULL, 1);
       DELETE FROM tags_b WHERE tag = 'green'; INSERT INTO tags_b VALUES (22, 'blue', 2)`);
@@ -179,6 +173,70 @@ describe('UNION ALL and UNION', () => {
     await waitForStatus(live.trellis, 'all_events', 'live');
   });
 
+  it('explains how a transform is kept: its parts, the chain, each mode, the drain SQL', async () => {
+    const e = await live.trellis.explain('events_per_source');
+    expect(e.chain).toEqual([
+      'trellis#events_per_source#e.1',
+      'trellis#events_per_source#e.2',
+      'trellis#events_per_source#e',
+      'events_per_source',
+    ]);
+    expect(e.parts.map((p) => [p.name, p.mode])).toEqual([
+      ['e.1', 're-derive'],
+      ['e.2', 're-derive'],
+      ['e', 're-derive'],
+      [null, 'delta'],
+    ]);
+    // The part reading the union's table names the branches that write it.
+    expect(e.parts[2]?.reads).toEqual([
+      expect.objectContaining({
+        table: 'public.trellis#events_per_source#e.union',
+        writtenBy: ['trellis#events_per_source#e.1', 'trellis#events_per_source#e.2'],
+      }),
+    ]);
+    expect(e.parts[0]?.reads[0]).toMatchObject({
+      table: 'public.web_events',
+      keyColumns: ['id'],
+      indexes: [{ name: 'web_events_pkey', columns: ['id'] }],
+    });
+    for (const p of e.parts) expect(p.drainSql).toMatch(/^WITH changed AS MATERIALIZED/);
+    const text = formatExplanation(e);
+    expect(text).toContain('part e.1 (trellis#events_per_source#e.1):');
+    expect(text).toContain('events_per_source (the transform):\n  maintenance: delta:');
+
+    // A plain GROUP BY: one part, the transform; its source index gap and the fix.
+    await live.db.sql.unsafe('CREATE TABLE visits (id int PRIMARY KEY, page text, ms int)');
+    await live.trellis.apply(
+      'TRANSFORM per_page AS SELECT page, count(*) AS n, max(ms) AS slowest FROM visits GROUP BY page',
+    );
+    await waitForStatus(live.trellis, 'per_page', 'live');
+    const cli = await trellisInProcess(['explain', 'per_page'], { DATABASE_URL: live.db.url });
+    expect(cli.code).toBe(0);
+    expect(cli.stdout).toContain('per_page (the transform):');
+    expect(cli.stdout).toMatch(/maintenance: delta: /);
+    expect(cli.stdout).toContain('max(ms): delta+rescan');
+    expect(cli.stdout).toContain('needs: CREATE INDEX CONCURRENTLY');
+    expect(cli.stdout).toContain('drain SQL for changed keys ($1):');
+    const json = await trellisInProcess(['explain', 'per_page', '--json'], {
+      DATABASE_URL: live.db.url,
+    });
+    expect(JSON.parse(json.stdout)).toMatchObject({
+      target: 'per_page',
+      chain: ['per_page'],
+      parts: [
+        {
+          name: null,
+          mode: 'delta',
+          key: ['page'],
+          needs: [{ table: 'public.visits', columns: ['page'] }],
+        },
+      ],
+    });
+    const missing = await live.trellis.explain('nope').catch((error: unknown) => error);
+    expect((missing as TrellisError).code).toBe('not_found');
+    await live.trellis.apply('DROP TRANSFORM per_page');
+  });
+
   const refusedStatements: Array<[string, string]> = [
     ['SELECT id FROM tags_a INTERSECT SELECT id FROM tags_b', 'INTERSECT is not supported'],
     ['SELECT id FROM tags_a EXCEPT SELECT id FROM tags_b', 'EXCEPT is not supported'],
@@ -190,8 +248,14 @@ describe('UNION ALL and UNION', () => {
       'SELECT count(*) AS n FROM (SELECT tag FROM tags_a UNION SELECT tag FROM tags_b) x',
       'tag can be NULL',
     ],
-    ['SELECT id, tag FROM tags_a UNION ALL SELECT id FROM tags_b', 'each UNION query must have the same number of columns'],
-    ['SELECT id FROM tags_a UNION ALL SELECT tag FROM tags_b', 'UNION types integer and text cannot be matched'],
+    [
+      'SELECT id, tag FROM tags_a UNION ALL SELECT id FROM tags_b',
+      'each UNION query must have the same number of columns',
+    ],
+    [
+      'SELECT id FROM tags_a UNION ALL SELECT tag FROM tags_b',
+      'UNION types integer and text cannot be matched',
+    ],
   ];
   it.each(refusedStatements)('refuses %s with validation naming it', async (select, named) => {
     const error = await live.trellis.apply(`TRANSFORM refused AS ${select}`).then(
@@ -209,7 +273,14 @@ describe('UNION ALL and UNION', () => {
   });
 
   it('drops the branches and the union table with the transform', async () => {
-    for (const t of ['all_events', 'tags_union', 'events_per_source', 'events_per_kind', 'distinct_tag_ids', 'tag_counts']) {
+    for (const t of [
+      'all_events',
+      'tags_union',
+      'events_per_source',
+      'events_per_kind',
+      'distinct_tag_ids',
+      'tag_counts',
+    ]) {
       await live.trellis.apply(`DROP TRANSFORM ${t}`);
     }
     const left = await live.db.sql<{ n: number }[]>`
