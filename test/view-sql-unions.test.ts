@@ -164,6 +164,18 @@ describe('UNION ALL and UNION', () => {
     await live.converged(perKind);
   });
 
+  it('refuses ADD COLUMN and DROP COLUMN on a union, changing nothing', async () => {
+    for (const statement of [
+      'ALTER TRANSFORM all_events ADD COLUMN upper(src) AS big',
+      'ALTER TRANSFORM tags_union DROP COLUMN grp',
+    ]) {
+      const refused = await live.trellis.apply(statement).catch((e: unknown) => e);
+      expect((refused as TrellisError).code).toBe('validation');
+      expect((refused as TrellisError).message).toContain('is a UNION');
+    }
+    await live.converged([allEvents, tagsUnion]);
+  });
+
   it('is not live while a branch is paused', async () => {
     await live.trellis.apply('PAUSE TRANSFORM "trellis#all_events#2"');
     expect((await live.trellis.status('all_events')).status).not.toBe('live');

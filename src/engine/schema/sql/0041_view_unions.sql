@@ -17,7 +17,8 @@
 -- migration wrote them last stays in force): grammar_parse_view (the four-argument form of
 -- 0036) -> grammar_parse_block, _render_view_select -> _render_view_block, render_statement
 -- -> _render_statement_block, _define_parts -> _define_parts_block, _define -> _define_view,
--- _drop -> _drop_view. Replaced (its latest body, 0035's, copied; the change marked "0041"):
+-- _drop -> _drop_view, _alter_add_column -> _alter_add_column_block, _alter_drop_column ->
+-- _alter_drop_column_block (a union's columns are its branches': refused). Replaced (its latest body, 0035's, copied; the change marked "0041"):
 -- status(text), whose upstream now includes the branches feeding a union's table.
 
 ALTER FUNCTION @schema@.grammar_parse_view(@schema@.grammar_token[], int, jsonb, jsonb) RENAME TO grammar_parse_block;
@@ -26,6 +27,8 @@ ALTER FUNCTION @schema@.render_statement(jsonb) RENAME TO _render_statement_bloc
 ALTER FUNCTION @schema@._define_parts(jsonb, text, text, jsonb) RENAME TO _define_parts_block;
 ALTER FUNCTION @schema@._define(jsonb, text) RENAME TO _define_view;
 ALTER FUNCTION @schema@._drop(jsonb) RENAME TO _drop_view;
+ALTER FUNCTION @schema@._alter_add_column(jsonb) RENAME TO _alter_add_column_block;
+ALTER FUNCTION @schema@._alter_drop_column(jsonb) RENAME TO _alter_drop_column_block;
 
 -- The tables of a union's rows, and the branches (parts) that feed each: a transform
 -- reading such a table is downstream of those branches (status(), awaitConverged).
@@ -544,6 +547,38 @@ BEGIN
     END IF;
   END LOOP;
   RETURN result;
+END
+$fn$;
+
+-- ALTER TRANSFORM ... ADD COLUMN / DROP COLUMN: a union's columns are its branches', which
+-- the column would not be added to: refused (DROP TRANSFORM and define it again); every
+-- other transform as before.
+CREATE FUNCTION @schema@._refuse_union_alter(ast jsonb)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  t @schema@.transforms := @schema@._transform_named(ast);
+BEGIN
+  IF t.spec->'ast' ? 'union' THEN
+    PERFORM @schema@._fail('TRV01', format(
+      'transform %I is a UNION: a column is added to or dropped from each of its SELECTs. DROP TRANSFORM it and define it again',
+      t.target_name));
+  END IF;
+END
+$fn$;
+
+CREATE FUNCTION @schema@._alter_add_column(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+BEGIN
+  PERFORM @schema@._refuse_union_alter(ast);
+  RETURN @schema@._alter_add_column_block(ast);
+END
+$fn$;
+
+CREATE FUNCTION @schema@._alter_drop_column(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+BEGIN
+  PERFORM @schema@._refuse_union_alter(ast);
+  RETURN @schema@._alter_drop_column_block(ast);
 END
 $fn$;
 
