@@ -930,9 +930,9 @@ describe("the AS form: a view's SQL (ADR 0049)", () => {
         'WITH',
       ],
       [
-        'TRANSFORM t AS SELECT a FROM s UNION SELECT a FROM u',
-        'UNION is not supported yet',
-        'UNION',
+        'TRANSFORM t AS SELECT a FROM s INTERSECT SELECT a FROM u',
+        'INTERSECT is not supported',
+        'INTERSECT',
       ],
       ['TRANSFORM t AS SELECT a FROM (VALUES (1)) x', 'VALUES in FROM', '('],
       ['TRANSFORM t AS SELECT a FROM (SELECT a FROM s)', 'a subquery in FROM needs an alias', '('],

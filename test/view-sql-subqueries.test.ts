@@ -309,8 +309,8 @@ describe('subqueries in FROM and WITH', () => {
       'invalid reference to FROM-clause entry for table "c"',
     ],
     [
-      'SELECT x.id FROM (SELECT id FROM shop_orders UNION ALL SELECT id FROM shop_customers) x',
-      'UNION ALL is not supported yet',
+      'SELECT x.id FROM (SELECT id FROM shop_orders INTERSECT SELECT id FROM shop_customers) x',
+      'INTERSECT is not supported',
     ],
     [
       'WITH r AS (SELECT customer_id, sum(amount) AS total FROM shop_orders GROUP BY customer_id) SELECT customer_id, total FROM r WHERE customer_id IN (SELECT id FROM shop_customers)',

@@ -5,6 +5,7 @@ import { apply } from './commands/apply.js';
 import { check } from './commands/check.js';
 import { definitions } from './commands/definitions.js';
 import { dump } from './commands/dump.js';
+import { explain } from './commands/explain.js';
 import { generateInstall, generateUpgrade } from './commands/generate-install.js';
 import { generateTransform } from './commands/generate-transform.js';
 import { migrate } from './commands/migrate.js';
@@ -22,6 +23,7 @@ const COMMANDS: readonly Command[] = [
   status,
   apply,
   definitions,
+  explain,
   quarantine,
   release,
   check,

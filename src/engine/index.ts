@@ -11,6 +11,12 @@ export type {
   Maintenance,
 } from './catalog/definitions.js';
 export type {
+  ExplainedPart,
+  ExplainedRead,
+  ExplainMode,
+  Explanation,
+} from './catalog/explain.js';
+export type {
   PoisonedRow,
   QuarantineCount,
   QuarantineEntry,

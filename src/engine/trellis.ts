@@ -3,6 +3,7 @@ import { CallRunner } from './calls.js';
 import { detectWalDisruptions } from './capture/wal/slot-safety.js';
 import { type Definition, readDefinitions } from './catalog/definitions.js';
 import { dumpDefinitionsSql } from './catalog/dump-definitions.js';
+import { type Explanation, explainTransform } from './catalog/explain.js';
 import { readHistory } from './catalog/history.js';
 import {
   type PoisonedRow,
@@ -623,6 +624,18 @@ export class Trellis implements AsyncDisposable {
       await this.requireInstalled(session);
       return readDefinitions(session, this.options.schema);
     });
+  }
+
+  /**
+   * How transform `target` is kept (ADR 0059): its parts in the order a change flows
+   * through them (the transform last), how each is maintained (delta, group recompute,
+   * re-derive) and why, the source indexes each uses or needs, and the SQL the drain runs
+   * for changed keys. `not_found` for a name no transform users defined has.
+   */
+  explain(target: string): Promise<Explanation> {
+    return this.catalogCall('explain', (session) =>
+      explainTransform(session, this.options.schema, target),
+    );
   }
 
   /**

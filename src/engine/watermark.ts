@@ -419,9 +419,9 @@ export class ConvergenceWaits {
                                    OR EXISTS (SELECT 1 FROM ${s}.source_members m
                                                WHERE m.source_id = src.id)
                                    OR src.members_changed_at IS NOT NULL)),
-                         'upstream', ARRAY(SELECT u.id FROM ${s}.transform_sources ts
-                                             JOIN ${s}.transforms u ON u.target_oid = ts.source_oid
-                                            WHERE ts.transform_id = t.id),
+                         -- What it reads that a transform writes: targets, and a
+                         -- union's table (fed by its branches, ADR 0059).
+                         'upstream', ARRAY(SELECT ${s}._upstream_ids(t.id)),
                          'wal', (SELECT c.wal_slot IS NOT NULL FROM ${s}.config c),
                          'decoded', ${s}._wal_decoded(r.lsn::pg_lsn))
                          ORDER BY r.ord)

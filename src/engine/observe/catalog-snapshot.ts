@@ -151,6 +151,10 @@ pending AS (
 edges AS (
   SELECT ts.transform_id AS id, u.id AS up
     FROM ${s}.transform_sources ts JOIN ${s}.transforms u ON u.target_oid = ts.source_oid
+  UNION
+  -- A union's table is fed by its branches (ADR 0059).
+  SELECT ts.transform_id, f.transform_id
+    FROM ${s}.transform_sources ts JOIN ${s}.union_feeds f ON f.table_oid = ts.source_oid
 ),
 upstream(id, up) AS (
   SELECT id, up FROM edges

@@ -1,1 +1,1 @@
--- Placeholder for a migration number another branch uses (the lead deletes it at merge).
+-- Placeholder for a migration another branch adds (the lead deletes this file at merge).
