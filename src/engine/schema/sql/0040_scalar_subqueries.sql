@@ -271,9 +271,17 @@ BEGIN
        AND NOT (k > 1 AND toks[k - 1].kind = 'word'
                 AND toks[k - 1].value IN ('exists', 'in', 'any', 'all', 'some', 'array')) THEN
       close_at := @schema@._closing_token(toks, k);
-      sub := @schema@.grammar_parse_view(
-        toks[k + 1 : close_at - 1] || ROW('eof', '', '', toks[close_at].pos)::@schema@.grammar_token,
-        1, NULL, cte_names);
+      -- A subquery the view grammar cannot read (no FROM: `(SELECT 1)`, a set operation...)
+      -- is refused as a subquery of its clause, not as a syntax error of the statement.
+      BEGIN
+        sub := @schema@.grammar_parse_view(
+          toks[k + 1 : close_at - 1] || ROW('eof', '', '', toks[close_at].pos)::@schema@.grammar_token,
+          1, NULL, cte_names);
+      EXCEPTION WHEN SQLSTATE 'TRP01' THEN
+        PERFORM @schema@._fail('TRV01', format(
+          'a subquery in %s is not supported yet here: as a scalar subquery it must read a table (SELECT <aggregate> FROM ...): %s',
+          clause, SQLERRM));
+      END;
       n := n + 1;
       made := @schema@._scalar_part(sub, n, clause, outer_ast, ctes);
       found := found || jsonb_build_array(made || jsonb_build_object(
