@@ -1,0 +1,1 @@
+-- Placeholder: keeps migration numbers contiguous until the lead merges branches (h-redef).
