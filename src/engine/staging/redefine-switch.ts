@@ -44,18 +44,27 @@ function lockedOut(error: unknown): boolean {
  * replaces are added to the target as staged columns, in a short transaction of their own
  * (no rewrite), then filled from the shadow by batches of rows, each a transaction holding
  * the drain's locks of the transform and its shadow, so the switch's ACCESS EXCLUSIVE lock
- * covers metadata only. Returns false when the target's lock could not be had (tried again
+ * covers metadata only. `prepare` false (a long reader holds the target): the fill only, of
+ * columns added on an earlier pass. Returns false when a lock could not be had (tried again
  * on the next pass).
  */
-async function stage(session: Session, s: string, shadowId: number, log: Logger): Promise<boolean> {
-  try {
-    await session.transaction(async () => {
-      await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
-      await session.query(`SELECT ${s}._redefine_prepare($1)`, [shadowId]);
-    });
-  } catch (error) {
-    if (lockedOut(error)) return false;
-    throw error;
+async function stage(
+  session: Session,
+  s: string,
+  shadowId: number,
+  log: Logger,
+  prepare: boolean,
+): Promise<boolean> {
+  if (prepare) {
+    try {
+      await session.transaction(async () => {
+        await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
+        await session.query(`SELECT ${s}._redefine_prepare($1)`, [shadowId]);
+      });
+    } catch (error) {
+      if (lockedOut(error)) return false;
+      throw error;
+    }
   }
   let after: string[] | null = null;
   let updated = 0;
@@ -142,12 +151,10 @@ export async function switchRedefinitions(
             AND a.xact_start < clock_timestamp() - make_interval(secs => $2::float8 / 1000)) AS busy`,
       [shadow.id, SWITCH_LOCK_TIMEOUT_MS],
     );
-    if (busy?.busy) {
-      pending = true;
-      continue;
-    }
+    // The fill goes on under a long reader (it takes no lock a reader waits for); adding
+    // the staged columns and the switch wait for it to end.
     try {
-      if (!(await stage(session, s, shadow.id, log))) {
+      if (!(await stage(session, s, shadow.id, log, !busy?.busy))) {
         pending = true;
         continue;
       }
@@ -155,8 +162,15 @@ export async function switchRedefinitions(
       const state = sqlstateOf(error);
       if (state === undefined || state.startsWith('08')) throw error;
       const reason = (error as Error).message;
-      await abandon(session, s, shadow.id, reason);
-      log.warn({ target: shadow.target, reason }, 'a redefinition was given up');
+      if (await abandon(session, s, shadow.id, reason)) {
+        log.warn({ target: shadow.target, reason }, 'a redefinition was given up');
+      } else {
+        pending = true;
+      }
+      continue;
+    }
+    if (busy?.busy) {
+      pending = true;
       continue;
     }
     const started = performance.now();

@@ -180,7 +180,7 @@ BEGIN
     'WITH b AS (SELECT %s FROM %s n WHERE %s ORDER BY %s LIMIT %s),'
     ' u AS (UPDATE %s t SET (%s) = ROW(%s) FROM b JOIN %s n ON %s WHERE %s AND record_image_ne(ROW(%s), ROW(%s)) RETURNING 1)'
     ' SELECT jsonb_build_object(''updated'', (SELECT count(*) FROM u),'
-    ' ''last'', (SELECT to_jsonb(ARRAY[%s]) FROM b ORDER BY %s DESC LIMIT 1))',
+    ' ''last'', (SELECT to_jsonb(ARRAY[%s]) FROM b ORDER BY %s LIMIT 1))',
     (SELECT string_agg('n.' || quote_ident(k), ', ') FROM unnest(keys) k),
     s.target_oid::regclass::text, cond, key_list, batch,
     t.target_oid::regclass::text,
@@ -330,7 +330,10 @@ BEGIN
     -- Rows the drains changed since the fill (and the kept columns that differ): written.
     EXECUTE 'UPDATE ' || rel || ' t SET (' || tcols || ') = ROW(' || ncols || ') FROM ' || shadow_rel || ' n WHERE '
       || key_match || ' AND record_image_ne(ROW(' || (
-           SELECT string_agg('t.' || x, ', ') FROM unnest(string_to_array(tcols, ', ')) x)
+           SELECT string_agg('t.' || quote_ident(coalesce(sc->>'staged', cc.name)), ', ' ORDER BY cc.ordinal)
+             FROM @schema@.transform_columns cc
+             LEFT JOIN jsonb_array_elements(st->'columns') sc ON sc->>'name' = cc.name
+            WHERE cc.transform_id = s.id)
       || '), ROW(' || ncols || '))';
     GET DIAGNOSTICS written = ROW_COUNT;
     ddl := jsonb_array_length(plan->'columns') > 0 OR EXISTS (
