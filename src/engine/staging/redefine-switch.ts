@@ -87,7 +87,8 @@ async function stage(
     if (batch.last === null) break;
     after = batch.last;
   }
-  if (updated > 0) log.debug({ shadow: shadowId, updated }, 'a redefinition\'s staged columns were filled');
+  if (updated > 0)
+    log.debug({ shadow: shadowId, updated }, "a redefinition's staged columns were filled");
   return true;
 }
 

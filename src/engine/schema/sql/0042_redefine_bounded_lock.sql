@@ -512,6 +512,14 @@ BEGIN
   IF ddl THEN
     readers_at := locked_at;
   END IF;
+  -- Columns staged for a switch that could not be staged after all (the app indexed a
+  -- retyped column since, say): not the target's.
+  FOR r IN SELECT a.attname FROM pg_attribute a
+            WHERE a.attrelid = t.target_oid AND NOT a.attisdropped
+              AND starts_with(a.attname, 'trellis#' || s.id || '#') LOOP
+    EXECUTE format('ALTER TABLE %s DROP COLUMN %I', rel, r.attname);
+    readers_at := coalesce(readers_at, clock_timestamp());
+  END LOOP;
   END IF;
 
   -- Transforms reading the target follow a column's new type (ADR 0047: their definition
