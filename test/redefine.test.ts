@@ -142,8 +142,12 @@ class Reader {
 }
 
 /** Holds an ACCESS SHARE lock on a table (a long reader) until released. */
-async function holdRead(table: string): Promise<() => Promise<void>> {
+async function holdRead(
+  table: string,
+  before?: (sql: postgres.Sql) => Promise<void>,
+): Promise<() => Promise<void>> {
   const sql = sqlClient(live.db.url, { max: 1 });
+  if (before) await before(sql);
   let release!: () => void;
   const released = new Promise<void>((resolve) => {
     release = resolve;
@@ -245,8 +249,17 @@ async function redefineUnderLoad(s: Scenario): Promise<void> {
   const result = await live.trellis.apply(alterStatement(s.next));
   expect(result.kind).toBe('redefining');
   if (s.staged) {
-    await waitFor(async () => (await stagedColumns(old.target)) > 0, 'the staged columns');
-    release = await holdRead(old.target);
+    // Taken from a session already connected, the moment the staged columns are there: the
+    // worker fills and switches from its next pass on.
+    release = await holdRead(old.target, async (tx) => {
+      await waitFor(async () => {
+        const [row] = await tx.unsafe<{ n: number }[]>(
+          `SELECT count(*)::int AS n FROM pg_attribute WHERE attrelid = '${old.target}'::regclass
+              AND attnum > 0 AND NOT attisdropped AND starts_with(attname, 'trellis#')`,
+        );
+        return row!.n > 0;
+      }, 'the staged columns');
+    });
     await reader.readMore(3);
     expect(reader.sawStaged).toBeGreaterThan(0);
   }

@@ -57,10 +57,17 @@ async function stage(
 ): Promise<boolean> {
   if (prepare) {
     try {
-      await session.transaction(async () => {
+      const added = await session.transaction(async () => {
         await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
-        await session.query(`SELECT ${s}._redefine_prepare($1)`, [shadowId]);
+        const [row] = await session.query<{ added: number }>(
+          `SELECT ${s}._redefine_prepare($1) AS added`,
+          [shadowId],
+        );
+        return Number(row?.added ?? 0);
       });
+      // Columns just added: filled and switched to from the next pass on (the worker comes
+      // back soon), so the switch never follows in the instant the target changed shape.
+      if (added > 0) return false;
     } catch (error) {
       if (lockedOut(error)) return false;
       throw error;
