@@ -29,6 +29,21 @@ function rowsOf(relation: string): string {
   return `SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY to_jsonb(r)::text), '[]')::text AS rows FROM ${relation} r`;
 }
 
+/**
+ * A target's rows as a reader sees them (canonical text, as rowsOf), without the columns a
+ * redefinition stages on it before its switch (`trellis#<id>#<n>`, ADR 0055's addendum):
+ * the definition's columns are what is compared. `staged`: how many such columns the read
+ * saw.
+ */
+function targetRowsOf(target: string): string {
+  return `SELECT coalesce(jsonb_agg(r.j ORDER BY r.j::text), '[]')::text AS rows,
+                 (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = '${target}'::regclass
+                     AND a.attnum > 0 AND NOT a.attisdropped AND starts_with(a.attname, 'trellis#'))::int AS staged
+            FROM (SELECT to_jsonb(x) - ARRAY(SELECT k FROM jsonb_object_keys(to_jsonb(x)) k
+                                              WHERE starts_with(k, 'trellis#')) AS j
+                    FROM ${target} x) r`;
+}
+
 async function contents(d: Definition): Promise<string> {
   const [row] = await live.db.sql.unsafe<{ rows: string }[]>(rowsOf(`(${definitionQuery(d)})`));
   return row!.rows;
@@ -83,6 +98,8 @@ class Reader {
   private stopped = false;
   readonly errors: string[] = [];
   fewest = Number.POSITIVE_INFINITY;
+  /** Reads that saw a redefinition's staged columns beside the definition's. */
+  sawStaged = 0;
   keep = false;
   readonly kept: string[] = [];
   reads = 0;
@@ -98,10 +115,11 @@ class Reader {
     while (!this.stopped) {
       try {
         const keep = this.keep;
-        const [row] = await this.sql.unsafe<{ rows: string; n: number }[]>(
-          `SELECT x.rows, jsonb_array_length(x.rows::jsonb) AS n FROM (${rowsOf(this.target)}) x`,
+        const [row] = await this.sql.unsafe<{ rows: string; n: number; staged: number }[]>(
+          `SELECT x.rows, x.staged, jsonb_array_length(x.rows::jsonb) AS n FROM (${targetRowsOf(this.target)}) x`,
         );
         this.fewest = Math.min(this.fewest, row!.n);
+        if (row!.staged > 0) this.sawStaged += 1;
         if (keep) this.kept.push(row!.rows);
         this.reads += 1;
       } catch (error) {
@@ -124,8 +142,12 @@ class Reader {
 }
 
 /** Holds an ACCESS SHARE lock on a table (a long reader) until released. */
-async function holdRead(table: string): Promise<() => Promise<void>> {
+async function holdRead(
+  table: string,
+  before?: (sql: postgres.Sql) => Promise<void>,
+): Promise<() => Promise<void>> {
   const sql = sqlClient(live.db.url, { max: 1 });
+  if (before) await before(sql);
   let release!: () => void;
   const released = new Promise<void>((resolve) => {
     release = resolve;
@@ -194,6 +216,20 @@ interface Scenario {
   writes: (n: number) => string[];
   /** Chains reading the target, as they are after the switch (checked by the oracle). */
   after?: Definition[];
+  /**
+   * The switch is staged (ADR 0055's addendum): the long reader is taken only once the
+   * staged columns are on the target, and the writers keep writing while they are filled
+   * (the fill goes on under a long reader; the switch waits for it).
+   */
+  staged?: boolean;
+}
+
+async function stagedColumns(target: string): Promise<number> {
+  const [row] = await live.db.sql<{ n: number }[]>`
+    SELECT count(*)::int AS n FROM pg_attribute
+     WHERE attrelid = ${target}::regclass AND attnum > 0 AND NOT attisdropped
+       AND starts_with(attname, 'trellis#')`;
+  return row!.n;
 }
 
 /**
@@ -209,20 +245,35 @@ async function redefineUnderLoad(s: Scenario): Promise<void> {
   const writer = new Writer(s.writes);
   const reader = new Reader(old.target);
   await writer.wroteMore(20);
-  const release = await holdRead(old.target);
+  let release = s.staged ? undefined : await holdRead(old.target);
   const result = await live.trellis.apply(alterStatement(s.next));
   expect(result.kind).toBe('redefining');
+  if (s.staged) {
+    // Taken from a session already connected, the moment the staged columns are there: the
+    // worker fills and switches from its next pass on.
+    release = await holdRead(old.target, async (tx) => {
+      await waitFor(async () => {
+        const [row] = await tx.unsafe<{ n: number }[]>(
+          `SELECT count(*)::int AS n FROM pg_attribute WHERE attrelid = '${old.target}'::regclass
+              AND attnum > 0 AND NOT attisdropped AND starts_with(attname, 'trellis#')`,
+        );
+        return row!.n > 0;
+      }, 'the staged columns');
+    });
+    await reader.readMore(3);
+    expect(reader.sawStaged).toBeGreaterThan(0);
+  }
   await writer.wroteMore(40);
   await writer.stop();
   const shadow = await liveShadow(old.target);
   await convergedById(shadow);
-  await live.converged(s.before);
+  await live.converged(s.before, { ignoreStaged: s.staged === true });
   const before = await contents(old);
   const after = await contents(s.next);
   expect(before).not.toBe(after);
   const floor = JSON.parse(before).length;
   reader.keep = true;
-  await release();
+  await release!();
   await waitFor(
     async () => (await redefinition(old.target))?.state === 'switched',
     `${old.target} to switch`,
@@ -240,6 +291,13 @@ async function redefineUnderLoad(s: Scenario): Promise<void> {
   expect(reader.fewest).toBeGreaterThan(0);
   expect(Math.min(floor, JSON.parse(after).length)).toBeGreaterThan(0);
   expect(await targetOid(old.target)).toBe(oid);
+  // Staged columns are the target's own after the switch: none is left under its name.
+  expect(await stagedColumns(old.target)).toBe(0);
+  const switched = await redefinition(old.target);
+  if (s.staged) {
+    expect(switched?.staged).toBe(true);
+    expect(switched?.readersBlockedMs).toBeDefined();
+  }
   // Maintained by its new definition from then on.
   const more = new Writer(s.writes);
   await more.wroteMore(20);
@@ -324,6 +382,45 @@ describe('ALTER TRANSFORM … AS: redefined in place under writers and readers',
         },
         writes: churn('rd_g_items'),
       });
+    },
+  );
+
+  it(
+    'column types changed and a column added, staged and filled under writers and a long reader',
+    LOAD,
+    async () => {
+      await makeItems('rd_t_items');
+      await redefineUnderLoad({
+        before: [
+          {
+            target: 'rd_t',
+            from: 'rd_t_items',
+            select: 'name, price, qty',
+            where: 'qty < 9',
+            implicit: 'id',
+          },
+        ],
+        next: {
+          target: 'rd_t',
+          from: 'rd_t_items',
+          select: 'name, price::float8 AS price, qty::bigint AS qty, upper(name) AS shout',
+          where: 'qty < 8',
+          implicit: 'id',
+        },
+        writes: churn('rd_t_items'),
+        staged: true,
+      });
+      const types = await live.db.sql<{ name: string; type: string; notnull: boolean }[]>`
+        SELECT attname AS name, format_type(atttypid, atttypmod) AS type, attnotnull AS notnull
+          FROM pg_attribute WHERE attrelid = 'rd_t'::regclass AND attnum > 0 AND NOT attisdropped
+         ORDER BY attname`;
+      expect(types).toEqual([
+        { name: 'id', type: 'integer', notnull: true },
+        { name: 'name', type: 'text', notnull: false },
+        { name: 'price', type: 'double precision', notnull: false },
+        { name: 'qty', type: 'bigint', notnull: false },
+        { name: 'shout', type: 'text', notnull: false },
+      ]);
     },
   );
 

@@ -16,12 +16,15 @@ import { waitFor } from './support/trellis.js';
 // orders placed, paid, shipped and cancelled through its HTTP API. Each report must equal
 // its transform's definition, written here as the plain SQL a user would run.
 
+// customer_revenue as drizzle/0010_trellis_redefine_customer_revenue.sql redefines it
+// (`ALTER TRANSFORM … AS`, written by `trellis generate transform`; 0002 defined it over
+// paid or shipped orders, without lastOrderAt).
 const revenue: Definition = {
   target: 'customer_revenue',
   from: 'order_lines JOIN orders ON order_lines.order_id = orders.id',
   select:
-    'orders.customer_id AS "customerId", sum(order_lines.quantity * order_lines.unit_price) AS revenue, count(DISTINCT orders.id) AS orders',
-  where: "orders.status IN ('paid', 'shipped')",
+    'orders.customer_id AS "customerId", sum(order_lines.quantity * order_lines.unit_price) AS revenue, count(DISTINCT orders.id) AS orders, max(orders.placed_at) AS "lastOrderAt"',
+  where: "orders.status = 'shipped'",
   groupBy: 'orders.customer_id',
 };
 
@@ -73,6 +76,22 @@ afterAll(async () => {
 });
 
 describe('the shop example', () => {
+  it('switches customer_revenue to the definition its migration 0010 redefined it to', async () => {
+    // The migration only starts the redefinition; the worker builds it and switches.
+    let state: { state: string; previous: string; changes: string[] } | undefined;
+    await waitFor(async () => {
+      [state] = await db.sql<{ state: string; previous: string; changes: string[] }[]>`
+        SELECT redefinition->>'state' AS state, redefinition->>'previous' AS previous,
+               redefinition->'changes' AS changes
+          FROM trellis.transforms WHERE target_name = 'customer_revenue' AND redefines IS NULL`;
+      return state?.state === 'switched' || state?.state === 'failed';
+    }, 'customer_revenue to switch to its new definition');
+    expect(state!.state).toBe('switched');
+    expect(state!.previous).toContain("'paid'");
+    expect(state!.changes).toContain('column "lastOrderAt" added (timestamp with time zone)');
+    await expectMatchesDefinition(db.sql, revenue);
+  });
+
   it('keeps its reports equal to their definitions as orders come through the API', async () => {
     const customers: number[] = [];
     for (const [name, country] of [

@@ -159,6 +159,12 @@ export interface OracleOptions {
    * order rows are summed in). 0 compares floats exactly, as text. @defaultValue `1e-9`
    */
   floatTolerance?: number;
+  /**
+   * Leave out the target's columns a redefinition stages before its switch
+   * (`trellis#<id>#<n>`, ADR 0055's addendum): the old definition is compared while they
+   * are there. @defaultValue false
+   */
+  ignoreStaged?: boolean;
 }
 
 export interface Comparison {
@@ -272,7 +278,9 @@ export async function compareWithDefinition(
     }
     const produced = new Set(definitionColumns.map((c) => c.name));
     const held = new Set(targetColumns.map((c) => c.name));
-    const strayColumns = [...held].filter((c) => !produced.has(c));
+    const strayColumns = [...held].filter(
+      (c) => !produced.has(c) && !(options.ignoreStaged && c.startsWith('trellis#')),
+    );
     const missingColumns = [...produced].filter((c) => !held.has(c));
     const columns: Column[] = targetColumns
       .filter((c) => produced.has(c.name))

@@ -20,6 +20,83 @@ export interface SwitchReport {
   written?: number;
   /** From the moment the target's lock was granted to the end of the switch's statements. */
   lockMs?: number;
+  /** How long of that the lock was ACCESS EXCLUSIVE (readers waited): 0 when it never was. */
+  readersBlockedMs?: number;
+  /** Whether the new columns were staged and filled before the switch (ADR 0055 addendum). */
+  staged?: boolean;
+}
+
+/** Rows per batch of a staged redefinition's fill (each batch a transaction of its own). */
+export const FILL_BATCH_ROWS = 5000;
+
+/** Whether an error is a lock that could not be had (or a deadlock): tried again later. */
+function lockedOut(error: unknown): boolean {
+  const state = sqlstateOf(error);
+  return (
+    state === SQLSTATE.lockNotAvailable ||
+    state === SQLSTATE.deadlockDetected ||
+    state === SQLSTATE.serializationFailure
+  );
+}
+
+/**
+ * Before the switch (ADR 0055's addendum): the columns the new definition adds, retypes or
+ * replaces are added to the target as staged columns, in a short transaction of their own
+ * (no rewrite), then filled from the shadow by batches of rows, each a transaction holding
+ * the drain's locks of the transform and its shadow, so the switch's ACCESS EXCLUSIVE lock
+ * covers metadata only. `prepare` false (a long reader holds the target): the fill only, of
+ * columns added on an earlier pass. Returns false when a lock could not be had (tried again
+ * on the next pass).
+ */
+async function stage(
+  session: Session,
+  s: string,
+  shadowId: number,
+  log: Logger,
+  prepare: boolean,
+): Promise<boolean> {
+  if (prepare) {
+    try {
+      const added = await session.transaction(async () => {
+        await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
+        const [row] = await session.query<{ added: number }>(
+          `SELECT ${s}._redefine_prepare($1) AS added`,
+          [shadowId],
+        );
+        return Number(row?.added ?? 0);
+      });
+      // Columns just added: filled and switched to from the next pass on (the worker comes
+      // back soon), so the switch never follows in the instant the target changed shape.
+      if (added > 0) return false;
+    } catch (error) {
+      if (lockedOut(error)) return false;
+      throw error;
+    }
+  }
+  let after: string[] | null = null;
+  let updated = 0;
+  for (;;) {
+    let batch: { updated: number; last: string[] | null };
+    try {
+      batch = await session.transaction(async () => {
+        await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
+        const [row] = await session.query<{ r: { updated: number; last: string[] | null } }>(
+          `SELECT ${s}._redefine_fill($1, $2::text[], $3) AS r`,
+          [shadowId, after, FILL_BATCH_ROWS],
+        );
+        return row!.r;
+      });
+    } catch (error) {
+      if (lockedOut(error)) return false;
+      throw error;
+    }
+    updated += Number(batch.updated);
+    if (batch.last === null) break;
+    after = batch.last;
+  }
+  if (updated > 0)
+    log.debug({ shadow: shadowId, updated }, "a redefinition's staged columns were filled");
+  return true;
 }
 
 interface Shadow {
@@ -58,7 +135,10 @@ export async function switchRedefinitions(
   for (const shadow of shadows) {
     if (shadow.paused) {
       const reason = `its new definition stopped while it was built: ${shadow.reason ?? 'paused'}`;
-      await session.query(`SELECT ${s}._redefine_abandon($1, $2)`, [shadow.id, reason]);
+      if (!(await abandon(session, s, shadow.id, reason))) {
+        pending = true;
+        continue;
+      }
       log.warn({ target: shadow.target, reason }, 'a redefinition was given up');
       continue;
     }
@@ -79,6 +159,24 @@ export async function switchRedefinitions(
             AND a.xact_start < clock_timestamp() - make_interval(secs => $2::float8 / 1000)) AS busy`,
       [shadow.id, SWITCH_LOCK_TIMEOUT_MS],
     );
+    // The fill goes on under a long reader (it takes no lock a reader waits for); adding
+    // the staged columns and the switch wait for it to end.
+    try {
+      if (!(await stage(session, s, shadow.id, log, !busy?.busy))) {
+        pending = true;
+        continue;
+      }
+    } catch (error) {
+      const state = sqlstateOf(error);
+      if (state === undefined || state.startsWith('08')) throw error;
+      const reason = (error as Error).message;
+      if (await abandon(session, s, shadow.id, reason)) {
+        log.warn({ target: shadow.target, reason }, 'a redefinition was given up');
+      } else {
+        pending = true;
+      }
+      continue;
+    }
     if (busy?.busy) {
       pending = true;
       continue;
@@ -96,11 +194,7 @@ export async function switchRedefinitions(
       });
     } catch (error) {
       const state = sqlstateOf(error);
-      if (
-        state === SQLSTATE.lockNotAvailable ||
-        state === SQLSTATE.deadlockDetected ||
-        state === SQLSTATE.serializationFailure
-      ) {
+      if (lockedOut(error)) {
         pending = true;
         log.info(
           { target: shadow.target, error: (error as Error).message },
@@ -110,7 +204,10 @@ export async function switchRedefinitions(
       }
       if (state === undefined || state.startsWith('08')) throw error;
       const reason = (error as Error).message;
-      await session.query(`SELECT ${s}._redefine_abandon($1, $2)`, [shadow.id, reason]);
+      if (!(await abandon(session, s, shadow.id, reason))) {
+        pending = true;
+        continue;
+      }
       log.warn({ target: shadow.target, reason }, 'a redefinition was given up');
       continue;
     }
@@ -125,10 +222,36 @@ export async function switchRedefinitions(
         deleted: report.deleted,
         written: report.written,
         lockMs: report.lockMs,
+        readersBlockedMs: report.readersBlockedMs,
+        staged: report.staged,
         switchMs: Math.round((performance.now() - started) * 100) / 100,
       },
       'a transform was switched to its new definition',
     );
   }
   return pending;
+}
+
+/**
+ * Gives a redefinition up (`<schema>._redefine_abandon`): the shadow goes, and with it any
+ * staged columns on the target, which takes the target's lock briefly. Under a short
+ * lock_timeout, so a long reader is not queued behind; false when it could not be had
+ * (tried again on the next pass).
+ */
+async function abandon(
+  session: Session,
+  s: string,
+  shadowId: number,
+  reason: string,
+): Promise<boolean> {
+  try {
+    await session.transaction(async () => {
+      await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
+      await session.query(`SELECT ${s}._redefine_abandon($1, $2)`, [shadowId, reason]);
+    });
+    return true;
+  } catch (error) {
+    if (lockedOut(error)) return false;
+    throw error;
+  }
 }

@@ -55,7 +55,11 @@ export const orderLines = pgTable(
   ],
 );
 
-/** What each customer has spent on orders that were paid for (GROUP BY over a join). */
+/**
+ * What each customer has spent on orders shipped to them, and when they last ordered
+ * (GROUP BY over a join). Changed after it was first defined (paid or shipped orders, no
+ * lastOrderAt): drizzle/0010_trellis_redefine_customer_revenue.sql redefines it in place.
+ */
 export const customerRevenue = transform('customer_revenue', (t) =>
   t
     .from(orderLines)
@@ -64,8 +68,9 @@ export const customerRevenue = transform('customer_revenue', (t) =>
       customerId: orders.customerId,
       revenue: sql<string>`sum(${orderLines.quantity} * ${orderLines.unitPrice})`,
       orders: sql<number>`count(DISTINCT ${orders.id})`.mapWith(Number),
+      lastOrderAt: sql<Date>`max(${orders.placedAt})`,
     })
-    .where(inArray(orders.status, ['paid', 'shipped']))
+    .where(eq(orders.status, 'shipped'))
     .groupBy(orders.customerId),
 );
 

@@ -1,1 +1,0 @@
--- Placeholder for a migration another branch adds (the lead deletes this file at merge).

@@ -1,1 +1,0 @@
--- Placeholder for another helper's migration 0042 (the lead removes it at merge).
