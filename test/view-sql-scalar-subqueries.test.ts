@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { TrellisError } from '../src/engine/index.js';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
+import { expectRefusedAs } from './support/view-sql-refusals.js';
 
 // Scalar subqueries that read tables, in the SELECT list, WHERE and HAVING of a view's SQL
 // (issue #26, ADR 0058): an uncorrelated one is a one-row part joined on a constant key, a
@@ -323,17 +323,6 @@ describe('scalar subqueries', () => {
     ],
   ];
   it.each(refusedStatements)('refuses %s with validation naming it', async (select, named) => {
-    const error = await live.trellis.apply(`TRANSFORM refused AS ${select}`).then(
-      () => undefined,
-      (e: unknown) => e,
-    );
-    expect(error).toBeInstanceOf(TrellisError);
-    expect({
-      code: (error as TrellisError).code,
-      message: (error as TrellisError).message,
-    }).toMatchObject({ code: 'validation', message: expect.stringContaining(named) });
-    const left = await live.db.sql<{ n: number }[]>`
-      SELECT count(*)::int AS n FROM pg_class WHERE relname LIKE 'trellis#refused%'`;
-    expect(left[0]?.n).toBe(0);
+    await expectRefusedAs(live, select, named);
   });
 });

@@ -3,6 +3,7 @@ import { TrellisError } from '../src/engine/index.js';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
 import { waitFor, waitForStatus } from './support/trellis.js';
+import { expectRefusedAs } from './support/view-sql-refusals.js';
 
 // Subqueries in FROM and WITH in a view's SQL (issue #26, ADR 0056): each derived table and
 // WITH query is a hidden part (a chained transform), and the statement around it reads its
@@ -334,18 +335,6 @@ describe('subqueries in FROM and WITH', () => {
     ],
   ];
   it.each(refusedStatements)('refuses %s with validation naming it', async (select, named) => {
-    const error = await live.trellis.apply(`TRANSFORM refused AS ${select}`).then(
-      () => undefined,
-      (e: unknown) => e,
-    );
-    expect(error).toBeInstanceOf(TrellisError);
-    expect({
-      code: (error as TrellisError).code,
-      message: (error as TrellisError).message,
-    }).toMatchObject({ code: 'validation', message: expect.stringContaining(named) });
-    // Nothing of it stays behind.
-    const left = await live.db.sql<{ n: number }[]>`
-      SELECT count(*)::int AS n FROM pg_class WHERE relname LIKE 'trellis#refused%'`;
-    expect(left[0]?.n).toBe(0);
+    await expectRefusedAs(live, select, named);
   });
 });

@@ -1,10 +1,11 @@
 import { describe, expect, it } from 'vitest';
 import { formatExplanation } from '../src/engine/catalog/explain.js';
-import { TrellisError } from '../src/engine/index.js';
+import type { TrellisError } from '../src/engine/index.js';
 import { trellisInProcess } from './support/cli.js';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
 import { waitForStatus } from './support/trellis.js';
+import { expectRefusedAs } from './support/view-sql-refusals.js';
 
 // UNION ALL and UNION in a view's SQL (issue #26, ADR 0059): each branch is a hidden part
 // mirrored into the union's table, which the transform (or the part a subquery makes)
@@ -270,18 +271,7 @@ describe('UNION ALL and UNION', () => {
     ],
   ];
   it.each(refusedStatements)('refuses %s with validation naming it', async (select, named) => {
-    const error = await live.trellis.apply(`TRANSFORM refused AS ${select}`).then(
-      () => undefined,
-      (e: unknown) => e,
-    );
-    expect(error).toBeInstanceOf(TrellisError);
-    expect({
-      code: (error as TrellisError).code,
-      message: (error as TrellisError).message,
-    }).toMatchObject({ code: 'validation', message: expect.stringContaining(named) });
-    const left = await live.db.sql<{ n: number }[]>`
-      SELECT count(*)::int AS n FROM pg_class WHERE relname LIKE 'trellis#refused%'`;
-    expect(left[0]?.n).toBe(0);
+    await expectRefusedAs(live, select, named);
   });
 
   it('drops the branches and the union table with the transform', async () => {

@@ -1,8 +1,9 @@
 import { describe, expect, it } from 'vitest';
-import { TrellisError } from '../src/engine/index.js';
+import type { TrellisError } from '../src/engine/index.js';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
 import { waitFor, waitForStatus } from './support/trellis.js';
+import { expectRefusedAs } from './support/view-sql-refusals.js';
 
 // A view's SQL as Postgres writes it: TRANSFORM name AS <select> (issue #26, ADR 0049).
 // Each target is compared with its SELECT recomputed by Postgres (the oracle), after
@@ -276,18 +277,7 @@ describe('what the AS form refuses, by name', () => {
     ['(SELECT id FROM orders)', 'a SELECT in parentheses'],
   ];
   it.each(refused)('refuses %s with validation naming it', async (select, named) => {
-    const error = await live.trellis.apply(`TRANSFORM refused AS ${select}`).then(
-      () => undefined,
-      (e: unknown) => e,
-    );
-    expect(error).toBeInstanceOf(TrellisError);
-    expect({
-      code: (error as TrellisError).code,
-      message: (error as TrellisError).message,
-    }).toMatchObject({
-      code: 'validation',
-      message: expect.stringContaining(named),
-    });
+    await expectRefusedAs(live, select, named);
   });
 
   it('tells a statement with neither FROM nor AS after its name', async () => {
