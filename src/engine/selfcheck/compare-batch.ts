@@ -13,6 +13,7 @@ import {
   pendingStatsSql,
   routedSql,
   type Scope,
+  snapshotLocksSql,
 } from './compare-sql.js';
 import { type CheckContext, CheckStopped, checkTime, type Key } from './context.js';
 import { renderKey } from './render-key.js';
@@ -185,6 +186,8 @@ async function compareInSnapshot(
 ): Promise<Sorted> {
   const { session, schema } = ctx;
   return session.transaction(async (): Promise<Sorted> => {
+    // First, before the snapshot: see snapshotLocksSql.
+    await session.query(snapshotLocksSql(schema, shape));
     const state = await readState(session, schema, shape.plan.id);
     const wal = await walPosition(ctx);
     const viaWal = wal !== null;

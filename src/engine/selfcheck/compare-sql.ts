@@ -12,6 +12,7 @@ import {
   tuple,
   typedParam,
 } from '../drain/sql-parts.js';
+import { quoteIdent } from '../identifiers.js';
 import type { CheckShape } from './shape.js';
 
 /**
@@ -253,6 +254,29 @@ export function chunkBoundarySql(shape: CheckShape): string {
  * tick's snapshot, `$2` this transaction's). Keys held for the whole transform are left
  * in: the classification asks about held keys on its own, first.
  */
+/**
+ * Locks, before the comparison's snapshot is taken (LOCK TABLE takes none), every table the
+ * comparison reads that something may TRUNCATE meanwhile: the target and the key map and
+ * group states (a rebuild, a recompute of every group: pages.ts), the ledger (its
+ * generations are emptied once every cursor passed them: ledger-maintenance.ts) and the
+ * sources (the app's TRUNCATE). TRUNCATE is not MVCC-safe: a repeatable-read snapshot
+ * taken before it commits reads the table empty afterwards, which made differences lag
+ * explains look like findings (no key map row to route a pending change to its old group,
+ * no ledger row to call a key pending). Held, they make such a TRUNCATE wait for the
+ * comparison instead, as a comparison's own reads would once they reached the table.
+ */
+export function snapshotLocksSql(schema: string, shape: CheckShape): string {
+  const plan = shape.plan;
+  const tables = new Set([
+    plan.targetSql,
+    ...plan.sources.map((s) => s.table),
+    ...(plan.mapSql ? [plan.mapSql] : []),
+    ...(plan.delta ? [plan.delta.statesSql] : []),
+    `${quoteIdent(schema)}.ledger`,
+  ]);
+  return `LOCK TABLE ${[...tables].join(', ')} IN ACCESS SHARE MODE`;
+}
+
 export function pendingChangedSql(schema: string, shape: CheckShape): string {
   const ids = [...new Set(requireSourceIds(shape.plan).map((s) => s.sourceId))];
   const wide = requireSourceIds(shape.plan)
