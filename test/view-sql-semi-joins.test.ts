@@ -379,26 +379,28 @@ describe('semi- and anti-joins over subqueries in WHERE', () => {
     expect(left[0]?.n).toBe(0);
   });
 
+  // NOT IN over nullable values, uncorrelated EXISTS and an OR of these forms are kept
+  // (view-sql-not-in.test.ts); over the groups of a GROUP BY a nullable NOT IN is not.
   const refused: Array<[string, string]> = [
     [
-      'SELECT o.amount FROM sj_orders o WHERE o.customer_id IS NOT NULL AND o.customer_id NOT IN (SELECT customer_id FROM sj_blocked)',
+      'SELECT o.amount FROM sj_orders o WHERE o.customer_id IS NOT NULL AND o.customer_id NOT IN (SELECT customer_id FROM sj_blocked GROUP BY customer_id HAVING count(*) > 1)',
       'add WHERE customer_id IS NOT NULL to the subquery',
     ],
     [
-      'SELECT o.amount FROM sj_orders o WHERE o.customer_id NOT IN (SELECT customer_id FROM sj_blocked WHERE customer_id IS NOT NULL)',
+      'SELECT o.amount FROM sj_orders o WHERE o.customer_id NOT IN (SELECT customer_id FROM sj_blocked WHERE customer_id IS NOT NULL GROUP BY customer_id HAVING count(*) > 1)',
       'add AND o.customer_id IS NOT NULL to WHERE',
     ],
     [
-      "SELECT o.amount FROM sj_orders o WHERE o.status = 'paid' OR EXISTS (SELECT 1 FROM sj_blocked b WHERE b.customer_id = o.customer_id)",
-      'not inside an OR',
+      "SELECT o.amount FROM sj_orders o WHERE o.status = 'paid' OR (o.amount > 1 AND EXISTS (SELECT 1 FROM sj_blocked b WHERE b.customer_id = o.customer_id))",
+      'under an OR',
     ],
     [
       'SELECT o.amount FROM sj_orders o WHERE NOT (o.amount > 1 AND o.customer_id IN (SELECT customer_id FROM sj_blocked))',
       'AND-ed at the top of WHERE',
     ],
     [
-      'SELECT o.amount FROM sj_orders o WHERE EXISTS (SELECT 1 FROM sj_blocked b WHERE b.reason IS NULL)',
-      'not correlated by an equality',
+      'SELECT o.amount FROM sj_orders o WHERE EXISTS (SELECT 1 FROM sj_blocked b WHERE b.customer_id <> o.customer_id)',
+      'correlated only by <>',
     ],
     [
       'SELECT o.amount FROM sj_orders o WHERE EXISTS (SELECT 1 FROM sj_blocked b WHERE b.customer_id < o.customer_id)',
