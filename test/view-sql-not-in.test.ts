@@ -329,10 +329,7 @@ describe('NOT IN over NULLs, uncorrelated EXISTS, and subquery predicates under 
       "SELECT i.v FROM ni_items i WHERE i.v = 'a' OR (i.x > 1 AND EXISTS (SELECT 1 FROM ni_bad))",
       'under an OR',
     ],
-    [
-      'SELECT i.v FROM ni_items i WHERE NOT (i.x IN (SELECT s FROM ni_bad))',
-      'another expression',
-    ],
+    ['SELECT i.v FROM ni_items i WHERE NOT (i.x IN (SELECT s FROM ni_bad))', 'another expression'],
     [
       'SELECT i.v FROM ni_items i WHERE EXISTS (SELECT 1 FROM ni_bad b WHERE b.s <> i.x)',
       'correlated only by <>',

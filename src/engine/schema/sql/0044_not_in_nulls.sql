@@ -81,13 +81,13 @@ BEGIN
   END IF;
   toks := @schema@.grammar_tokenize(shape->>'expr');
   FOR k IN 1 .. array_length(toks, 1) LOOP
-    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+    IF (toks[k].kind = 'punct' AND toks[k].text IN ('(', '[')) OR @schema@.grammar_kw(toks[k], 'case') THEN
       d := d + 1;
-    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+    ELSIF (toks[k].kind = 'punct' AND toks[k].text IN (')', ']')) OR @schema@.grammar_kw(toks[k], 'end') THEN
       d := d - 1;
     ELSIF d = 0 AND ((toks[k].kind = 'word' AND toks[k].value IN (
                         'and', 'or', 'not', 'is', 'isnull', 'notnull', 'between', 'like', 'ilike',
-                        'similar', 'in', 'case', 'when', 'then', 'else', 'end'))
+                        'similar', 'in'))
                      OR (toks[k].kind = 'op' AND toks[k].text IN ('=', '<>', '!=', '<', '>', '<=', '>='))) THEN
       RETURN NULL;
     END IF;
@@ -240,7 +240,9 @@ BEGIN
     END IF;
     PERFORM @schema@._fail('TRV01', format(
       'a subquery in WHERE as EXISTS, IN, = ANY or <> ALL is supported only as a condition AND-ed at the top of WHERE or as a term of an OR so AND-ed, not inside %s (%s): write it as its own AND-ed condition, or as a term of an OR',
-      CASE WHEN EXISTS (SELECT 1 FROM unnest(toks) t WHERE @schema@.grammar_kw(t, 'or')) THEN 'an AND or another expression under an OR'
+      CASE WHEN terms IS NOT NULL THEN 'an AND or another expression under an OR'
+           WHEN EXISTS (SELECT 1 FROM unnest(toks) t WHERE @schema@.grammar_kw(t, 'or'))
+             THEN 'an OR inside another expression (NOT, CASE, a comparison)'
            ELSE 'another expression (NOT, CASE, a comparison)' END, c));
   END LOOP;
   FOR w IN SELECT value FROM jsonb_array_elements(work) LOOP
