@@ -11,16 +11,19 @@ import { expectRefusedAs } from './support/view-sql-refusals.js';
 // entering and leaving the subquery, the subquery emptied and refilled, the outer value
 // becoming NULL and back, correlation columns moving, keys changing.
 
+const initialRows = `
+  INSERT INTO ni_items VALUES (1, 1, 1, 'a'), (2, 2, 1, 'b'), (3, NULL, 1, 'c'), (4, 4, 2, NULL),
+    (5, 5, 2, 'keep'), (6, NULL, NULL, 'keep'), (7, 7, NULL, 'g'), (8, 2, 3, 'h'), (9, 9, 3, 'i');
+  INSERT INTO ni_bad VALUES (1, 2, 1, true), (2, 4, 2, true), (3, 2, 1, true), (4, NULL, 3, false),
+    (5, 9, NULL, false), (6, 7, 2, true);`;
+
 const live = livePipeline({
   drainThreads: 1,
   setup: async (db) => {
     await db.sql.unsafe(`
       CREATE TABLE ni_items (id int PRIMARY KEY, x int, grp int, v text);
       CREATE TABLE ni_bad (id int PRIMARY KEY, s int, grp int, active boolean);
-      INSERT INTO ni_items VALUES (1, 1, 1, 'a'), (2, 2, 1, 'b'), (3, NULL, 1, 'c'), (4, 4, 2, NULL),
-        (5, 5, 2, 'keep'), (6, NULL, NULL, 'keep'), (7, 7, NULL, 'g'), (8, 2, 3, 'h'), (9, 9, 3, 'i');
-      INSERT INTO ni_bad VALUES (1, 2, 1, true), (2, 4, 2, true), (3, 2, 1, true), (4, NULL, 3, false),
-        (5, 9, NULL, false), (6, 7, 2, true);
+      ${initialRows}
 
       -- TPC-H's customer and orders, as far as Q22 reads them (a made-up scale), with the
       -- foreign key nullable.
@@ -152,6 +155,37 @@ const orMixed: Definition = {
   implicit: 'i.id AS id',
 };
 
+// The outer value from a LEFT JOIN's nullable side.
+const leftJoined: Definition = {
+  form: 'as',
+  target: 'ni_left_joined',
+  select: 'i.v, b.s AS bs',
+  from: 'ni_items i LEFT JOIN ni_bad b ON b.id = i.id',
+  where: 'b.s NOT IN (SELECT x FROM ni_items WHERE grp = 1)',
+  implicit: 'i.id AS id, b.id AS b_id',
+};
+
+// Inside a WITH query: a nullable NOT IN OR an uncorrelated EXISTS, grouped around it.
+const inWith: Definition = {
+  form: 'as',
+  target: 'ni_in_with',
+  with: `kept AS (SELECT i.id, i.grp FROM ni_items i
+     WHERE i.x NOT IN (SELECT s FROM ni_bad WHERE active) OR EXISTS (SELECT 1 FROM ni_bad WHERE s IS NULL AND NOT active))`,
+  select: 'k.grp, count(*) AS n',
+  from: 'kept k',
+  groupBy: 'k.grp',
+};
+
+// A correlated <> ALL over nullable values as a term of an OR.
+const allUnderOr: Definition = {
+  form: 'as',
+  target: 'ni_all_or',
+  select: 'i.v',
+  from: 'ni_items i',
+  where: 'i.grp = 3 OR i.x <> ALL (SELECT b.s FROM ni_bad b WHERE b.grp = i.grp AND b.id > 2)',
+  implicit: 'i.id AS id',
+};
+
 // TPC-H Q22 as the specification writes it (its parameters substituted).
 const q22: Definition = {
   form: 'as',
@@ -180,6 +214,8 @@ const forms = [
   orNotIn,
   orMixed,
 ];
+
+const nested = [leftJoined, inWith, allUnderOr];
 
 /** Writes that flip the answers, each followed by a comparison with the oracle. */
 const steps: string[] = [
@@ -224,6 +260,17 @@ describe('NOT IN over NULLs, uncorrelated EXISTS, and subquery predicates under 
     for (const step of steps) {
       await live.db.sql.unsafe(step);
       await live.converged(forms);
+    }
+  }, 240_000);
+
+  it('maintains them from a LEFT JOIN, inside a WITH query and correlated under an OR', async () => {
+    // The same writes again, from the same rows.
+    await live.db.sql.unsafe(`DELETE FROM ni_items; DELETE FROM ni_bad; ${initialRows}`);
+    await live.define(...nested);
+    await live.converged(nested);
+    for (const step of steps) {
+      await live.db.sql.unsafe(step);
+      await live.converged(nested);
     }
   }, 240_000);
 
@@ -277,7 +324,7 @@ describe('NOT IN over NULLs, uncorrelated EXISTS, and subquery predicates under 
       }
     };
     await Promise.all([1, 2, 3].map(writer));
-    await live.converged(forms);
+    await live.converged([...forms, ...nested]);
   }, 240_000);
 
   it('maintains TPC-H Q22 (a scalar subquery and NOT EXISTS in a derived table) under churn', async () => {
@@ -314,7 +361,8 @@ describe('NOT IN over NULLs, uncorrelated EXISTS, and subquery predicates under 
   });
 
   it('drops the parts with the transforms', async () => {
-    for (const d of [...forms, q22]) await live.trellis.apply(`DROP TRANSFORM ${d.target}`);
+    for (const d of [...forms, ...nested, q22])
+      await live.trellis.apply(`DROP TRANSFORM ${d.target}`);
     const left = await live.db.sql<{ n: number }[]>`
       SELECT count(*)::int AS n FROM pg_class WHERE relname LIKE 'trellis#%'`;
     expect(left[0]?.n).toBe(0);
