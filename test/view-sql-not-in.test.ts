@@ -382,6 +382,11 @@ describe('NOT IN over NULLs, uncorrelated EXISTS, and subquery predicates under 
       'SELECT i.v FROM ni_items i WHERE EXISTS (SELECT 1 FROM ni_bad b WHERE b.s <> i.x)',
       'correlated only by <>',
     ],
+    [
+      // A scalar subquery in a WITH query that reads another of the statement's.
+      'WITH a AS (SELECT id, x FROM ni_items), b AS (SELECT id FROM a WHERE x > (SELECT avg(s) FROM ni_bad)) SELECT id FROM b',
+      'a subquery in WHERE',
+    ],
   ];
   it.each(refused)('refuses %s with validation saying why', async (select, named) => {
     await expectRefusedAs(live, select, named);

@@ -463,8 +463,9 @@ $fn$;
 -- Scalar subqueries in the WHERE, HAVING or SELECT list of a derived table or WITH query
 -- (TPC-H Q22: `c_acctbal > (SELECT avg(c_acctbal) ...)` inside its FROM's subquery): each
 -- part's statement gets _scalar_subqueries (ADR 0058) before it is defined, as the
--- statement around it does; its comma joins first, as there. A part without one is as
--- before. Renamed and wrapped: _define_parts (0041) -> _define_parts_before_notin.
+-- statement around it does; its comma joins first, as there. A part without one, or
+-- reading a WITH query of the statement around it, is as before. Renamed and wrapped:
+-- _define_parts (0041) -> _define_parts_before_notin.
 ALTER FUNCTION @schema@._define_parts(jsonb, text, text, jsonb) RENAME TO _define_parts_before_notin;
 
 CREATE FUNCTION @schema@._define_parts(ast jsonb, root text, path text, scope jsonb)
@@ -473,6 +474,14 @@ BEGIN
   IF ast ? 'parts' THEN
     ast := ast || jsonb_build_object('parts', (
       SELECT jsonb_agg(CASE WHEN p ? 'ast' AND NOT (p->'ast') ? 'union' AND NOT (p->'ast') ? 'scalars'
+                             -- not one reading a WITH query of the statement around it (Postgres
+                             -- cannot read it alone): refused as before, "a subquery in WHERE"
+                             AND NOT EXISTS (
+                               SELECT 1 FROM jsonb_array_elements(jsonb_build_array(p->'ast'->'from')
+                                                                  || coalesce(p->'ast'->'joins', '[]')) i
+                                WHERE i->>'part_kind' = 'cte'
+                                  AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(coalesce(p->'ast'->'parts', '[]')) q
+                                                   WHERE q->>'kind' = 'cte' AND q->>'name' = i->>'part'))
                              AND (coalesce(p->'ast'->>'where', '') ~* '\(\s*(select|with)\M'
                                   OR coalesce(p->'ast'->>'having', '') ~* '\(\s*(select|with)\M'
                                   OR EXISTS (SELECT 1 FROM jsonb_array_elements(p->'ast'->'select') i
