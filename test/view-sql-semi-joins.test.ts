@@ -134,13 +134,14 @@ const q4: Definition = {
   orderBy: 'o_orderpriority',
 };
 
-// TPC-H Q16's NOT IN (its comma join written as JOIN ... ON: comma lists are not supported).
+// TPC-H Q16 as the specification writes it (a comma-separated FROM list, ADR 0058).
 const q16: Definition = {
   form: 'as',
   target: 'q16',
   select: 'p_brand, p_type, p_size, count(DISTINCT ps_suppkey) AS supplier_cnt',
-  from: 'partsupp JOIN part ON p_partkey = ps_partkey',
-  where: `p_brand <> 'Brand#4' AND p_type NOT LIKE 'MEDIUM POLISHED%' AND p_size IN (1, 2, 3, 5, 7, 8)
+  from: 'partsupp, part',
+  where: `p_partkey = ps_partkey AND p_brand <> 'Brand#4' AND p_type NOT LIKE 'MEDIUM POLISHED%'
+     AND p_size IN (1, 2, 3, 5, 7, 8)
      AND ps_suppkey NOT IN (SELECT s_suppkey FROM supplier WHERE s_comment LIKE '%Customer%Complaints%')`,
   groupBy: 'p_brand, p_type, p_size',
   orderBy: 'supplier_cnt DESC, p_brand, p_type, p_size',
