@@ -134,13 +134,14 @@ const q4: Definition = {
   orderBy: 'o_orderpriority',
 };
 
-// TPC-H Q16's NOT IN (its comma join written as JOIN ... ON: comma lists are not supported).
+// TPC-H Q16 as the specification writes it (a comma-separated FROM list, ADR 0058).
 const q16: Definition = {
   form: 'as',
   target: 'q16',
   select: 'p_brand, p_type, p_size, count(DISTINCT ps_suppkey) AS supplier_cnt',
-  from: 'partsupp JOIN part ON p_partkey = ps_partkey',
-  where: `p_brand <> 'Brand#4' AND p_type NOT LIKE 'MEDIUM POLISHED%' AND p_size IN (1, 2, 3, 5, 7, 8)
+  from: 'partsupp, part',
+  where: `p_partkey = ps_partkey AND p_brand <> 'Brand#4' AND p_type NOT LIKE 'MEDIUM POLISHED%'
+     AND p_size IN (1, 2, 3, 5, 7, 8)
      AND ps_suppkey NOT IN (SELECT s_suppkey FROM supplier WHERE s_comment LIKE '%Customer%Complaints%')`,
   groupBy: 'p_brand, p_type, p_size',
   orderBy: 'supplier_cnt DESC, p_brand, p_type, p_size',
@@ -379,26 +380,28 @@ describe('semi- and anti-joins over subqueries in WHERE', () => {
     expect(left[0]?.n).toBe(0);
   });
 
+  // NOT IN over nullable values, uncorrelated EXISTS and an OR of these forms are kept
+  // (view-sql-not-in.test.ts); over the groups of a GROUP BY a nullable NOT IN is not.
   const refused: Array<[string, string]> = [
     [
-      'SELECT o.amount FROM sj_orders o WHERE o.customer_id IS NOT NULL AND o.customer_id NOT IN (SELECT customer_id FROM sj_blocked)',
+      'SELECT o.amount FROM sj_orders o WHERE o.customer_id IS NOT NULL AND o.customer_id NOT IN (SELECT customer_id FROM sj_blocked GROUP BY customer_id HAVING count(*) > 1)',
       'add WHERE customer_id IS NOT NULL to the subquery',
     ],
     [
-      'SELECT o.amount FROM sj_orders o WHERE o.customer_id NOT IN (SELECT customer_id FROM sj_blocked WHERE customer_id IS NOT NULL)',
+      'SELECT o.amount FROM sj_orders o WHERE o.customer_id NOT IN (SELECT customer_id FROM sj_blocked WHERE customer_id IS NOT NULL GROUP BY customer_id HAVING count(*) > 1)',
       'add AND o.customer_id IS NOT NULL to WHERE',
     ],
     [
-      "SELECT o.amount FROM sj_orders o WHERE o.status = 'paid' OR EXISTS (SELECT 1 FROM sj_blocked b WHERE b.customer_id = o.customer_id)",
-      'not inside an OR',
+      "SELECT o.amount FROM sj_orders o WHERE o.status = 'paid' OR (o.amount > 1 AND EXISTS (SELECT 1 FROM sj_blocked b WHERE b.customer_id = o.customer_id))",
+      'under an OR',
     ],
     [
       'SELECT o.amount FROM sj_orders o WHERE NOT (o.amount > 1 AND o.customer_id IN (SELECT customer_id FROM sj_blocked))',
       'AND-ed at the top of WHERE',
     ],
     [
-      'SELECT o.amount FROM sj_orders o WHERE EXISTS (SELECT 1 FROM sj_blocked b WHERE b.reason IS NULL)',
-      'not correlated by an equality',
+      'SELECT o.amount FROM sj_orders o WHERE EXISTS (SELECT 1 FROM sj_blocked b WHERE b.customer_id <> o.customer_id)',
+      'correlated only by <>',
     ],
     [
       'SELECT o.amount FROM sj_orders o WHERE EXISTS (SELECT 1 FROM sj_blocked b WHERE b.customer_id < o.customer_id)',
