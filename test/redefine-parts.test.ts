@@ -423,3 +423,65 @@ describe('status() of a redefinition: how long readers were blocked', () => {
     },
   );
 });
+
+describe('a source column renamed under a redefined transform', () => {
+  it(
+    'the statement shown follows the new name, for statements redefined with and without parts',
+    LOAD,
+    async () => {
+      await makeItems('rdr_items');
+      const parted: Definition = {
+        form: 'as',
+        target: 'rdr_parted',
+        select: 't.cat, t.total',
+        from: '(SELECT cat, sum(price) AS total FROM rdr_items GROUP BY cat) t',
+      };
+      const plain: Definition = {
+        form: 'as',
+        target: 'rdr_plain',
+        select: 'id, name, price',
+        from: 'rdr_items',
+        where: 'price > 3',
+      };
+      await live.define(parted, plain);
+      const next: Definition = {
+        ...plain,
+        select: 'id, name, price * 2 AS twice',
+        where: 'price > 9',
+      };
+      const nextParted: Definition = {
+        ...parted,
+        from: '(SELECT cat, max(price) AS total FROM rdr_items WHERE qty > 0 GROUP BY cat) t',
+      };
+      await live.trellis.apply(alterStatement(next));
+      await live.trellis.apply(alterStatement(nextParted));
+      for (const target of ['rdr_plain', 'rdr_parted']) {
+        await waitFor(
+          async () => (await state(target))?.state === 'switched',
+          `${target} to switch`,
+          60_000,
+        );
+      }
+      await live.db.sql`ALTER TABLE rdr_items RENAME COLUMN price TO cost`;
+      const statement = async (target: string) =>
+        (await live.trellis.definitions()).find((d) => d.target === target)?.statement ?? '';
+      await waitFor(
+        async () =>
+          (await statement('rdr_parted')).includes('cost') &&
+          (await statement('rdr_plain')).includes('cost'),
+        'the rename in both statements',
+        30_000,
+      );
+      expect(await statement('rdr_parted')).not.toMatch(/\bprice\b/);
+      expect(await statement('rdr_plain')).not.toMatch(/\bprice\b/);
+      await live.db.sql`INSERT INTO rdr_items (name, cost, qty, cat) VALUES ('late', 77, 1, 2)`;
+      await live.converged([
+        {
+          ...parted,
+          from: '(SELECT cat, max(cost) AS total FROM rdr_items WHERE qty > 0 GROUP BY cat) t',
+        },
+        { ...next, select: 'id, name, cost * 2 AS twice', where: 'cost > 9' },
+      ]);
+    },
+  );
+});
