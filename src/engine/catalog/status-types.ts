@@ -448,8 +448,15 @@ export interface Redefinition {
   changes: string[];
   /** Why it was given up (state `failed`). */
   error: string | null;
-  /** How long the switch held the target's lock (state `switched`). */
+  /** How long the switch held the target's lock (state `switched`): the drains waited for it. */
   lockMs: number | null;
+  /**
+   * How long of that the lock was ACCESS EXCLUSIVE (state `switched`): readers waited for
+   * this part only; 0 when the switch took none (no column changed).
+   */
+  readersBlockedMs: number | null;
+  /** Whether the new columns were staged and filled before the switch (state `switched`). */
+  staged: boolean | null;
   /** When the redefinition was asked for. */
   since: Date | null;
   /** When it was switched or given up. */

@@ -67,9 +67,11 @@ type StatusJson = Omit<
   lastApply: (Omit<LastApply, 'at' | 'keys'> & { at: string; keys: number | string }) | null;
   restored: { reason: string; detectedAt: string | null } | null;
   redefinition?:
-    | (Omit<Redefinition, 'since' | 'at' | 'error' | 'lockMs'> & {
+    | (Omit<Redefinition, 'since' | 'at' | 'error' | 'lockMs' | 'readersBlockedMs' | 'staged'> & {
         error?: string | null;
         lockMs?: number | null;
+        readersBlockedMs?: number | null;
+        staged?: boolean | null;
         since?: string | null;
         at?: string | null;
       })
@@ -139,6 +141,11 @@ export async function readStatus(
           ...s.redefinition,
           error: s.redefinition.error ?? null,
           lockMs: s.redefinition.lockMs ?? null,
+          readersBlockedMs:
+            s.redefinition.readersBlockedMs == null
+              ? null
+              : Number(s.redefinition.readersBlockedMs),
+          staged: s.redefinition.staged ?? null,
           since: maybeDate(s.redefinition.since ?? null),
           at: maybeDate(s.redefinition.at ?? null),
         }

@@ -131,7 +131,7 @@ export async function switchRedefinitions(
       WHERE x.redefines IS NOT NULL
       ORDER BY x.id`,
   );
-  let pending = false;
+  let pending = !(await dropOrphanParts(session, s, log));
   for (const shadow of shadows) {
     if (shadow.paused) {
       const reason = `its new definition stopped while it was built: ${shadow.reason ?? 'paused'}`;
@@ -228,8 +228,38 @@ export async function switchRedefinitions(
       },
       'a transform was switched to its new definition',
     );
+    // The old definition's parts (a statement with subqueries, ADR 0056), whose transform
+    // is now the shadow's: dropped in a transaction of their own (no lock on the target).
+    if (!(await dropOrphanParts(session, s, log))) pending = true;
   }
   return pending;
+}
+
+/**
+ * Drops the hidden parts of a definition switched away from (`<schema>._drop_orphan_parts`,
+ * ADR 0055's second addendum), under a short lock_timeout; false when a lock could not be
+ * had (tried again on the next pass).
+ */
+async function dropOrphanParts(session: Session, s: string, log: Logger): Promise<boolean> {
+  // A read first (no transaction, no lock): there are none on nearly every pass.
+  const [left] = await session.query<{ any: boolean }>(
+    `SELECT EXISTS (SELECT 1 FROM ${s}.transforms x
+                     WHERE x.part_of IS NOT NULL
+                       AND NOT EXISTS (SELECT 1 FROM ${s}.transforms o WHERE o.id = x.part_of)) AS any`,
+  );
+  if (!left?.any) return true;
+  try {
+    const dropped = await session.transaction(async () => {
+      await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
+      const [row] = await session.query<{ n: number }>(`SELECT ${s}._drop_orphan_parts() AS n`);
+      return Number(row?.n ?? 0);
+    });
+    if (dropped > 0) log.debug({ dropped }, "an old definition's parts were dropped");
+    return true;
+  } catch (error) {
+    if (lockedOut(error)) return false;
+    throw error;
+  }
 }
 
 /**
