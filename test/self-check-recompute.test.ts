@@ -52,7 +52,7 @@ describe.each(testSeeds([3]))('self-check beside recomputes of every group (seed
         written += 1;
       }
     })();
-    const outcomes: Array<{ outcome?: string; counts?: unknown; listed?: unknown }> = [];
+    const outcomes: Array<{ outcome: string | undefined; counts: unknown; listed: unknown }> = [];
     try {
       for (let i = 0; i < 8; i += 1) {
         const job = await live.trellis.selfCheck(d.target, 'full');
