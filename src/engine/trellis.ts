@@ -3,7 +3,12 @@ import { CallRunner } from './calls.js';
 import { detectWalDisruptions } from './capture/wal/slot-safety.js';
 import { type Definition, readDefinitions } from './catalog/definitions.js';
 import { dumpDefinitionsSql } from './catalog/dump-definitions.js';
-import { type Explanation, explainTransform } from './catalog/explain.js';
+import {
+  type Explanation,
+  explainStatement,
+  explainTransform,
+  isExplainStatement,
+} from './catalog/explain.js';
 import { readHistory } from './catalog/history.js';
 import {
   type PoisonedRow,
@@ -631,10 +636,17 @@ export class Trellis implements AsyncDisposable {
    * through them (the transform last), how each is maintained (delta, group recompute,
    * re-derive) and why, the source indexes each uses or needs, and the SQL the drain runs
    * for changed keys. `not_found` for a name no transform users defined has.
+   *
+   * Given a statement (`[EXPLAIN] TRANSFORM …`) instead of a name, the plan it would get,
+   * without defining anything (EXPLAIN TRANSFORM, ADR 0069): the same parts, modes, state
+   * and index needs, no drain SQL, and `refused` (code and message) for one that defining
+   * would refuse.
    */
   explain(target: string): Promise<Explanation> {
     return this.catalogCall('explain', (session) =>
-      explainTransform(session, this.options.schema, target),
+      isExplainStatement(target)
+        ? explainStatement(session, this.options.schema, target)
+        : explainTransform(session, this.options.schema, target),
     );
   }
 

@@ -2,7 +2,7 @@ import type { Session } from '../db/session.js';
 import { changedFromList } from '../drain/changed-sql.js';
 import { loadPlan } from '../drain/plan.js';
 import { rederiveSql } from '../drain/rederive-sql.js';
-import { TrellisError } from '../errors.js';
+import { TrellisError, type TrellisErrorCode } from '../errors.js';
 import { quoteIdent } from '../identifiers.js';
 
 /**
@@ -42,6 +42,8 @@ export interface ExplainedPart {
   /** Why it is kept so (for a GROUP BY, which aggregates are kept by delta and why not). */
   why: string;
   aggregates: Array<{ call: string; how: string; why: string | null }>;
+  /** The state it keeps besides its target (ADR 0069). */
+  state: ExplainedState;
   reads: ExplainedRead[];
   /** Source indexes it needs and lacks, each with the statement that makes it. */
   needs: Array<{ table: string; columns: string[]; role: string; fix: string }>;
@@ -53,12 +55,31 @@ export interface ExplainedPart {
   drainSql: string | null;
 }
 
+/** What a transform (or part) keeps besides its target, per source row or per group. */
+export interface ExplainedState {
+  /** Its key map's kind ('groups', 'rows', 'shadow'), or null for none. */
+  keyMap: string | null;
+  /** Whether it keeps a state row per group (aggregates kept by delta). */
+  groupStates: boolean;
+  /** The same in words. */
+  description: string;
+}
+
 export interface Explanation {
-  target: string;
+  /** Whether it is defined (explain(target)), or a statement explained without defining it. */
+  defined: boolean;
+  /** The transform; null when a statement explained was refused. */
+  target: string | null;
+  /** As the catalog keeps it (normalised); a refused statement as given. */
   statement: string;
   /** Targets in the order a change flows through them (parts first, the transform last). */
   chain: string[];
   parts: ExplainedPart[];
+  /**
+   * For a statement explained before it is defined: null when it would be defined, else
+   * what defining it would raise (no parts then).
+   */
+  refused: { code: TrellisErrorCode; message: string; hint: string | null } | null;
 }
 
 const MODES: Record<string, ExplainMode> = {
@@ -69,7 +90,7 @@ const MODES: Record<string, ExplainMode> = {
 
 interface Row {
   id: number;
-  part_name: string | null;
+  name: string | null;
   target: string;
   statement: string;
   key: string[];
@@ -78,8 +99,26 @@ interface Row {
     reason: string;
     aggregates: Array<{ call: string; how: string; why: string | null }>;
   };
+  state: ExplainedState;
   reads: ExplainedRead[];
   needs: Array<{ table: string; columns: string[]; role: string; fix: string }>;
+}
+
+/** A part as explain() shows it, from one of `_explain_parts`'s rows. */
+function part(row: Row, drainSql: string | null): ExplainedPart {
+  return {
+    name: row.name,
+    target: row.target,
+    statement: row.statement,
+    key: row.key,
+    mode: MODES[row.maintenance.mode] ?? 're-derive',
+    why: row.maintenance.reason,
+    aggregates: row.maintenance.aggregates,
+    state: row.state,
+    reads: row.reads,
+    needs: row.needs,
+    drainSql,
+  };
 }
 
 /** Explains transform `target` (one users defined; a part is explained with its transform). */
@@ -94,47 +133,11 @@ export async function explainTransform(
     [target],
   );
   if (!root) throw new TrellisError('not_found', `there is no transform named ${target}`);
-  const rootId = root.part_of ?? root.id;
-  const rows = await session.query<Row>(
-    `SELECT t.id, t.part_name, t.target_name AS target, t.statement,
-            ARRAY(SELECT c.name::text FROM ${s}.transform_columns c
-                   WHERE c.transform_id = t.id AND c.is_key ORDER BY c.ordinal) AS key,
-            ${s}._maintenance(t.aggregates, t.delta) AS maintenance,
-            coalesce((
-              SELECT jsonb_agg(jsonb_build_object(
-                       'table', ts.source_schema || '.' || ts.source_name, 'alias', ts.alias,
-                       'join', ts.join_type, 'keyColumns', to_jsonb(ts.key_columns),
-                       'writtenBy', to_jsonb(ARRAY(
-                          SELECT u.target_name::text FROM ${s}.transforms u
-                           WHERE u.id IN (SELECT ${s}._upstream_ids(t.id))
-                             AND (u.target_oid = ts.source_oid
-                                  OR u.id IN (SELECT f.transform_id FROM ${s}.union_feeds f
-                                               WHERE f.table_oid = ts.source_oid))
-                           ORDER BY u.id)),
-                       'indexes', coalesce((
-                         SELECT jsonb_agg(jsonb_build_object('name', ic.relname, 'columns', to_jsonb(ARRAY(
-                                  SELECT a.attname::text FROM unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, o)
-                                    JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
-                                   ORDER BY k.o))) ORDER BY ic.relname)
-                           FROM pg_index x JOIN pg_class ic ON ic.oid = x.indexrelid
-                          WHERE x.indrelid = ts.source_oid AND x.indisvalid
-                            AND (SELECT a.attname FROM pg_attribute a
-                                  WHERE a.attrelid = x.indrelid AND a.attnum = x.indkey[0])
-                                = ANY (ts.key_columns || ts.join_columns || ts.group_columns)), '[]'))
-                     ORDER BY ts.ordinal)
-                FROM ${s}.transform_sources ts WHERE ts.transform_id = t.id), '[]') AS reads,
-            coalesce((
-              SELECT jsonb_agg(jsonb_build_object('table', g->'table', 'columns', g->'columns',
-                                                  'role', g->'role', 'fix', g->'fix'))
-                FROM jsonb_array_elements(${s}.source_index_gaps(t.id)) g
-               WHERE NOT coalesce((g->>'opted_out')::boolean, false)), '[]') AS needs
-       FROM ${s}.transforms t
-      WHERE t.id = $1 OR t.part_of = $1
-      ORDER BY (t.id = $1), t.id`,
-    [rootId],
-  );
+  const [found] = await session.query<{ parts: Row[] }>(`SELECT ${s}._explain_parts($1) AS parts`, [
+    root.part_of ?? root.id,
+  ]);
   const parts: ExplainedPart[] = [];
-  for (const row of rows) {
+  for (const row of found?.parts ?? []) {
     let drainSql: string | null = null;
     try {
       drainSql = rederiveSql(await loadPlan(session, schema, row.id), changedFromList());
@@ -142,18 +145,7 @@ export async function explainTransform(
       // Capture not installed yet: the plan has no source ids to name.
       if (!(error instanceof Error) || !error.message.includes('is not installed yet')) throw error;
     }
-    parts.push({
-      name: row.id === rootId ? null : row.part_name,
-      target: row.target,
-      statement: row.statement,
-      key: row.key,
-      mode: MODES[row.maintenance.mode] ?? 're-derive',
-      why: row.maintenance.reason,
-      aggregates: row.maintenance.aggregates,
-      reads: row.reads,
-      needs: row.needs,
-      drainSql,
-    });
+    parts.push(part(row, drainSql));
   }
   const self = parts[parts.length - 1]!;
   return {
@@ -161,11 +153,70 @@ export async function explainTransform(
     statement: self.statement,
     chain: parts.map((p) => p.target),
     parts,
+    defined: true,
+    refused: null,
   };
 }
 
+/**
+ * Whether explain()'s argument is a statement (`[EXPLAIN] TRANSFORM …`) rather than the
+ * name of a defined transform (a name holds no whitespace).
+ */
+export function isExplainStatement(arg: string): boolean {
+  return /^\s*(explain\s+)?transform\s/i.test(arg);
+}
+
+/**
+ * Explains a TRANSFORM statement without defining it (`EXPLAIN TRANSFORM`, ADR 0069): the
+ * catalog's explain(statement) defines it in a subtransaction, reads its parts and rolls
+ * it back. A refused statement gives `refused` (the code and message defining it would
+ * raise) and no parts. No drain SQL: capture is not installed for what is not defined.
+ */
+export async function explainStatement(
+  session: Session,
+  schema: string,
+  statement: string,
+): Promise<Explanation> {
+  const [row] = await session.query<{
+    e: {
+      target: string | null;
+      statement: string;
+      chain: string[];
+      parts: Row[];
+      refused: { code: string; message: string; hint: string | null } | null;
+    };
+  }>(`SELECT ${quoteIdent(schema)}.explain($1) AS e`, [statement]);
+  const e = row!.e;
+  return {
+    target: e.target,
+    statement: e.statement,
+    chain: e.chain,
+    parts: e.parts.map((p) => part(p, null)),
+    defined: false,
+    refused: e.refused
+      ? {
+          code: REFUSAL_CODES[e.refused.code] ?? 'validation',
+          message: e.refused.message,
+          hint: e.refused.hint,
+        }
+      : null,
+  };
+}
+
+/** The TrellisError code of each of the catalog's refusal SQLSTATEs (db/classify.ts). */
+const REFUSAL_CODES: Record<string, TrellisErrorCode> = {
+  TRP01: 'parse',
+  TRV01: 'validation',
+  TRC01: 'conflict',
+  TRN01: 'not_found',
+};
+
 /** An explanation as text (the CLI's `trellis explain`). */
 export function formatExplanation(e: Explanation): string {
+  if (e.refused) {
+    const hint = e.refused.hint ? `\n  hint: ${e.refused.hint}` : '';
+    return `refused (${e.refused.code}): ${e.refused.message}${hint}\n  ${e.statement}\n`;
+  }
   const lines: string[] = [`transform ${e.target}`, `  ${e.statement}`];
   if (e.parts.length > 1) lines.push(`chain: ${e.chain.join(' -> ')}`);
   for (const p of e.parts) {
@@ -177,6 +228,7 @@ export function formatExplanation(e: Explanation): string {
       lines.push(`    ${a.call}: ${a.how}${a.why ? ` (${a.why})` : ''}`);
     }
     lines.push(`  key: ${p.key.length ? p.key.join(', ') : '(none: one row)'}`);
+    lines.push(`  state: ${p.state.description}`);
     for (const r of p.reads) {
       const by = r.writtenBy.length ? `, written by ${r.writtenBy.join(', ')}` : '';
       const idx = r.indexes.map((i) => `${i.name} (${i.columns.join(', ')})`).join('; ');
@@ -186,8 +238,10 @@ export function formatExplanation(e: Explanation): string {
     if (p.drainSql) {
       lines.push('  drain SQL for changed keys ($1):');
       for (const l of p.drainSql.split('\n')) lines.push(`    ${l}`);
-    } else {
+    } else if (e.defined) {
       lines.push('  drain SQL: not yet (capture of its sources is being installed)');
+    } else {
+      lines.push('  drain SQL: once defined (capture of its sources installed)');
     }
   }
   return `${lines.join('\n')}\n`;
