@@ -204,7 +204,7 @@ async function changedSources(
   params: unknown[],
   mode: ApplyMode,
 ): Promise<ChangedSources> {
-  if (plan.mapKind !== 'shadow' || plan.delta || mode !== 'rederive') return null;
+  if (plan.mapKind !== 'shadow' || mode !== 'rederive') return null;
   const [row] = await session.query<{ ids: number[] | null }>(
     `SELECT array_agg(DISTINCT c.source_id) AS ids FROM (${changed}) c`,
     params,
