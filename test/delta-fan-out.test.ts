@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
+import { type LoggedLine, recordingLogger } from './support/logging.js';
 import type { Definition } from './support/oracle.js';
 
 /**
@@ -9,7 +10,8 @@ import type { Definition } from './support/oracle.js';
  * Every target is compared with its definition run by Postgres after each step, through
  * writes on every joined table.
  */
-const live = livePipeline();
+const logged: LoggedLine[] = [];
+const live = livePipeline({ logger: recordingLogger(logged) });
 
 async function steps(defs: Definition[], writes: string[]): Promise<void> {
   for (const write of writes) {
@@ -156,6 +158,52 @@ describe('aggregates kept by delta over a join that fans out', () => {
       ],
     );
     expect((await live.trellis.status('f_pairs')).lastApply?.mode).toBe('delta');
+  });
+
+  it('recomputes a burst when cheaper (shadow and states filled again), and deltas go on exact after', async () => {
+    await live.db.sql.unsafe(`
+      CREATE TABLE f_burst (id int PRIMARY KEY, cat int, v numeric);
+      CREATE INDEX ON f_burst (cat);
+      INSERT INTO f_burst SELECT i, i % 40, i * 0.25 FROM generate_series(1, 2000) i;
+      ANALYZE f_burst;`);
+    const d: Definition = {
+      target: 'f_burst_pairs',
+      from: 'f_burst a JOIN f_burst b ON b.cat = a.cat',
+      select: 'a.cat AS cat, count(*) AS n, sum(b.v) AS total, max(a.id) AS high',
+      groupBy: 'a.cat',
+    };
+    await live.define(d);
+    await live.converged(d);
+    expect((await maintenance(d.target))?.mode).toBe('delta');
+    await live.trellis.apply(`PAUSE TRANSFORM ${d.target}`);
+    // What each way has cost it before, as if measured: a delta dear per key, a recompute cheap.
+    await live.db
+      .sql`UPDATE trellis.pipeline p SET apply_costs = '{"delta": 5, "recompute": 0.0001}'
+             FROM trellis.transforms t WHERE t.id = p.transform_id AND t.target_name = ${d.target}`;
+    await live.db.sql.unsafe(`
+      UPDATE f_burst SET v = v + 1, cat = cat + 1 WHERE id % 3 <> 0;
+      DELETE FROM f_burst WHERE id % 7 = 0;
+      INSERT INTO f_burst SELECT i, i % 45, i FROM generate_series(3000, 3100) i;`);
+    const resumedAt = Date.now();
+    await live.trellis.apply(`RESUME TRANSFORM ${d.target}`);
+    await live.converged(d);
+    const modes = logged
+      .filter(
+        (l) => l.at >= resumedAt && l.obj.target === d.target && typeof l.obj.keys === 'number',
+      )
+      .map((l) => l.obj.mode);
+    expect(modes).toContain('recompute');
+    await live.db.sql`UPDATE trellis.pipeline p SET apply_costs = NULL
+             FROM trellis.transforms t WHERE t.id = p.transform_id AND t.target_name = ${d.target}`;
+    await steps(
+      [d],
+      [
+        'UPDATE f_burst SET v = 10000 WHERE id = 1',
+        'DELETE FROM f_burst WHERE id = 1',
+        'UPDATE f_burst SET cat = 99 WHERE id IN (2, 4)',
+      ],
+    );
+    expect((await live.trellis.status(d.target)).lastApply?.mode).toBe('delta');
   });
 
   it("applies one changed row without reading its groups' other rows", async () => {
