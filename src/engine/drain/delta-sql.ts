@@ -10,10 +10,11 @@ import {
 import type { TransformPlan } from './plan.js';
 import {
   type ChangedSources,
-  shadowFillInsert,
+  shadowFillSql,
   shadowJoinRows,
   shadowReplacedCtes,
   shadowSignedRows,
+  sourceJoinRows,
 } from './shadow-sql.js';
 import { list, own, q, requireSourceIds, tuple, upsert, writtenColumns } from './sql-parts.js';
 
@@ -424,6 +425,9 @@ rescanned AS MATERIALIZED (
             gcols.map((c) => `m.${c}`),
             'rescan_groups',
             gcols,
+            // A one-time filter: without groups to rescan (most changes) the join is not
+            // run at all, whatever plan its estimates give it.
+            'EXISTS (SELECT 1 FROM rescan_groups)',
           )})`
         : `(${nullSafeMatch(
             list([...gcols.map((c) => `m.${c}`), ...inputs.map((c) => `m.${c}`)]),
@@ -584,33 +588,34 @@ SELECT ${keys}::int AS keys,
  * row count is the join rows mapped. Three statements rather than one with RETURNING
  * CTEs: a data-modifying CTE's rows are kept in a tuple store (spilled to disk past
  * work_mem) and read again, where the key map, written and still in shared buffers, is read
- * once by a plain scan (ADR 0050).
+ * once by a plain scan (ADR 0050). Over a shadow, two (see below). The last statement fills
+ * the target; the others are what a recompute runs again (deltaRefillStatements).
  */
-export function deltaFillStatements(
-  plan: TransformPlan,
-): [map: string, states: string, target: string] {
+export function deltaFillStatements(plan: TransformPlan): string[] {
   const d = delta(plan);
   const gcols = groupCols(plan);
   const states = stateColumns(plan);
   const written = writtenColumns(plan);
-  // Over a shadow (ADR 0067): the shadow filled, the states folded from the join over it.
-  const shadow = plan.mapKind === 'shadow';
-  return [
-    shadow
-      ? shadowFillInsert(plan)
-      : `INSERT INTO ${plan.mapSql} (${list(mapColumns(plan))})
-  ${mapRows(plan, null)}`,
-    `INSERT INTO ${d.statesSql} (${list(states.map((c) => c.name))})
+  const foldInto = (
+    rows: string,
+  ) => `INSERT INTO ${d.statesSql} (${list(states.map((c) => c.name))})
   SELECT ${list([...gcols, ...foldRows(plan)])}
-    FROM ${withScaleWindows(
-      plan,
-      shadow
-        ? `(${shadowJoinRows(plan, 'before')})`
-        : `(SELECT * FROM ${plan.mapSql} WHERE passes)`,
-    )} rows
-   ${groupBy(gcols)}`,
-    `INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
-  ${targetRows(plan, d.statesSql, gcols.length ? 'x.n > 0' : null)}`,
+    FROM ${withScaleWindows(plan, rows)} rows
+   ${groupBy(gcols)}`;
+  const target = `INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
+  ${targetRows(plan, d.statesSql, gcols.length ? 'x.n > 0' : null)}`;
+  if (plan.mapKind === 'shadow') {
+    // Over a shadow (ADR 0067): the shadow filled and the states folded from the join over
+    // the sources in one statement (one snapshot: the states are the join over the shadow
+    // folded), through the sources' indexes — the shadow just written has neither its
+    // indexes (deferred by the build) nor statistics. It returns the shadow's rows (`rows`).
+    return [shadowFillSql(plan, foldInto(`(${sourceJoinRows(plan)})`)), target];
+  }
+  return [
+    `INSERT INTO ${plan.mapSql} (${list(mapColumns(plan))})
+  ${mapRows(plan, null)}`,
+    foldInto(`(SELECT * FROM ${plan.mapSql} WHERE passes)`),
+    target,
   ];
 }
 
@@ -660,9 +665,8 @@ SELECT (SELECT count(*) FROM changed)::int AS keys,
  * sources (emptied by the caller), before deltaRecomputeSql merges the target: the
  * build's first two statements (deltaFillStatements), in the same transaction.
  */
-export function deltaRefillStatements(plan: TransformPlan): [map: string, states: string] {
-  const [map, states] = deltaFillStatements(plan);
-  return [map, states];
+export function deltaRefillStatements(plan: TransformPlan): string[] {
+  return deltaFillStatements(plan).slice(0, -1);
 }
 
 /**

@@ -206,23 +206,12 @@ export function shadowSignedRows(plan: TransformPlan, changed: ChangedSources): 
 }
 
 /**
- * Kept by delta: the shadow filled (empty) from the sources in one INSERT, each occurrence
- * a branch (the other occurrences' columns NULL): its row count is the rows mapped.
+ * Kept by delta: the join rows passing WHERE over the sources themselves, as delta columns
+ * (what a build folds into the group states, in the statement filling the shadow).
  */
-export function shadowFillInsert(plan: TransformPlan): string {
-  const all = plan.sources.flatMap((source) =>
-    shadowOf(plan, source).columns.map((c) => ({ ordinal: source.ordinal, ...c })),
-  );
-  const s = own('s');
-  const branches = plan.sources.map((source) => {
-    const values = all.map((c) =>
-      // Typed: branches' NULLs are resolved pairwise, first to text.
-      c.ordinal === source.ordinal ? `${s}.${q(c.name)}` : c.type ? `NULL::${c.type}` : 'NULL',
-    );
-    return `SELECT ${source.ordinal}, ${list(values)} FROM ${source.table} ${s}`;
-  });
-  return `INSERT INTO ${plan.mapSql} (o, ${list(all.map((c) => q(c.col)))})
-  ${branches.join('\n  UNION ALL\n  ')}`;
+export function sourceJoinRows(plan: TransformPlan): string {
+  return `SELECT ${list(deltaColumns(plan))}
+    FROM ${plan.fromSql}${plan.where ? `\n   WHERE (${plan.where})` : ''}`;
 }
 
 /**
