@@ -142,8 +142,9 @@ function deltaColumns(plan: TransformPlan): string[] {
 /**
  * Kept by delta: the join rows passing WHERE in a state ('before': the shadow as it is;
  * 'after': with the changed keys' rows replaced by the sources' current rows), as delta
- * columns (deltaColumns): what a build folds into the group states, and what a rescan
- * folds again for the groups whose extreme a change removed.
+ * columns (deltaColumns): what a self-check's repair folds its groups' states from
+ * ('before'), and what a rescan folds again for the groups whose extreme a change removed
+ * ('after').
  */
 export function shadowJoinRows(
   plan: TransformPlan,
