@@ -148,6 +148,9 @@ describe('upgrades from an earlier trellis-pg', () => {
         const rebuilt = await trellis.watermarkToken();
         await trellis.awaitConverged('ug_pairs', rebuilt, { timeoutMs: 30_000 });
         expect(await kind()).toBe('shadow');
+        // Its count and sum are kept by delta over the shadow from then on (ADR 0067).
+        const [rebuiltDef] = (await trellis.definitions()).filter((d) => d.target === 'ug_pairs');
+        expect(rebuiltDef?.maintenance.mode).toBe('delta');
         await expectMatchesDefinition(db.sql, pairs);
       } finally {
         await trellis.shutdown();

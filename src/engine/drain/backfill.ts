@@ -289,10 +289,13 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
 async function fillGroups(session: Session, plan: TransformPlan): Promise<number> {
   let mapped: unknown;
   if (plan.delta) {
-    const [map, states, target] = deltaFillStatements(plan);
-    mapped = await session.query(map);
-    await session.query(states);
-    await session.query(target);
+    const [first, ...rest] = deltaFillStatements(plan);
+    mapped = await session.query(first!);
+    for (const statement of rest) await session.query(statement);
+    // A shadow's fill says what it mapped (shadowFillSql).
+    if (plan.mapKind === 'shadow') {
+      return Number((mapped as Array<{ rows?: number }>)[0]?.rows ?? 0);
+    }
   } else if (plan.mapKind === 'shadow') {
     // A shadow's fill is a statement of CTEs that says what it mapped (shadowFillSql).
     const [row] = await session.query<{ rows: number }>(groupsFillSql(plan));

@@ -8,6 +8,14 @@ import {
   tracksScale,
 } from './delta-plan.js';
 import type { TransformPlan } from './plan.js';
+import {
+  type ChangedSources,
+  shadowFillSql,
+  shadowJoinRows,
+  shadowReplacedCtes,
+  shadowSignedRows,
+  sourceJoinRows,
+} from './shadow-sql.js';
 import { list, own, q, requireSourceIds, tuple, upsert, writtenColumns } from './sql-parts.js';
 
 /**
@@ -277,9 +285,15 @@ ${name}_null AS (
  * CTE `changed` (`changedSql` its body), like every re-derivation (rederive-sql.ts); returns
  * keys, upserted, removed.
  */
-export function deltaApplySql(plan: TransformPlan, changedSql: string): string {
+export function deltaApplySql(
+  plan: TransformPlan,
+  changedSql: string,
+  /** A shadow's changed sources (a superset; null for all): see ChangedSources. */
+  changed: ChangedSources = null,
+): string {
   const d = delta(plan);
   const mapSql = plan.mapSql!;
+  const shadow = plan.mapKind === 'shadow';
   const driving = requireSourceIds(plan)[0]!;
   const affectedCols = driving.keyColumns.map((_, i) => `k${i + 1}`);
   const drivingInMap = tuple(mapKeys(driving, 'm'));
@@ -403,14 +417,26 @@ rescanned AS MATERIALIZED (
   SELECT ${list([...gcols, ...rescans.flatMap((a) => rescanParts(a))])}
     FROM ${withScaleWindows(
       plan,
-      `(${nullSafeMatch(
-        list([...gcols.map((c) => `m.${c}`), ...inputs.map((c) => `m.${c}`)]),
-        `${mapSql} m`,
-        gcols.map((c) => `m.${c}`),
-        'rescan_groups',
-        gcols.length ? gcols : [],
-        `m.passes AND ${drivingInMap} NOT IN (SELECT ${list(affectedCols)} FROM affected)`,
-      )}
+      shadow
+        ? // Over a shadow, from the join in the state after the change (ADR 0067).
+          `(${nullSafeMatch(
+            list([...gcols.map((c) => `m.${c}`), ...inputs.map((c) => `m.${c}`)]),
+            `(${shadowJoinRows(plan, 'after', changed)}) m`,
+            gcols.map((c) => `m.${c}`),
+            'rescan_groups',
+            gcols,
+            // A one-time filter: without groups to rescan (most changes) the join is not
+            // run at all, whatever plan its estimates give it.
+            'EXISTS (SELECT 1 FROM rescan_groups)',
+          )})`
+        : `(${nullSafeMatch(
+            list([...gcols.map((c) => `m.${c}`), ...inputs.map((c) => `m.${c}`)]),
+            `${mapSql} m`,
+            gcols.map((c) => `m.${c}`),
+            'rescan_groups',
+            gcols.length ? gcols : [],
+            `m.passes AND ${drivingInMap} NOT IN (SELECT ${list(affectedCols)} FROM affected)`,
+          )}
         UNION ALL
         SELECT ${list([...gcols.map((c) => `nr.${c}`), ...inputs.map((c) => `nr.${c}`)])}
           FROM new_rows nr WHERE nr.passes)`,
@@ -461,7 +487,18 @@ final AS MATERIALIZED (SELECT * FROM merged),`;
   const stateNames = states.map((c) => c.name);
   const writtenStates = [...gcols, ...stateNames];
   const conflict = gcols.length ? `ON CONFLICT (${list(gcols)})` : 'ON CONFLICT ((true))';
-  return `WITH changed AS MATERIALIZED (
+  const replaced = shadow ? shadowReplacedCtes(plan, changed) : null;
+  // Over a shadow (ADR 0067): the join rows a change makes, signed by the delta rule of a
+  // join, and the changed rows written into the shadow. Otherwise: the affected driving
+  // keys' key-map rows replaced, the old ones signed -1 and the new ones +1.
+  const head = replaced
+    ? `WITH changed AS MATERIALIZED (
+  ${changedSql}
+),
+signed AS MATERIALIZED (
+  ${shadowSignedRows(plan, changed)}
+),${replaced.ctes}`
+    : `WITH changed AS MATERIALIZED (
   ${changedSql}
 ),
 affected AS MATERIALIZED (
@@ -482,7 +519,12 @@ signed AS MATERIALIZED (
   SELECT ${list(['-1 AS sign', ...gcols, ...inputs])} FROM old_rows WHERE passes
   UNION ALL
   SELECT ${list(['1', ...gcols, ...inputs])} FROM new_rows WHERE passes
-),
+),`;
+  const keys = replaced
+    ? '(SELECT count(*) FROM (SELECT DISTINCT source_id, key FROM changed) c)'
+    : '(SELECT count(*) FROM affected)';
+  const mapAdded = replaced ? `(${replaced.added})` : '(SELECT count(*) FROM map_added)';
+  return `${head}
 touched AS MATERIALIZED (
   SELECT DISTINCT ${gcols.length ? list(gcols) : '1 AS one'} FROM signed
 ),
@@ -529,11 +571,12 @@ upserted AS (
   RETURNING 1
 ),
 ${removedSql(plan)}
-SELECT (SELECT count(*) FROM affected)::int AS keys,
+SELECT ${keys}::int AS keys,
        (SELECT count(*) FROM upserted)::int AS upserted,
        (SELECT count(*) FROM removed)::int AS removed,
        (SELECT count(*) FROM states_written)::int AS states_written,
-       (SELECT count(*) FROM map_added)::int AS map_added`;
+       ${mapAdded}::int AS map_added,
+       (SELECT count(*) FROM signed)::int AS signed`;
 }
 
 /**
@@ -545,24 +588,34 @@ SELECT (SELECT count(*) FROM affected)::int AS keys,
  * row count is the join rows mapped. Three statements rather than one with RETURNING
  * CTEs: a data-modifying CTE's rows are kept in a tuple store (spilled to disk past
  * work_mem) and read again, where the key map, written and still in shared buffers, is read
- * once by a plain scan (ADR 0050).
+ * once by a plain scan (ADR 0050). Over a shadow, two (see below). The last statement fills
+ * the target; the others are what a recompute runs again (deltaRefillStatements).
  */
-export function deltaFillStatements(
-  plan: TransformPlan,
-): [map: string, states: string, target: string] {
+export function deltaFillStatements(plan: TransformPlan): string[] {
   const d = delta(plan);
   const gcols = groupCols(plan);
   const states = stateColumns(plan);
   const written = writtenColumns(plan);
+  const foldInto = (
+    rows: string,
+  ) => `INSERT INTO ${d.statesSql} (${list(states.map((c) => c.name))})
+  SELECT ${list([...gcols, ...foldRows(plan)])}
+    FROM ${withScaleWindows(plan, rows)} rows
+   ${groupBy(gcols)}`;
+  const target = `INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
+  ${targetRows(plan, d.statesSql, gcols.length ? 'x.n > 0' : null)}`;
+  if (plan.mapKind === 'shadow') {
+    // Over a shadow (ADR 0067): the shadow filled and the states folded from the join over
+    // the sources in one statement (one snapshot: the states are the join over the shadow
+    // folded), through the sources' indexes — the shadow just written has neither its
+    // indexes (deferred by the build) nor statistics. It returns the shadow's rows (`rows`).
+    return [shadowFillSql(plan, foldInto(`(${sourceJoinRows(plan)})`)), target];
+  }
   return [
     `INSERT INTO ${plan.mapSql} (${list(mapColumns(plan))})
   ${mapRows(plan, null)}`,
-    `INSERT INTO ${d.statesSql} (${list(states.map((c) => c.name))})
-  SELECT ${list([...gcols, ...foldRows(plan)])}
-    FROM ${withScaleWindows(plan, `(SELECT * FROM ${plan.mapSql} WHERE passes)`)} rows
-   ${groupBy(gcols)}`,
-    `INSERT INTO ${plan.targetSql} (${list(written.map((c) => q(c.name)))})
-  ${targetRows(plan, d.statesSql, gcols.length ? 'x.n > 0' : null)}`,
+    foldInto(`(SELECT * FROM ${plan.mapSql} WHERE passes)`),
+    target,
   ];
 }
 
@@ -612,9 +665,8 @@ SELECT (SELECT count(*) FROM changed)::int AS keys,
  * sources (emptied by the caller), before deltaRecomputeSql merges the target: the
  * build's first two statements (deltaFillStatements), in the same transaction.
  */
-export function deltaRefillStatements(plan: TransformPlan): [map: string, states: string] {
-  const [map, states] = deltaFillStatements(plan);
-  return [map, states];
+export function deltaRefillStatements(plan: TransformPlan): string[] {
+  return deltaFillStatements(plan).slice(0, -1);
 }
 
 /**
@@ -639,11 +691,11 @@ refolded AS MATERIALIZED (
       plan,
       `(${nullSafeMatch(
         'm.*',
-        `${plan.mapSql} m`,
+        plan.mapKind === 'shadow' ? `(${shadowJoinRows(plan, 'before')}) m` : `${plan.mapSql} m`,
         gcols.map((c) => `m.${c}`),
         'asked',
         gcols,
-        'm.passes',
+        plan.mapKind === 'shadow' ? null : 'm.passes',
       )})`,
     )} rows
    ${groupBy(gcols)}${grandTotal ? '\n  HAVING EXISTS (SELECT 1 FROM rescan_groups)' : ''}

@@ -193,9 +193,10 @@ export async function applyChanged(
 }
 
 /**
- * For a transform whose key map is a shadow, re-deriving by group: the sources the changes
- * are of (one read of the range's ledger rows), so that its statement joins and plans only
- * for those (ADR 0061). Null otherwise (every source).
+ * For a transform whose key map is a shadow, re-deriving by group or applying by delta:
+ * the sources the changes are of (one read of the range's ledger rows), so that its
+ * statement joins and plans only for those (ADR 0061, ADR 0067). Null otherwise (every
+ * source).
  */
 async function changedSources(
   session: Session,
@@ -204,7 +205,7 @@ async function changedSources(
   params: unknown[],
   mode: ApplyMode,
 ): Promise<ChangedSources> {
-  if (plan.mapKind !== 'shadow' || plan.delta || mode !== 'rederive') return null;
+  if (plan.mapKind !== 'shadow' || mode === 'recompute') return null;
   const [row] = await session.query<{ ids: number[] | null }>(
     `SELECT array_agg(DISTINCT c.source_id) AS ids FROM (${changed}) c`,
     params,

@@ -27,7 +27,8 @@ export interface PlanSource {
  */
 export interface ShadowSource {
   ordinal: number;
-  columns: Array<{ name: string; col: string }>;
+  /** `type`: the column's type (and collation), as the map declares it. */
+  columns: Array<{ name: string; col: string; type?: string }>;
 }
 
 /** A target column, as the drain writes it. */
@@ -112,7 +113,10 @@ interface PlanRow {
     ast: { where: string | null; group_by: string[]; having: string | null };
     groups?: Array<{ expr: string; type: string }>;
     key_map?: 'groups' | 'rows' | 'shadow' | null;
-    shadow?: Array<{ ordinal: number; columns: Array<{ name: string; col: string }> }>;
+    shadow?: Array<{
+      ordinal: number;
+      columns: Array<{ name: string; col: string; type?: string }>;
+    }>;
   };
   sources: Array<{
     ordinal: number;
@@ -143,7 +147,11 @@ function shadowOf(row: PlanRow): ShadowSource[] {
   }
   return shadow.map((x) => ({
     ordinal: x.ordinal,
-    columns: x.columns.map((c) => ({ name: c.name, col: c.col })),
+    columns: x.columns.map((c) => ({
+      name: c.name,
+      col: c.col,
+      ...(c.type ? { type: c.type } : {}),
+    })),
   }));
 }
 

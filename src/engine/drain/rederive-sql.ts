@@ -138,7 +138,7 @@ export function rederiveSql(
   if (plan.delta) {
     return mode === 'recompute'
       ? deltaRecomputeSql(plan, changedSql)
-      : deltaApplySql(plan, changedSql);
+      : deltaApplySql(plan, changedSql, changed);
   }
   if (plan.aggregates) return aggregateRederiveSql(plan, changedSql, since, mode, changed);
   const driving = plan.sources[0]!;

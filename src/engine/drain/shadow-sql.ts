@@ -128,6 +128,110 @@ function fromIn(
     .join('');
 }
 
+/**
+ * Kept by delta (ADR 0067): a join row's delta columns, each GROUP BY expression as
+ * `"g<n>"` and each aggregate input as `"i<n>"` (as a join-row key map holds them, ADR 0044).
+ */
+function deltaColumns(plan: TransformPlan): string[] {
+  return [
+    ...plan.groups.map((g, i) => `(${g.expression}) AS ${q(`g${i + 1}`)}`),
+    ...(plan.delta?.inputs ?? []).map((x, i) => `(${x.expr}) AS ${q(`i${i + 1}`)}`),
+  ];
+}
+
+/**
+ * Kept by delta: the join rows passing WHERE in a state ('before': the shadow as it is;
+ * 'after': with the changed keys' rows replaced by the sources' current rows), as delta
+ * columns (deltaColumns): what a self-check's repair folds its groups' states from
+ * ('before'), and what a rescan folds again for the groups whose extreme a change removed
+ * ('after').
+ */
+export function shadowJoinRows(
+  plan: TransformPlan,
+  state: 'before' | 'after',
+  changed: ChangedSources = null,
+): string {
+  return `SELECT ${list(deltaColumns(plan))}
+    FROM ${fromIn(plan, state, changed)}${plan.where ? `\n   WHERE (${plan.where})` : ''}`;
+}
+
+/**
+ * A changed occurrence's rows as a signed difference: the shadow's rows of its changed
+ * keys (the old ones, `"trellis#sign"` -1) and the source's current rows of those keys (+1).
+ */
+function signedRelation(plan: TransformPlan, source: PlanSource): string {
+  const shadow = shadowOf(plan, source);
+  const m = own('m');
+  const s = own('s');
+  return `(SELECT -1 AS ${own('sign')}, ${list(shadow.columns.map((c) => `${m}.${q(c.col)} AS ${q(c.name)}`))}
+         FROM ${plan.mapSql} ${m}
+        WHERE ${m}.o = ${source.ordinal} AND ${tuple(shadowKeys(plan, source, m))} IN (${changedOf(source)})
+        UNION ALL
+        SELECT 1, ${list(shadow.columns.map((c) => `${s}.${q(c.name)}`))} FROM ${source.table} ${s}
+         WHERE ${tuple(source.keyColumns.map((k) => `${s}.${q(k)}`))} IN (${changedOf(source)}))`;
+}
+
+/**
+ * Kept by delta (ADR 0067): the signed join rows a change makes (columns `sign`, then the
+ * delta columns), by the delta rule of an inner join. For each changed occurrence _i_ in
+ * FROM order, the join with _i_ read as the difference of its changed rows (signedRelation),
+ * the occurrences before it in the state after the change and those after it in the state
+ * before: Δ(R1 ⋈ … ⋈ Rn) = Σᵢ R1' ⋈ … ⋈ R(i-1)' ⋈ ΔRi ⋈ R(i+1) ⋈ … ⋈ Rn, so a join row of
+ * rows changed in two occurrences is counted once. WHERE applies to each join row. Each
+ * branch costs the join rows its changed rows make, never a group's other rows.
+ */
+export function shadowSignedRows(plan: TransformPlan, changed: ChangedSources): string {
+  const occurrences = changedOccurrences(plan, changed);
+  const where = plan.where ? `\n   WHERE (${plan.where})` : '';
+  if (occurrences.length === 0) {
+    return `SELECT ${list(['1 AS sign', ...deltaColumns(plan)])}
+    FROM ${fromIn(plan, 'before')} WHERE false`;
+  }
+  return occurrences
+    .map((occurrence) => {
+      const at = plan.sources.indexOf(occurrence);
+      const from = plan.sources
+        .map((s, j) => {
+          const rel =
+            s === occurrence
+              ? signedRelation(plan, s)
+              : relation(plan, s, j < at ? 'after' : 'before', changed);
+          if (j === 0) return `${rel} AS ${q(s.alias)}`;
+          return `\n    JOIN ${rel} AS ${q(s.alias)} ON (${s.joinCondition})`;
+        })
+        .join('');
+      return `SELECT ${list([`${q(occurrence.alias)}.${own('sign')} AS sign`, ...deltaColumns(plan)])}
+    FROM ${from}${where}`;
+    })
+    .join('\n  UNION ALL\n  ');
+}
+
+/**
+ * Kept by delta: the join rows passing WHERE over the sources themselves, as delta columns
+ * (what a build folds into the group states, in the statement filling the shadow).
+ */
+export function sourceJoinRows(plan: TransformPlan): string {
+  return `SELECT ${list(deltaColumns(plan))}
+    FROM ${plan.fromSql}${plan.where ? `\n   WHERE (${plan.where})` : ''}`;
+}
+
+/**
+ * Kept by delta: CTEs writing the changed rows' current state into the shadow (see
+ * shadowReplaced), and the count of rows they added.
+ */
+export function shadowReplacedCtes(
+  plan: TransformPlan,
+  changed: ChangedSources,
+): { ctes: string; added: string } {
+  const replaced = changedOccurrences(plan, changed);
+  return {
+    ctes: shadowReplaced(plan, changed),
+    added: replaced.length
+      ? replaced.map((s) => `(SELECT count(*) FROM shadow_added_${s.ordinal})`).join(' + ')
+      : '0',
+  };
+}
+
 /** The columns of the `groups` CTE: one per GROUP BY expression, the engine's names. */
 function groupColumns(plan: TransformPlan): string[] {
   return plan.groups.map((_, i) => own(`g${i + 1}`));
