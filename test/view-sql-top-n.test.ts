@@ -1,0 +1,90 @@
+import { describe, expect, it } from 'vitest';
+import { trellisInProcess } from './support/cli.js';
+import { livePipeline } from './support/live.js';
+import type { Definition } from './support/oracle.js';
+import { expectRefusedAs } from './support/view-sql-refusals.js';
+
+// DISTINCT ON in a view's SQL (issue #26, ADR 0065): kept as the GROUP BY of its DISTINCT
+// ON expressions, each partition recomputed from its rows when one of them changes. Each
+// target is compared with the statement as written, run by Postgres (the oracle): where
+// the ORDER BY can tie, the oracle's statement adds the tiebreak the engine documents
+// (the selected items, in order, ascending), so both sides are deterministic.
+
+const live = livePipeline({
+  drainThreads: 1,
+  setup: async (db) => {
+    await db.sql.unsafe(`
+      CREATE TABLE customers (id int PRIMARY KEY, region text, name text NOT NULL);
+      CREATE TABLE orders (id int PRIMARY KEY, customer_id int NOT NULL, at timestamptz NOT NULL,
+        total numeric, note text);
+      CREATE INDEX ON orders (customer_id);
+      INSERT INTO customers SELECT k, CASE WHEN k % 4 = 0 THEN NULL ELSE 'r' || k % 3 END, 'c' || k
+        FROM generate_series(1, 12) k;
+      INSERT INTO orders SELECT k, 1 + k % 10, timestamptz '2026-01-01' + k * interval '1 hour',
+        CASE WHEN k % 7 = 0 THEN NULL ELSE (k * 37) % 50 END,
+        CASE WHEN k % 3 = 0 THEN NULL ELSE 'n' || k END
+        FROM generate_series(1, 80) k;`);
+  },
+});
+
+// The latest order per customer: the ORDER BY ends with the key, so nothing ties.
+const latest: Definition = {
+  form: 'as',
+  target: 'latest_order',
+  select: 'DISTINCT ON (customer_id) customer_id, id, at, total, note',
+  from: 'orders ORDER BY customer_id, at DESC, id',
+};
+
+// The largest order per customer, where totals tie (and are NULL: DESC puts NULLs first,
+// as Postgres does): the oracle adds the engine's tiebreak, the items in order.
+const largest: Definition = {
+  form: 'as',
+  target: 'largest_order',
+  select: 'DISTINCT ON (o.customer_id) o.customer_id, o.total AS amount, o.id',
+  from: 'orders o ORDER BY o.customer_id, o.total DESC, o.customer_id, o.total, o.id',
+};
+
+// Over a join with a WHERE, partitioned by a nullable column, ordered by an output name.
+const perRegion: Definition = {
+  form: 'as',
+  target: 'first_per_region',
+  select: 'DISTINCT ON (c.region) c.region, c.name, o.id AS order_id, o.at AS placed',
+  from: `orders o JOIN customers c ON c.id = o.customer_id
+    WHERE o.total IS NOT NULL ORDER BY c.region, placed, order_id`,
+};
+
+const defined = [latest, largest, perRegion];
+
+const steps: string[] = [
+  // New rows in partitions: some new latest, some not; a new partition.
+  `INSERT INTO orders VALUES (81, 1, '2026-06-01', 5, 'new top'), (82, 2, '2025-01-01', 49, 'old'),
+     (83, 11, '2026-02-01', NULL, NULL), (84, 12, '2026-02-02', 12, 'x');`,
+  // The order column changed so the top row changes (up and down); ties made.
+  `UPDATE orders SET at = '2027-01-01' WHERE id = 20;
+   UPDATE orders SET at = '2020-01-01' WHERE id = 81;
+   UPDATE orders SET total = 49 WHERE id IN (3, 13, 23);
+   UPDATE customers SET region = 'r1' WHERE id = 4;`,
+  // The top row deleted; rows moving between partitions (customer_id changes, region changes).
+  `DELETE FROM orders WHERE id IN (20, 82);
+   UPDATE orders SET customer_id = 5 WHERE id IN (1, 11, 21);
+   UPDATE orders SET customer_id = 3 WHERE id = 84;
+   UPDATE customers SET region = NULL WHERE id IN (1, 2);`,
+  // A partition emptied, then refilled in the next step; a key change.
+  `DELETE FROM orders WHERE customer_id = 7;
+   UPDATE orders SET id = 1000 WHERE id = 30;
+   UPDATE orders SET total = NULL WHERE customer_id = 8;`,
+  `INSERT INTO orders VALUES (90, 7, '2026-01-05', 3, 'back'), (91, 7, '2026-01-04', 3, NULL);
+   DELETE FROM customers WHERE id = 12;
+   UPDATE orders SET total = total + 1 WHERE id % 5 = 0;`,
+];
+
+describe('DISTINCT ON', () => {
+  it('keeps the first row of each partition through writes, compared with Postgres', async () => {
+    await live.define(...defined);
+    await live.converged(defined);
+    for (const step of steps) {
+      await live.db.sql.unsafe(step);
+      await live.converged(defined);
+    }
+  }, 240_000);
+});
