@@ -53,7 +53,6 @@ const perRegion: Definition = {
     WHERE o.total IS NOT NULL ORDER BY c.region, placed, order_id`,
 };
 
-const defined = [latest, largest, perRegion];
 
 const steps: string[] = [
   // New rows in partitions: some new latest, some not; a new partition.
@@ -63,6 +62,7 @@ const steps: string[] = [
   `UPDATE orders SET at = '2027-01-01' WHERE id = 20;
    UPDATE orders SET at = '2020-01-01' WHERE id = 81;
    UPDATE orders SET total = 49 WHERE id IN (3, 13, 23);
+   UPDATE orders SET total = 0 WHERE id IN (5, 15, 25);
    UPDATE customers SET region = 'r1' WHERE id = 4;`,
   // The top row deleted; rows moving between partitions (customer_id changes, region changes).
   `DELETE FROM orders WHERE id IN (20, 82);
@@ -77,6 +77,33 @@ const steps: string[] = [
    DELETE FROM customers WHERE id = 12;
    UPDATE orders SET total = total + 1 WHERE id % 5 = 0;`,
 ];
+
+// The three largest orders per customer (row_number, ties broken by the key as the
+// statement's ORDER BY does itself), rank() <= 2 (ties all kept) and dense_rank() <= 2.
+const top3: Definition = {
+  form: 'as',
+  target: 'top3_orders',
+  select: 's.customer_id, s.id, s.total, s.rn',
+  from: `(SELECT id, customer_id, total,
+            row_number() OVER (PARTITION BY customer_id ORDER BY total DESC NULLS LAST, id) AS rn
+          FROM orders WHERE note IS DISTINCT FROM 'skip') s WHERE s.rn <= 3`,
+};
+const ranked: Definition = {
+  form: 'as',
+  target: 'ranked_orders',
+  select: 'r.id, r.customer_id, r.total, r.rk',
+  from: `(SELECT id, customer_id, total, rank() OVER (PARTITION BY customer_id ORDER BY total) AS rk
+          FROM orders) AS r WHERE rk < 3`,
+};
+const dense: Definition = {
+  form: 'as',
+  target: 'dense_orders',
+  select: 'd.id, d.customer_id, d.total, d.dr',
+  from: `(SELECT id, customer_id, total, dense_rank() OVER (PARTITION BY customer_id ORDER BY total DESC) dr
+          FROM orders) d WHERE d.dr <= 2`,
+};
+
+const defined = [latest, largest, perRegion, top3, ranked, dense];
 
 describe('DISTINCT ON', () => {
   it('keeps the first row of each partition through writes, compared with Postgres', async () => {
