@@ -1,5 +1,4 @@
 import { describe, expect, it } from 'vitest';
-import { trellisInProcess } from './support/cli.js';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
 import { expectRefusedAs } from './support/view-sql-refusals.js';
@@ -36,12 +35,31 @@ const latest: Definition = {
 };
 
 // The largest order per customer, where totals tie (and are NULL: DESC puts NULLs first,
-// as Postgres does): the oracle adds the engine's tiebreak, the items in order.
+// as Postgres does). The statement leaves ties to the engine; the oracle's adds the
+// tiebreak the engine documents: the items in order, ascending.
+const largestStatement = `TRANSFORM largest_order AS
+  SELECT DISTINCT ON (o.customer_id) o.customer_id, o.total AS amount, o.id
+    FROM orders o ORDER BY o.customer_id, o.total DESC`;
 const largest: Definition = {
   form: 'as',
   target: 'largest_order',
   select: 'DISTINCT ON (o.customer_id) o.customer_id, o.total AS amount, o.id',
   from: 'orders o ORDER BY o.customer_id, o.total DESC, o.customer_id, o.total, o.id',
+};
+
+// row_number() over tied totals: the engine breaks ties by the table's key, ascending
+// (the oracle's statement says so).
+const cheapestStatement = `TRANSFORM cheapest_two AS
+  SELECT c.id, c.customer_id, c.total, c.n FROM (
+    SELECT id, customer_id, total, row_number() OVER (PARTITION BY customer_id ORDER BY total) AS n
+      FROM orders) AS c
+   WHERE c.n <= 2 AND c.total IS NOT NULL`;
+const cheapest: Definition = {
+  form: 'as',
+  target: 'cheapest_two',
+  select: 'c.id, c.customer_id, c.total, c.n',
+  from: `(SELECT id, customer_id, total, row_number() OVER (PARTITION BY customer_id ORDER BY total, id) AS n
+            FROM orders) AS c WHERE c.n <= 2 AND c.total IS NOT NULL`,
 };
 
 // Over a join with a WHERE, partitioned by a nullable column, ordered by an output name.
@@ -52,7 +70,6 @@ const perRegion: Definition = {
   from: `orders o JOIN customers c ON c.id = o.customer_id
     WHERE o.total IS NOT NULL ORDER BY c.region, placed, order_id`,
 };
-
 
 const steps: string[] = [
   // New rows in partitions: some new latest, some not; a new partition.
@@ -103,15 +120,94 @@ const dense: Definition = {
           FROM orders) d WHERE d.dr <= 2`,
 };
 
-const defined = [latest, largest, perRegion, top3, ranked, dense];
+const defined = [latest, perRegion, top3, ranked, dense];
+const all = [...defined, largest, cheapest];
 
 describe('DISTINCT ON', () => {
   it('keeps the first row of each partition through writes, compared with Postgres', async () => {
     await live.define(...defined);
-    await live.converged(defined);
+    await live.trellis.apply(largestStatement);
+    await live.trellis.apply(cheapestStatement);
+    await live.converged(all);
     for (const step of steps) {
       await live.db.sql.unsafe(step);
-      await live.converged(defined);
+      await live.converged(all);
     }
+    // The targets are not empty, and ties were there to break.
+    const [n] = await live.db.sql<{ top3: number; ranked: number; ties: number }[]>`
+      SELECT (SELECT count(*) FROM top3_orders)::int AS top3,
+             (SELECT count(*) FROM ranked_orders)::int AS ranked,
+             (SELECT count(*) FROM (SELECT customer_id, total FROM orders
+                                     GROUP BY 1, 2 HAVING count(*) > 1) t)::int AS ties`;
+    expect(n!.top3).toBeGreaterThan(10);
+    expect(n!.ranked).toBeGreaterThan(10);
+    expect(n!.ties).toBeGreaterThan(0);
   }, 240_000);
+
+  it('shows the statement as written, which defines the same transform again', async () => {
+    const defs = await live.trellis.definitions();
+    expect(defs.map((d) => d.target).filter((t) => t.startsWith('trellis#'))).toEqual([]);
+    const d = defs.find((x) => x.target === 'largest_order');
+    expect(d?.statement).toBe(
+      'TRANSFORM largest_order AS SELECT DISTINCT ON (o.customer_id) o.customer_id, o.total AS amount, o.id FROM public.orders AS o ORDER BY o.customer_id, o.total DESC',
+    );
+    const t = defs.find((x) => x.target === 'cheapest_two');
+    expect(t?.statement).toBe(
+      'TRANSFORM cheapest_two AS SELECT c.id AS id, c.customer_id AS customer_id, c.total AS total, c.n AS n FROM (SELECT id, customer_id, total, row_number() OVER (PARTITION BY customer_id ORDER BY total) AS n FROM orders) AS c WHERE c.n <= 2 AND c.total IS NOT NULL',
+    );
+    expect(t?.parts?.map((p) => p.name)).toEqual(['c.topn', 'c']);
+    for (const [name, def] of [
+      ['largest_order', largest],
+      ['cheapest_two', cheapest],
+    ] as const) {
+      const statement = defs.find((x) => x.target === name)!.statement;
+      await live.trellis.apply(`DROP TRANSFORM ${name}`);
+      await live.trellis.apply(statement);
+      await live.converged(def);
+      const again = (await live.trellis.definitions()).find((x) => x.target === name);
+      expect(again?.statement).toBe(statement);
+    }
+  });
+
+  it('refuses what it does not keep, naming it', async () => {
+    const cases: Array<[string, string]> = [
+      [
+        'SELECT DISTINCT ON (customer_id) customer_id, id FROM orders',
+        'DISTINCT ON without ORDER BY',
+      ],
+      [
+        'SELECT DISTINCT ON (customer_id) customer_id, id FROM orders ORDER BY 1, 2',
+        'ORDER BY a position',
+      ],
+      [
+        'SELECT id, lag(total) OVER (PARTITION BY customer_id ORDER BY at) AS prev FROM orders',
+        'a window function (lag() OVER',
+      ],
+      [
+        'SELECT id, row_number() OVER (PARTITION BY customer_id ORDER BY at) AS rn FROM orders',
+        'kept only as top-N per partition',
+      ],
+      [
+        'SELECT s.id FROM (SELECT id, rank() OVER (PARTITION BY customer_id ORDER BY at) AS r FROM orders) s WHERE s.id > 3',
+        'must filter it with WHERE r <= k',
+      ],
+      [
+        'SELECT s.id FROM (SELECT id, rank() OVER (ORDER BY at) AS r FROM orders) s WHERE r <= 3',
+        'without PARTITION BY',
+      ],
+      [
+        'SELECT s.id FROM (SELECT id, sum(total) OVER (PARTITION BY customer_id ORDER BY at ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS r FROM orders) s',
+        'a window function (sum() OVER',
+      ],
+      [
+        'SELECT s.id FROM (SELECT id, rank() OVER (PARTITION BY customer_id ORDER BY at ROWS UNBOUNDED PRECEDING) AS r FROM orders) s WHERE r <= 3',
+        'a window frame (ROWS',
+      ],
+      [
+        'SELECT s.id FROM (SELECT o.id, rank() OVER (PARTITION BY c.region ORDER BY o.at) AS r FROM orders o JOIN customers c ON c.id = o.customer_id) s WHERE r <= 3',
+        'over a join is not supported yet',
+      ],
+    ];
+    for (const [select, named] of cases) await expectRefusedAs(live, select, named);
+  });
 });
