@@ -133,7 +133,9 @@ BEGIN
   END IF;
   c := a + 4;
   LOOP
-    IF toks[c].kind = 'punct' AND toks[c].text IN ('(', '[') THEN
+    IF c >= b THEN
+      RETURN NULL;
+    ELSIF toks[c].kind = 'punct' AND toks[c].text IN ('(', '[') THEN
       d := d + 1;
     ELSIF toks[c].kind = 'punct' AND toks[c].text IN (')', ']') THEN
       d := d - 1;
@@ -250,8 +252,8 @@ BEGIN
         d := d + 1;
       ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
         d := d - 1;
-      ELSIF d = 0 AND (toks[k].kind = 'eof' OR (toks[k].kind = 'punct' AND toks[k].text = ',')
-                       OR @schema@.grammar_kw(toks[k], 'from')) THEN
+      ELSIF toks[k].kind = 'eof' OR (d = 0 AND ((toks[k].kind = 'punct' AND toks[k].text = ',')
+                                              OR @schema@.grammar_kw(toks[k], 'from'))) THEN
         w := @schema@._topn_window_item(toks, item_start, k);
         IF w IS NOT NULL THEN
           IF win IS NOT NULL THEN
