@@ -210,4 +210,25 @@ describe('DISTINCT ON', () => {
     ];
     for (const [select, named] of cases) await expectRefusedAs(live, select, named);
   });
+
+  it('reads a changed partition through an index on its partition columns (a gap is reported)', async () => {
+    await live.db.sql.unsafe(`CREATE TABLE events (id int PRIMARY KEY, grp int NOT NULL, at int NOT NULL);
+      INSERT INTO events SELECT k, k % 5, k FROM generate_series(1, 40) k`);
+    await live.trellis.apply(
+      'TRANSFORM last_event AS SELECT DISTINCT ON (grp) grp, id, at FROM events ORDER BY grp, at DESC',
+    );
+    await live.trellis.apply(`TRANSFORM two_events AS SELECT e.grp, e.id FROM (
+        SELECT grp, id, row_number() OVER (PARTITION BY grp ORDER BY at) AS rn FROM events) e WHERE e.rn <= 2`);
+    // Without an index on grp, each changed partition would be a scan: both report it.
+    expect((await live.trellis.status('last_event')).sourceIndexGaps).toEqual([
+      expect.objectContaining({ table: 'public.events', columns: ['grp'] }),
+    ]);
+    const parts = (await live.trellis.definitions()).find((d) => d.target === 'two_events')?.parts;
+    expect(parts?.flatMap((p) => p.sourceIndexGaps)).toEqual([
+      expect.objectContaining({ table: 'public.events', columns: ['grp'] }),
+      expect.objectContaining({ table: 'public.events', columns: ['grp'] }),
+    ]);
+    await live.db.sql.unsafe('CREATE INDEX ON events (grp)');
+    expect((await live.trellis.status('last_event')).sourceIndexGaps).toEqual([]);
+  });
 });
