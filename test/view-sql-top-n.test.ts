@@ -120,7 +120,34 @@ const dense: Definition = {
           FROM orders) d WHERE d.dr <= 2`,
 };
 
-const defined = [latest, perRegion, top3, ranked, dense];
+// DISTINCT ON in a derived table, aggregated around it; the sum of each customer's two
+// largest orders (an aggregate over top-N); the first order of each customer as rn = 1.
+const latestNoted: Definition = {
+  form: 'as',
+  target: 'latest_noted',
+  select: 'l.note IS NULL AS no_note, count(*) AS n, sum(l.total) AS total',
+  from: `(SELECT DISTINCT ON (customer_id) customer_id, note, total FROM orders
+          ORDER BY customer_id, at DESC, id) AS l`,
+  groupBy: 'l.note IS NULL',
+};
+const topTwoSum: Definition = {
+  form: 'as',
+  target: 'top_two_sum',
+  select: 't.customer_id, sum(t.total) AS top_sum, count(*) AS n',
+  from: `(SELECT customer_id, total,
+            row_number() OVER (PARTITION BY customer_id ORDER BY total DESC NULLS LAST, id) AS rn
+          FROM orders) t WHERE t.rn <= 2`,
+  groupBy: 't.customer_id',
+};
+const firstOrder: Definition = {
+  form: 'as',
+  target: 'first_order',
+  select: 'f.id, f.customer_id, f.at',
+  from: `(SELECT id, customer_id, at, row_number() OVER (PARTITION BY customer_id ORDER BY at, id) AS k
+          FROM orders) f WHERE f.k = 1`,
+};
+
+const defined = [latest, perRegion, top3, ranked, dense, latestNoted, topTwoSum, firstOrder];
 const all = [...defined, largest, cheapest];
 
 describe('DISTINCT ON', () => {
