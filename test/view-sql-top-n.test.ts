@@ -160,6 +160,38 @@ describe('DISTINCT ON', () => {
       await live.db.sql.unsafe(step);
       await live.converged(all);
     }
+    // Writers at once: each inserts in its own range of keys, changes the order columns,
+    // moves rows between partitions and deletes a partition's top row; one of each
+    // writer's transactions rolls back.
+    let seed = 26;
+    const rand = (n: number) => {
+      seed = (seed * 1103515245 + 12345) % 2147483648;
+      return seed % n;
+    };
+    const writer = async (w: number) => {
+      for (let round = 0; round < 6; round++) {
+        const id = 2000 + w * 100 + round;
+        const statements = [
+          `INSERT INTO orders VALUES (${id}, ${1 + rand(12)}, '2026-01-01'::timestamptz + ${rand(500)} * interval '1 hour', ${rand(4) === 0 ? 'NULL' : rand(50)}, ${rand(3) === 0 ? 'NULL' : `'w${w}'`})`,
+          `UPDATE orders SET total = ${rand(50)}, at = at + interval '${rand(90)} hours' WHERE id % 9 = ${rand(9)}`,
+          `UPDATE orders SET customer_id = ${1 + rand(12)} WHERE id = (SELECT min(id) FROM orders WHERE customer_id = ${1 + rand(12)})`,
+          `DELETE FROM orders WHERE id = (SELECT id FROM orders WHERE customer_id = ${1 + rand(12)} ORDER BY at DESC, id LIMIT 1)`,
+        ];
+        await live.db.sql
+          .begin(async (tx) => {
+            for (const statement of statements) await tx.unsafe(statement);
+            if (round === 3) throw new Error('rolled back');
+          })
+          .catch((e: unknown) => {
+            // A deadlock between two writers rolls one back too.
+            const code = (e as { code?: string }).code;
+            if (!(e instanceof Error && e.message === 'rolled back') && code !== '40P01') throw e;
+          });
+      }
+    };
+    await Promise.all([1, 2, 3, 4].map(writer));
+    await live.converged(all);
+
     // The targets are not empty, and ties were there to break.
     const [n] = await live.db.sql<{ top3: number; ranked: number; ties: number }[]>`
       SELECT (SELECT count(*) FROM top3_orders)::int AS top3,
