@@ -287,6 +287,18 @@ describe('DISTINCT ON', () => {
       expect.objectContaining({ table: 'public.events', columns: ['grp'] }),
       expect.objectContaining({ table: 'public.events', columns: ['grp'] }),
     ]);
+    // explain() shows the chain: the partition's top k (a group recompute), the ranked rows,
+    // the statement.
+    const e = await live.trellis.explain('two_events');
+    expect(e.chain).toEqual(['trellis#two_events#e.topn', 'trellis#two_events#e', 'two_events']);
+    expect(e.parts.map((p) => [p.name, p.mode])).toEqual([
+      ['e.topn', 'group recompute'],
+      ['e', 're-derive'],
+      [null, 're-derive'],
+    ]);
+    expect((await live.trellis.explain('last_event')).parts.map((p) => p.mode)).toEqual([
+      'group recompute',
+    ]);
     await live.db.sql.unsafe('CREATE INDEX ON events (grp)');
     expect((await live.trellis.status('last_event')).sourceIndexGaps).toEqual([]);
   });
