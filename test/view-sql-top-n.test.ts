@@ -228,6 +228,19 @@ describe('DISTINCT ON', () => {
     }
   });
 
+  it("ALTER … ADD COLUMN extends a DISTINCT ON with the first row's value", async () => {
+    await live.trellis.apply('ALTER TRANSFORM latest_order ADD COLUMN upper(note) AS loud');
+    await live.converged({
+      ...latest,
+      select: 'DISTINCT ON (customer_id) customer_id, id, at, total, note, upper(note) AS loud',
+    });
+    await live.db.sql.unsafe(`INSERT INTO orders VALUES (3000, 2, '2030-01-01', 1, 'newest')`);
+    await live.converged({
+      ...latest,
+      select: 'DISTINCT ON (customer_id) customer_id, id, at, total, note, upper(note) AS loud',
+    });
+  });
+
   it('refuses what it does not keep, naming it', async () => {
     const cases: Array<[string, string]> = [
       [
