@@ -540,7 +540,7 @@ BEGIN
     spec := @schema@._analyze_before_topn(ast);
     dropped := ARRAY(SELECT c->>'name' FROM jsonb_array_elements(spec->'columns') c
                       WHERE (c->>'implicit')::boolean AND (c->>'is_key')::boolean
-                        AND (c->'plain'->>'source')::int = 1);
+                        AND (c->'plain'->>'source')::int = jsonb_array_length(ast->'joins'));
     spec := spec || jsonb_build_object(
       'columns', (SELECT jsonb_agg(CASE WHEN c->>'name' = ANY (dropped) THEN c || '{"is_key": false}' ELSE c END ORDER BY o)
                     FROM jsonb_array_elements(spec->'columns') WITH ORDINALITY AS x(c, o)),
@@ -637,26 +637,34 @@ DECLARE
   g jsonb;
   items jsonb;
   rank_expr text;
+  item jsonb;
+  one text[];
 BEGIN
-  IF pa -> 'from' ? 'part' THEN
-    PERFORM @schema@._fail('TRV01', format(
-      '%s() OVER over a subquery or a WITH query is not supported yet: rank the rows of a table', fn));
-  ELSIF jsonb_array_length(coalesce(pa -> 'joins', '[]')) > 0 THEN
-    PERFORM @schema@._fail('TRV01', format('%s() OVER over a join is not supported yet: rank the rows of one table', fn));
-  END IF;
-  rel := to_regclass(@schema@.grammar_render_name(pa -> 'from' ->> 'schema', pa -> 'from' ->> 'name'));
-  IF rel IS NULL THEN
-    PERFORM @schema@._fail('TRV01', format('in the definition: relation %s does not exist',
-      @schema@.grammar_render_name(pa -> 'from' ->> 'schema', pa -> 'from' ->> 'name')));
-  END IF;
-  alias := quote_ident(coalesce(pa -> 'from' ->> 'alias', pa -> 'from' ->> 'name'));
-  keys := ARRAY(SELECT alias || '.' || quote_ident(a.attname)
-                  FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS u(attnum, n)
-                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = u.attnum
-                 WHERE i.indrelid = rel AND i.indisprimary ORDER BY u.n);
-  IF cardinality(keys) = 0 THEN
-    PERFORM @schema@._fail('TRV01', format('%s() OVER needs a primary key on %s (its rows are ranked by it)', fn, rel));
-  END IF;
+  keys := '{}';
+  -- The key of every table in FROM (a join's rows are ranked by all of them).
+  FOR item IN SELECT x FROM (SELECT pa -> 'from' AS x, 0 AS o
+                             UNION ALL
+                             SELECT j, o FROM jsonb_array_elements(coalesce(pa -> 'joins', '[]')) WITH ORDINALITY AS y(j, o)) z
+               ORDER BY o LOOP
+    IF item ? 'part' THEN
+      PERFORM @schema@._fail('TRV01', format(
+        '%s() OVER over a subquery or a WITH query is not supported yet: rank the rows of tables', fn));
+    END IF;
+    rel := to_regclass(@schema@.grammar_render_name(item ->> 'schema', item ->> 'name'));
+    IF rel IS NULL THEN
+      PERFORM @schema@._fail('TRV01', format('in the definition: relation %s does not exist',
+        @schema@.grammar_render_name(item ->> 'schema', item ->> 'name')));
+    END IF;
+    alias := quote_ident(coalesce(item ->> 'alias', item ->> 'name'));
+    one := ARRAY(SELECT alias || '.' || quote_ident(a.attname)
+                   FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS u(attnum, n)
+                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = u.attnum
+                  WHERE i.indrelid = rel AND i.indisprimary ORDER BY u.n);
+    IF cardinality(one) = 0 THEN
+      PERFORM @schema@._fail('TRV01', format('%s() OVER needs a primary key on %s (its rows are ranked by it)', fn, rel));
+    END IF;
+    keys := keys || one;
+  END LOOP;
   ord := (SELECT string_agg('(' || (o ->> 'expr') || ')' || coalesce(' ' || (o ->> 'dir'), ''), ', ' ORDER BY n)
             FROM jsonb_array_elements(win -> 'order_by') WITH ORDINALITY AS x(o, n));
   IF fn = 'row_number' THEN
@@ -670,7 +678,7 @@ BEGIN
     THEN format('@schema@._topn_distinct_prefix(array_agg(%s ORDER BY %s), %s)', probe, ord, k)
     ELSE format('(array_agg(%s ORDER BY %s))[1:%s]', probe, ord, k) END;
   g := jsonb_build_object('kind', 'transform', 'form', 'as', 'target', NULL,
-    'from', pa -> 'from', 'joins', '[]'::jsonb, 'where', pa -> 'where', 'having', NULL,
+    'from', pa -> 'from', 'joins', coalesce(pa -> 'joins', '[]'), 'where', pa -> 'where', 'having', NULL,
     'group_by', win -> 'partition', 'without_source_index', false,
     'select', (SELECT jsonb_agg(jsonb_build_object('expr', e, 'name', 'trellis#p' || n) ORDER BY n)
                  FROM jsonb_array_elements_text(win -> 'partition') WITH ORDINALITY AS x(e, n))
@@ -687,7 +695,7 @@ BEGIN
   RETURN (pa - 'window') || jsonb_build_object(
     'topn_written', pa,
     'select', items,
-    'joins', jsonb_build_array(jsonb_build_object('type', 'inner', 'schema', NULL, 'name', 'topn',
+    'joins', coalesce(pa -> 'joins', '[]') || jsonb_build_array(jsonb_build_object('type', 'inner', 'schema', NULL, 'name', 'topn',
       'alias', 'topn', 'on', on_, 'part', 'topn', 'part_kind', 'derived')),
     'parts', coalesce(pa -> 'parts', '[]') || jsonb_build_array(jsonb_build_object(
       'name', 'topn', 'kind', 'derived', 'columns', '[]'::jsonb, 'ast', g)),
