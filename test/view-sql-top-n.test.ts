@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import type { TrellisError } from '../src/engine/index.js';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
 import { expectRefusedAs } from './support/view-sql-refusals.js';
@@ -304,6 +305,14 @@ describe('DISTINCT ON', () => {
       ],
     ];
     for (const [select, named] of cases) await expectRefusedAs(live, select, named);
+    // Redefined in place to a ranking SELECT: refused too, never kept without its rank.
+    const refused = await live.trellis
+      .apply(
+        'ALTER TRANSFORM latest_order AS SELECT id, customer_id, rank() OVER (PARTITION BY customer_id ORDER BY at) AS r FROM orders',
+      )
+      .catch((e: unknown) => e);
+    expect((refused as TrellisError).code).toBe('validation');
+    expect((refused as TrellisError).message).toContain('kept only as top-N per partition');
   });
 
   it('reads a changed partition through an index on its partition columns (a gap is reported)', async () => {

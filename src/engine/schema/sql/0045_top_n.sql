@@ -16,7 +16,11 @@
 -- arbitrary). An ORDER BY is required (without one the row kept is arbitrary); positions
 -- (ORDER BY 2) and output names are refused or resolved as noted in _topn_rewrite.
 --
--- Window functions stay refused, now naming the function (row_number() OVER ...).
+-- Top-N per partition: a derived table whose SELECT list ranks its rows with row_number(),
+-- rank() or dense_rank() OVER (PARTITION BY ... ORDER BY ...), read by a SELECT whose WHERE
+-- keeps ranks up to k, is kept as the derived table's tables joined with a GROUP BY part
+-- holding each partition's top k (_topn_rewrite_window, applied by _define through
+-- _topn_bind). Every other window function stays refused, now naming the function.
 --
 -- Renamed here and wrapped (statements without DISTINCT ON go straight through, so whichever
 -- migration wrote them last stays in force): grammar_parse_block -> grammar_parse_block_before_topn,
@@ -533,6 +537,11 @@ DECLARE
   spec jsonb;
   dropped text[];
 BEGIN
+  -- A ranking item not made top-N (_topn_bind; a path defining without it): refused, never
+  -- dropped.
+  IF ast ? 'window' THEN
+    PERFORM @schema@._topn_bind(ast);
+  END IF;
   IF ast ? 'topn_written' THEN
     -- A top-N derived table: the part of the partition's top k matches a row on its whole
     -- key (the partition), at most one, so it adds nothing to the key; its key stays a
