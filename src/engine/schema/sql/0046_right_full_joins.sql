@@ -226,7 +226,7 @@ BEGIN
     RETURN ast;
   END IF;
   IF ast ? 'written' THEN
-    ast := (ast->'written') || CASE WHEN ast ? 'kind' THEN jsonb_build_object('kind', ast->'kind') ELSE '{}' END;
+    ast := (ast->'written') || CASE WHEN ast ? 'target' THEN jsonb_build_object('target', ast->'target') ELSE '{}' END;
   END IF;
   IF ast ? 'union' THEN
     ast := jsonb_set(ast, '{union,branches}', (
@@ -251,7 +251,9 @@ AS $fn$
 DECLARE
   w jsonb;
 BEGIN
-  IF ast ->> 'kind' IS DISTINCT FROM 'transform' OR NOT ast::text LIKE '%"written"%' THEN
+  -- A hidden part (trellis#...) is shown as what it keeps.
+  IF ast ->> 'kind' IS DISTINCT FROM 'transform' OR NOT ast::text LIKE '%"written"%'
+     OR starts_with(coalesce(ast->'target'->>'name', ''), 'trellis#') THEN
     RETURN @schema@.render_statement_before_joins(ast);
   END IF;
   w := @schema@._joins_as_written(ast);
