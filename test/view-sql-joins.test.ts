@@ -53,6 +53,11 @@ const steps: string[] = [
   `DELETE FROM lefts WHERE k = 12;
    UPDATE rights SET k = 12 WHERE id = 1;
    DELETE FROM regions WHERE code = 'eu';`,
+  // No left row with a NULL join column is left: rights' NULLs match nothing under
+  // coalesce(...) = coalesce(...), then one comes back.
+  `UPDATE lefts SET k = 50 WHERE k IS NULL;`,
+  `INSERT INTO lefts VALUES (12, NULL, 'm', 3);
+   UPDATE rights SET k = 50 WHERE id = 9;`,
 ];
 
 // RIGHT JOIN: every row of rights, its lefts' columns NULL where none matches. The target
@@ -128,7 +133,37 @@ const fullGrouped: Definition = {
   groupBy: 'j.k',
 };
 
+// Joins on conditions other than equalities: re-derived from the changed side's rows
+// through the condition (explain() shows the drain's statement; no equality to name an
+// index by).
+const bandInner: Definition = {
+  form: 'as',
+  target: 'band_inner',
+  from: 'lefts l JOIN rights r ON r.k BETWEEN l.k AND l.k + 2',
+  select: 'l.v, r.w, r.k - l.k AS gap',
+  implicit: 'l.id AS id, r.id AS r_id',
+};
+const bandRight: Definition = {
+  form: 'as',
+  target: 'band_right',
+  from: 'lefts l RIGHT JOIN rights r ON l.k > r.k AND l.n IS NOT NULL',
+  select: 'r.w, l.v',
+  implicit: 'r.id AS id, l.id AS l_id',
+};
+// A FULL JOIN whose condition can hold with the left side all NULL (coalesce): a row of
+// rights is unmatched when no row of lefts meets it, whatever the condition makes of NULLs.
+const fullCoalesce: Definition = {
+  form: 'as',
+  target: 'full_coalesce',
+  from: 'lefts l FULL JOIN rights r ON coalesce(l.k, 0) = coalesce(r.k, 0)',
+  select: 'l.v, r.w',
+  implicit: fullImplicit,
+};
+
 const all = [
+  bandInner,
+  bandRight,
+  fullCoalesce,
   rightProjection,
   rightThenJoin,
   rightGrouped,

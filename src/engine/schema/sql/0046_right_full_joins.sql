@@ -6,11 +6,11 @@
 --   ... FROM a FULL [OUTER] JOIN b ON cond [further joins] [WHERE w] ...
 --     is kept as the UNION ALL (ADR 0059) of two branches:
 --       SELECT ... FROM a LEFT JOIN b ON cond [further joins] [WHERE w]
---       SELECT ... FROM b LEFT JOIN a ON cond [further joins] WHERE (cond) IS NOT TRUE [AND w]
+--       SELECT ... FROM b LEFT JOIN a ON cond [further joins] WHERE a IS NULL [AND w]
 --     the second holding b's rows no row of a matches, with a's columns NULL (the LEFT
---     JOIN's own NULLs: a row of b that some row of a matches has cond true in every row
---     it makes, and one no row of a matches has a NULL a, so cond, null-rejecting as a
---     join's equality is, is not true). SELECT DISTINCT over a FULL JOIN is a UNION of the
+--     JOIN's own NULLs: a row of b that some row of a matches makes rows whose a has its
+--     key, never NULL; one no row of a matches makes one row whose a is all NULL, whatever
+--     cond makes of NULLs). SELECT DISTINCT over a FULL JOIN is a UNION of the
 --     two. GROUP BY, HAVING and aggregates over a FULL JOIN are refused (a union's
 --     branches are grouped apart): the FULL JOIN goes in a subquery in FROM.
 --
@@ -145,7 +145,9 @@ BEGIN
       END IF;
     END LOOP;
   END IF;
-  where2 := '(' || cond || ') IS NOT TRUE'
+  -- b's rows no row of a matches: the LEFT JOIN's row whose a is NULL (every column of it,
+  -- the key included, which a row of a never has).
+  where2 := quote_ident(coalesce(ast->'from'->>'alias', ast->'from'->>'part', ast->'from'->>'name')) || ' IS NULL'
     || coalesce(' AND ' || CASE WHEN has_or THEN '(' || w || ')' ELSE w END, '');
   -- The WITH queries are the whole statement's; derived tables belong to each branch.
   cte_parts := coalesce((SELECT jsonb_agg(x ORDER BY o) FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS y(x, o)
