@@ -21,7 +21,9 @@ const live = livePipeline({
         (5, 7, NULL, 1), (6, 3, 'f', 2);
       INSERT INTO rights VALUES (1, 1, 'x', 'eu'), (2, 2, 'y', 'us'), (3, NULL, 'z', NULL), (4, 5, NULL, 'eu'),
         (5, 5, 'w', 'xx'), (6, 3, 'v', 'us');
-      INSERT INTO regions VALUES ('eu', 'Europe'), ('us', 'Americas');`);
+      INSERT INTO regions VALUES ('eu', 'Europe'), ('us', 'Americas');
+      CREATE TABLE tag (id int PRIMARY KEY, tag text);
+      INSERT INTO tag VALUES (1, 'x'), (2, NULL), (40, 'y');`);
   },
 });
 
@@ -55,7 +57,9 @@ const steps: string[] = [
    DELETE FROM regions WHERE code = 'eu';`,
   // No left row with a NULL join column is left: rights' NULLs match nothing under
   // coalesce(...) = coalesce(...), then one comes back.
-  `UPDATE lefts SET k = 50 WHERE k IS NULL;`,
+  `UPDATE lefts SET k = 50 WHERE k IS NULL;
+   UPDATE tag SET tag = NULL WHERE id = 1;
+   INSERT INTO tag VALUES (3, NULL), (41, NULL);`,
   `INSERT INTO lefts VALUES (12, NULL, 'm', 3);
    UPDATE rights SET k = 50 WHERE id = 9;`,
 ];
@@ -160,7 +164,19 @@ const fullCoalesce: Definition = {
   implicit: fullImplicit,
 };
 
+// A FULL JOIN of a table without an alias that has a column of its own name (tag.tag,
+// NULL in matched rows): the unmatched rows are told by the whole row, not that column.
+const fullNoAlias: Definition = {
+  form: 'as',
+  target: 'full_no_alias',
+  from: 'tag FULL JOIN rights ON tag.id = rights.id',
+  select: 'tag.tag, rights.w',
+  implicit: `CASE WHEN tag.id IS NOT NULL THEN 1 ELSE 2 END AS "trellis#branch",
+    CASE WHEN tag.id IS NOT NULL THEN ROW(tag.id, rights.id)::text ELSE ROW(rights.id, tag.id)::text END AS "trellis#key"`,
+};
+
 const all = [
+  fullNoAlias,
   bandInner,
   bandRight,
   fullCoalesce,

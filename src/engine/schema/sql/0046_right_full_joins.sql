@@ -6,7 +6,7 @@
 --   ... FROM a FULL [OUTER] JOIN b ON cond [further joins] [WHERE w] ...
 --     is kept as the UNION ALL (ADR 0059) of two branches:
 --       SELECT ... FROM a LEFT JOIN b ON cond [further joins] [WHERE w]
---       SELECT ... FROM b LEFT JOIN a ON cond [further joins] WHERE a IS NULL [AND w]
+--       SELECT ... FROM b LEFT JOIN a ON cond [further joins] WHERE ROW(a.*) IS NULL [AND w]
 --     the second holding b's rows no row of a matches, with a's columns NULL (the LEFT
 --     JOIN's own NULLs: a row of b that some row of a matches makes rows whose a has its
 --     key, never NULL; one no row of a matches makes one row whose a is all NULL, whatever
@@ -147,7 +147,8 @@ BEGIN
   END IF;
   -- b's rows no row of a matches: the LEFT JOIN's row whose a is NULL (every column of it,
   -- the key included, which a row of a never has).
-  where2 := quote_ident(coalesce(ast->'from'->>'alias', ast->'from'->>'part', ast->'from'->>'name')) || ' IS NULL'
+  -- (ROW(a.*), not the bare name a, which a column of that name would take.)
+  where2 := 'ROW(' || quote_ident(coalesce(ast->'from'->>'alias', ast->'from'->>'part', ast->'from'->>'name')) || '.*) IS NULL'
     || coalesce(' AND ' || CASE WHEN has_or THEN '(' || w || ')' ELSE w END, '');
   -- The WITH queries are the whole statement's; derived tables belong to each branch.
   cte_parts := coalesce((SELECT jsonb_agg(x ORDER BY o) FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS y(x, o)
