@@ -223,6 +223,31 @@ describe('RIGHT and FULL joins', () => {
     await live.converged([rightProjection, fullProjection, fullGrouped]);
   }, 120_000);
 
+  it('explains them: the source index each side needs, a FULL JOIN as its two branches', async () => {
+    const right = await live.trellis.explain('right_projection');
+    expect(right.chain).toEqual(['right_projection']);
+    // Kept as rights LEFT JOIN lefts: a change to rights finds lefts by their join column,
+    // a change to lefts finds the rights rows it joins by theirs. Both need an index.
+    const needs = (p: { needs: { table: string; columns: string[] }[] } | undefined) =>
+      (p?.needs ?? []).map((n) => `${n.table}(${n.columns.join(', ')})`).sort();
+    expect(needs(right.parts.at(-1))).toEqual(['public.lefts(k)', 'public.rights(k)']);
+    const full = await live.trellis.explain('full_projection');
+    expect(full.chain).toEqual([
+      'trellis#full_projection#1',
+      'trellis#full_projection#2',
+      'full_projection',
+    ]);
+    // Each branch is one of the two LEFT JOINs, needing the same; the union's reader none
+    // (its table's key is its primary key).
+    expect(full.parts.map(needs)).toEqual([
+      ['public.lefts(k)', 'public.rights(k)'],
+      ['public.lefts(k)', 'public.rights(k)'],
+      [],
+    ]);
+    await live.db.sql.unsafe('CREATE INDEX ON lefts (k); CREATE INDEX ON rights (k)');
+    expect(needs((await live.trellis.explain('full_projection')).parts[1])).toEqual([]);
+  }, 60_000);
+
   it('refuses what it cannot keep, by name, leaving nothing behind', async () => {
     await expectRefusedAs(
       live,
