@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
-import type { Definition } from './support/oracle.js';
+import { type Definition, transformStatement } from './support/oracle.js';
+import { waitFor } from './support/trellis.js';
 import { expectRefusedAs } from './support/view-sql-refusals.js';
 
 // RIGHT and FULL joins in a view's SQL (issue #26, ADR 0066). A RIGHT JOIN is kept as the
@@ -221,7 +222,32 @@ describe('RIGHT and FULL joins', () => {
       expect(again?.statement).toBe(d!.statement);
     }
     await live.converged([rightProjection, fullProjection, fullGrouped]);
-  }, 120_000);
+
+    // Redefined in place (ALTER TRANSFORM … AS) with another RIGHT JOIN: built beside the
+    // old one, then switched; shown as written.
+    const next: Definition = {
+      ...rightThenJoin,
+      select: 'g.label, r.w, l.v, l.n + 1 AS n1',
+      where: 'r.w IS NOT NULL',
+    };
+    const statement = transformStatement(next);
+    await live.trellis.apply(
+      `ALTER TRANSFORM right_then_join AS ${statement.slice('TRANSFORM right_then_join AS '.length)}`,
+    );
+    const shown =
+      'TRANSFORM right_then_join AS SELECT g.label, r.w, l.v, l.n + 1 AS n1 FROM lefts AS l RIGHT JOIN rights AS r ON r.k = l.k JOIN regions AS g ON g.code = r.region WHERE r.w IS NOT NULL';
+    await waitFor(
+      async () =>
+        (await live.trellis.definitions()).find((d) => d.target === 'right_then_join')
+          ?.statement === shown,
+      'right_then_join redefined',
+      60_000,
+    );
+    await live.db.sql.unsafe(
+      `UPDATE lefts SET n = n + 1 WHERE k IS NOT NULL; UPDATE rights SET w = NULL WHERE id = 7`,
+    );
+    await live.converged(next);
+  }, 180_000);
 
   it('explains them: the source index each side needs, a FULL JOIN as its two branches', async () => {
     const right = await live.trellis.explain('right_projection');
