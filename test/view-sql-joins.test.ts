@@ -295,6 +295,12 @@ describe('RIGHT and FULL joins', () => {
       'SELECT count(*) AS n, sum(l.n) AS total FROM lefts l FULL JOIN rights r ON r.k = l.k',
       'aggregates over a FULL JOIN',
     );
+    // A FULL JOIN's branches are a UNION's: no subquery in their WHERE yet (ADR 0059).
+    await expectRefusedAs(
+      live,
+      'SELECT l.v, r.w FROM lefts l FULL JOIN rights r ON l.k = r.k WHERE EXISTS (SELECT 1 FROM regions g WHERE g.code = r.region)',
+      'a subquery in WHERE',
+    );
     await expectRefusedAs(
       live,
       'SELECT l.v FROM lefts l FULL JOIN rights r ON r.k = l.k UNION ALL SELECT v FROM lefts',
