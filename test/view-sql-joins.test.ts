@@ -176,7 +176,18 @@ const fullNoAlias: Definition = {
     CASE WHEN tag.id IS NOT NULL THEN ROW(tag.id, rights.id)::text ELSE ROW(rights.id, tag.id)::text END AS "trellis#key"`,
 };
 
+// A RIGHT JOIN filtered by a semi-join (ADR 0057) on the preserved side's column.
+const rightExists: Definition = {
+  form: 'as',
+  target: 'right_exists',
+  from: 'lefts l RIGHT JOIN rights r ON l.k = r.k',
+  select: 'l.v, r.w, r.region',
+  where: 'EXISTS (SELECT 1 FROM regions g WHERE g.code = r.region AND g.label IS NOT NULL)',
+  implicit: 'r.id AS id, l.id AS l_id',
+};
+
 const all = [
+  rightExists,
   fullNoAlias,
   bandInner,
   bandRight,
