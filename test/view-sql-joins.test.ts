@@ -306,6 +306,17 @@ describe('RIGHT and FULL joins', () => {
       'SELECT count(*) AS n, sum(l.n) AS total FROM lefts l FULL JOIN rights r ON r.k = l.k',
       'aggregates over a FULL JOIN',
     );
+    // A set-returning function of the row is not maintained yet.
+    await expectRefusedAs(
+      live,
+      'SELECT l.id, t.x, t.i FROM lefts l CROSS JOIN LATERAL unnest(ARRAY[l.k, l.n]) WITH ORDINALITY AS t(x, i)',
+      'CROSS JOIN LATERAL over a set-returning function',
+    );
+    await expectRefusedAs(
+      live,
+      "SELECT r.id, e.value FROM rights r, LATERAL jsonb_array_elements(to_jsonb(ARRAY[r.w, 'x'])) AS e",
+      'LATERAL is not supported yet',
+    );
     // A FULL JOIN's branches are a UNION's: no subquery in their WHERE yet (ADR 0059).
     await expectRefusedAs(
       live,

@@ -14,6 +14,8 @@
 --     two. GROUP BY, HAVING and aggregates over a FULL JOIN are refused (a union's
 --     branches are grouped apart): the FULL JOIN goes in a subquery in FROM.
 --
+-- LATERAL (CROSS JOIN LATERAL unnest(...), a correlated subquery) is refused by name here.
+--
 -- Only as the first join of its FROM (a RIGHT or FULL JOIN after other joins joins their
 -- result, which one LEFT JOIN chain cannot say). The statement is recorded and shown as
 -- written: the compiled AST keeps the parsed one under "written" (render_statement shows
@@ -84,6 +86,11 @@ BEGIN
     ELSIF d = 0 AND f IS NULL AND @schema@.grammar_kw(toks[k], 'from') THEN
       f := k;
     ELSIF d = 0 AND f IS NOT NULL THEN
+      IF @schema@.grammar_kw(toks[k], 'lateral') THEN
+        PERFORM @schema@.grammar_refuse(
+          'LATERAL is not supported yet: neither CROSS JOIN LATERAL over a set-returning function of the row (unnest(...) [WITH ORDINALITY], jsonb_array_elements(...)) nor a correlated subquery in FROM is maintained',
+          toks[k].pos);
+      END IF;
       IF first_join IS NULL AND (
            (toks[k].kind = 'punct' AND toks[k].text = ',')
            OR (toks[k].kind = 'word' AND toks[k].value IN ('join', 'inner', 'cross', 'natural'))
