@@ -950,7 +950,11 @@ describe("the AS form: a view's SQL (ADR 0049)", () => {
         'LATERAL',
         'LATERAL',
       ],
-      ['TRANSFORM t AS SELECT a FROM s FULL JOIN u ON true', 'a FULL JOIN', 'FULL'],
+      [
+        'TRANSFORM t AS SELECT a FROM s JOIN v ON true FULL JOIN u ON true',
+        'a FULL JOIN after another join',
+        'FULL',
+      ],
       ['TRANSFORM t AS SELECT DISTINCT ON (a) a FROM s', 'DISTINCT ON', 'DISTINCT'],
       ['TRANSFORM t FROM s SELECT DISTINCT ON (a) a', 'DISTINCT ON', 'DISTINCT'],
       [

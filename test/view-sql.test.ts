@@ -251,10 +251,13 @@ describe('what the AS form refuses, by name', () => {
     ['SELECT id FROM orders EXCEPT SELECT id FROM customers', 'EXCEPT is not supported'],
     ['SELECT id, rank() OVER (ORDER BY amount) AS r FROM orders', 'a window function'],
     ['SELECT DISTINCT ON (customer_id) customer_id, amount FROM orders', 'DISTINCT ON'],
-    ['SELECT o.id FROM orders o RIGHT JOIN customers c ON c.id = o.customer_id', 'a RIGHT JOIN'],
     [
-      'SELECT o.id FROM orders o FULL OUTER JOIN customers c ON c.id = o.customer_id',
-      'a FULL JOIN',
+      'SELECT o.id FROM orders o JOIN regions r ON true RIGHT JOIN customers c ON c.id = o.customer_id',
+      'a RIGHT JOIN after another join',
+    ],
+    [
+      'SELECT c.tier, count(*) AS n FROM orders o FULL OUTER JOIN customers c ON c.id = o.customer_id GROUP BY c.tier',
+      'GROUP BY or HAVING over a FULL JOIN',
     ],
     ['SELECT o.id FROM orders o CROSS JOIN customers c', 'CROSS JOIN'],
     ['SELECT o.id FROM orders o JOIN customers c USING (id)', 'JOIN ... USING'],
