@@ -186,6 +186,7 @@ async function redefineUnderLoad(
   await waitFor(
     async () => (await targetRows(old.target)) === before,
     'the old definition to catch up',
+    60_000,
   );
   await waitFor(
     async () => (await shadowRows(old.target)) === after,
