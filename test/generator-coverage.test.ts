@@ -57,6 +57,7 @@ const CONSTRUCTS = [
   'UNION ALL in a subquery',
   'UNION in a subquery',
   'UNION',
+  'UNION ALL',
   'EXISTS',
   'NOT EXISTS',
   'IN (SELECT …)',

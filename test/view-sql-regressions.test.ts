@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { describe, it } from 'vitest';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
 
@@ -70,7 +70,8 @@ describe('view SQL regressions found by the differential tests', () => {
     await live.converged(union);
     await live.db.sql.unsafe('ALTER TABLE vr_n ALTER COLUMN dec4 TYPE numeric');
     await live.db.sql.unsafe('INSERT INTO vr_n VALUES (3, 1.005)');
+    // The oracle finds the target's `1.01` where the statement gives `1.005` (this test is
+    // expected to fail until the engine retypes the branch's column too).
     await live.converged(union);
-    expect(true).toBe(true);
   }, 120_000);
 });

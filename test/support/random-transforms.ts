@@ -516,7 +516,14 @@ export interface Transform {
   /** The AS form's WITH queries (`w1 AS (SELECT …)`), tables named `«a»`. */
   with?: string;
   /** A UNION at the top: its second branch's SELECT list, FROM and WHERE (the first is this). */
-  union?: { all: boolean; list: string; from: string; where: string | null };
+  union?: {
+    all: boolean;
+    list: string;
+    from: string;
+    where: string | null;
+    /** Each branch's table's key, as a UNION ALL's target identifies its rows. */
+    keys: [string, string];
+  };
 }
 
 function tableSource(
@@ -898,12 +905,21 @@ export function definitionOf(t: Transform, prefix: string, naming: Naming = 'pla
     // A UNION at the top, written as the oracle's parts: the first branch up to the second's
     // SELECT list is `select`, the second branch's FROM and WHERE are `from` and `where`.
     const u = t.union;
+    const firstBranch = (list: string) =>
+      place(
+        `${list} FROM ${from}${where ? ` WHERE ${where}` : ''} UNION${u.all ? ' ALL' : ''} SELECT ${u.list}`,
+      );
+    // A UNION ALL's target identifies a row by its branch and its row's key (README): the
+    // oracle's query states those columns, the statement does not.
+    const hidden = (n: number) =>
+      `${n} AS "trellis#branch", ROW(${u.keys[n - 1]})::text AS "trellis#key"`;
     return {
       target: physical(prefix, t.name),
       form: 'as',
-      select: place(
-        `${select} FROM ${from}${where ? ` WHERE ${where}` : ''} UNION${u.all ? ' ALL' : ''} SELECT ${u.list}`,
-      ),
+      select: firstBranch(select),
+      ...(u.all
+        ? { oracleSelect: firstBranch(`${select}, ${hidden(1)}`), implicit: place(hidden(2)) }
+        : {}),
       from: place(u.from),
       ...(u.where ? { where: place(u.where) } : {}),
       ...(t.form === 'as-ordered' ? { orderBy: '1' } : {}),
@@ -1243,16 +1259,20 @@ function scalarSubquery(schema: Schema, t: Transform, v: ViewChoice): boolean {
   return true;
 }
 
-/** A UNION of two tables' columns at the top (keyed by every column: keyable types). */
+/**
+ * A UNION (keyed by every column: keyable types) or UNION ALL (keyed by branch and row) of
+ * two tables' columns at the top.
+ */
 function topUnion(
   schema: Schema,
   choice: TransformChoice,
   v: ViewChoice,
   name: string,
 ): Transform | null {
+  const all = (v.variant >> 2) % 2 === 1;
   const first = innerSource(schema, v.table, schema.tables[v.table % schema.tables.length]!.name);
   const firsts = [...new Set([v.pick.column, ...v.more].map((m) => at(first.columns, m)))].filter(
-    (c) => KEYABLE.has(c.type),
+    (c) => all || KEYABLE.has(c.type),
   );
   if (firsts.length === 0) return null;
   const index2 = v.table2 % schema.tables.length;
@@ -1275,12 +1295,13 @@ function topUnion(
     readable: false,
     withoutSourceIndex: false,
     form: choice.form % 2 ? 'as-ordered' : 'as',
-    constructs: ['UNION'],
+    constructs: [all ? 'UNION ALL' : 'UNION'],
     union: {
-      all: false,
+      all,
       list: seconds.map(col).join(', '),
       from: fromItem(second),
       where: choice.where ? predicate([second], choice.where) : null,
+      keys: [first.keys.map(col).join(', '), second.keys.map(col).join(', ')],
     },
   };
 }
