@@ -1042,6 +1042,17 @@ function innerSource(schema: Schema, index: number, alias: string): Source {
 
 const fromItem = (s: Source) => `«${s.name}» ${s.alias}`;
 
+/**
+ * A UNION's second SELECT list: its columns bare, or all named (`u1`, `u2`) when one is
+ * there twice, which the engine refuses bare (an engine bug, reported:
+ * view-sql-regressions.test.ts).
+ */
+function branchList(columns: ScopeColumn[]): string {
+  const names = columns.map(col);
+  if (new Set(names).size === names.length) return names.join(', ');
+  return names.map((n, i) => `${n} AS u${i + 1}`).join(', ');
+}
+
 /** Pairs of an inner column (kept by `keep`) and an outer one of its type. */
 function pairsOf(
   inner: Source,
@@ -1136,7 +1147,7 @@ function derivedSource(
     const where2 = v.filter ? ` WHERE ${predicate([second], v.filter)}` : '';
     body =
       `SELECT ${items.join(', ')} FROM ${fromItem(inner)}${where} ` +
-      `UNION${distinct ? '' : ' ALL'} SELECT ${seconds.map(col).join(', ')} FROM ${fromItem(second)}${where2}`;
+      `UNION${distinct ? '' : ' ALL'} SELECT ${branchList(seconds)} FROM ${fromItem(second)}${where2}`;
     constructs.push(distinct ? 'UNION in a subquery' : 'UNION ALL in a subquery');
   }
   const asWith = (v.variant >> 1) % 2 === 1;
@@ -1298,7 +1309,7 @@ function topUnion(
     constructs: [all ? 'UNION ALL' : 'UNION'],
     union: {
       all,
-      list: seconds.map(col).join(', '),
+      list: branchList(seconds),
       from: fromItem(second),
       where: choice.where ? predicate([second], choice.where) : null,
       keys: [first.keys.map(col).join(', '), second.keys.map(col).join(', ')],
