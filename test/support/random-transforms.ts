@@ -1126,14 +1126,13 @@ function derivedSource(
     // A UNION: each column of the first branch with one of its type in the second (from
     // the first branch's table when the second's has none); UNION's NOT NULL and keyable.
     const distinct = kind === 'derived UNION';
-    const keep = (c: ScopeColumn) => !distinct || (!c.nullable && KEYABLE.has(c.type));
-    const firsts = [...new Set([v.pick.column, ...v.more].map((m) => at(inner.columns, m)))].filter(
-      keep,
-    );
-    if (firsts.length === 0) return null;
+    // A UNION's columns are its branches' keys (README: the statement around it reads it by
+    // every column, which its branches' targets must hold NOT NULL: keys, count()).
+    const pool = (s: Source) => (distinct ? s.keys.filter((k) => KEYABLE.has(k.type)) : s.columns);
+    if (pool(inner).length === 0) return null;
+    const firsts = [...new Set([v.pick.column, ...v.more].map((m) => at(pool(inner), m)))];
     let second = innerSource(schema, v.table2, 'sq2');
-    const matches = (c: ScopeColumn, s: Source) =>
-      s.columns.filter((o) => o.type === c.type && keep(o));
+    const matches = (c: ScopeColumn, s: Source) => pool(s).filter((o) => o.type === c.type);
     if (firsts.some((c) => matches(c, second).length === 0)) {
       second = innerSource(schema, v.table, 'sq2');
     }
