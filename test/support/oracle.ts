@@ -48,6 +48,13 @@ export interface Definition {
   /** A trailing ORDER BY of the AS form's statement: the engine drops it, the oracle too. */
   orderBy?: string;
   /**
+   * The SELECT list (and what follows it up to FROM) the oracle runs in place of `select`,
+   * when the two differ by more than `implicit`: a UNION ALL at the top, whose first
+   * branch gets the columns the engine adds to identify its rows (`1 AS "trellis#branch",
+   * ROW(a.id)::text AS "trellis#key"`) here, the last branch in `implicit`.
+   */
+  oracleSelect?: string;
+  /**
    * The AS form's WITH queries, as written after `WITH` (`a AS (SELECT …), b AS (…)`): the
    * statement and the oracle's query both start with them.
    */
@@ -120,7 +127,7 @@ function selectOf(d: Definition, targetSchema: string | null, implicit = true): 
     from = from.replace(new RegExp(`(?<![\\w."])"?${escaped}"?(?![\\w"])`, 'g'), up.target);
   }
   return [
-    `SELECT ${d.distinct ? 'DISTINCT ' : ''}${d.select}${implicit && d.implicit ? `, ${d.implicit}` : ''} FROM ${from}`,
+    `SELECT ${d.distinct ? 'DISTINCT ' : ''}${implicit && d.oracleSelect ? d.oracleSelect : d.select}${implicit && d.implicit ? `, ${d.implicit}` : ''} FROM ${from}`,
     d.where ? `WHERE ${d.where}` : '',
     d.groupBy ? `GROUP BY ${d.groupBy}` : '',
     d.having ? `HAVING ${d.having}` : '',

@@ -12,6 +12,7 @@ import {
   tableSql,
 } from './random-schema.js';
 import { type ColumnType, comparand } from './random-values.js';
+import { placeTables } from './random-writes.js';
 
 /**
  * Random TRANSFORMs over a random schema (random-schema.ts), written as the oracle's
@@ -53,6 +54,11 @@ interface Source {
   join: { left: boolean; on: string } | null;
   /** What its join is made of, for the generator's coverage (`constructsOf`). */
   constructs?: string[];
+  /**
+   * A subquery's FROM item, in place of a table's name (`(SELECT …) AS dt`, `w1 dt`), its
+   * tables named `«a»` (random-views.ts).
+   */
+  sql?: string;
 }
 
 /** What an expression is: its SQL, its type, and the column when it is one, bare. */
@@ -125,6 +131,11 @@ export interface TransformChoice extends QueryChoice {
    */
   options: number;
   form: number;
+  /**
+   * View SQL (random-views.ts): a derived table, WITH query or UNION as the FROM, a
+   * semi- or anti-join, a scalar subquery, or a UNION at the top; null for none.
+   */
+  view: ViewChoice | null;
 }
 
 const SYSTEM_COLUMNS = ['tableoid', 'xmin', 'cmin', 'xmax', 'cmax', 'ctid'];
@@ -502,6 +513,17 @@ export interface Transform {
   form: 'from' | 'as' | 'as-ordered';
   /** What it is made of, for the generator's coverage (`constructsOf`). */
   constructs: string[];
+  /** The AS form's WITH queries (`w1 AS (SELECT …)`), tables named `«a»`. */
+  with?: string;
+  /** A UNION at the top: its second branch's SELECT list, FROM and WHERE (the first is this). */
+  union?: {
+    all: boolean;
+    list: string;
+    from: string;
+    where: string | null;
+    /** Each branch's table's key, as a UNION ALL's target identifies its rows. */
+    keys: [string, string];
+  };
 }
 
 function tableSource(
@@ -604,7 +626,13 @@ function readQuery(
   where: string[],
   anti = false,
 ): Transform {
-  const keys = sources.flatMap((s) => s.keys.map(col)).join(', ');
+  // What makes an ordered aggregate's order total: every key; for a source without one (a
+  // UNION ALL subquery), every column by its image (duplicates are alike).
+  const keys = sources
+    .flatMap((s) =>
+      s.keys.length ? s.keys.map(col) : s.columns.map((c) => `${col(c)}::text COLLATE "C"`),
+    )
+    .join(', ');
   const used = new Set<string>();
   const select: Transform['select'] = [];
   const groupBy: string[] = [];
@@ -736,6 +764,10 @@ function readQuery(
 
 /** A transform (and the chain reading it, if any) read against `schema`. */
 export function readTransform(schema: Schema, choice: TransformChoice, index: number): Transform[] {
+  if (choice.view) {
+    const view = readView(schema, choice, choice.view, index);
+    if (view) return [view];
+  }
   const sources = fromSources(schema, choice);
   const last = sources[sources.length - 1]!;
   const anti = Boolean(choice.anti && sources.length > 1 && last.join?.left);
@@ -806,7 +838,7 @@ function upstreamSource(transform: Transform): Source {
  */
 export function constructsOf(t: Transform): string[] {
   const found = new Set<string>(t.constructs);
-  found.add(`${t.kind === 'distinct' ? 'SELECT DISTINCT' : t.kind}`);
+  if (!t.union) found.add(`${t.kind === 'distinct' ? 'SELECT DISTINCT' : t.kind}`);
   const chain = t.sources[0]!.alias === 'q';
   if (chain) found.add('chain');
   for (const s of t.sources) {
@@ -833,7 +865,8 @@ export function constructsOf(t: Transform): string[] {
 
 /** What a transform is, in a few words (for the tests' progress lines): `x1: groups, left join of 3, having`. */
 export function transformShape(t: Transform): string {
-  const tags: string[] = [t.kind];
+  const tags: string[] = t.union ? [] : [t.kind];
+  for (const c of t.constructs) if (VIEW_CONSTRUCTS.test(c)) tags.push(c);
   if (t.sources[0]!.alias === 'q') tags.push('chain');
   const joins = t.sources.filter((s) => s.join);
   if (joins.length) {
@@ -854,22 +887,53 @@ export function definitionOf(t: Transform, prefix: string, naming: Naming = 'pla
   const from = t.sources
     .map((s) => {
       // A base table named as the case names them; an upstream target, plainly.
-      const name = (TABLE_NAMES as readonly string[]).includes(s.name)
-        ? tableSql(prefix, s.name, naming)
-        : physical(prefix, s.name);
-      const table = `${name} ${s.alias}`;
+      const name = s.sql
+        ? null
+        : (TABLE_NAMES as readonly string[]).includes(s.name)
+          ? tableSql(prefix, s.name, naming)
+          : physical(prefix, s.name);
+      const table = s.sql ?? `${name} ${s.alias}`;
       if (!s.join) return table;
       return `${s.join.left ? 'LEFT JOIN' : 'JOIN'} ${table} ON ${s.join.on}`;
     })
     .join(' ');
+  // Subqueries name their tables `«a»`.
+  const place = (text: string) => placeTables(text, (n) => tableSql(prefix, n, naming));
+  const select = t.select.map((s) => `${s.sql} AS ${s.name}`).join(', ');
+  const where = t.where.map((w) => `(${w})`).join(' AND ');
+  if (t.union) {
+    // A UNION at the top, written as the oracle's parts: the first branch up to the second's
+    // SELECT list is `select`, the second branch's FROM and WHERE are `from` and `where`.
+    const u = t.union;
+    const firstBranch = (list: string) =>
+      place(
+        `${list} FROM ${from}${where ? ` WHERE ${where}` : ''} UNION${u.all ? ' ALL' : ''} SELECT ${u.list}`,
+      );
+    // A UNION ALL's target identifies a row by its branch and its row's key (README): the
+    // oracle's query states those columns, the statement does not.
+    const hidden = (n: number) =>
+      `${n} AS "trellis#branch", ROW(${u.keys[n - 1]})::text AS "trellis#key"`;
+    return {
+      target: physical(prefix, t.name),
+      form: 'as',
+      select: firstBranch(select),
+      ...(u.all
+        ? { oracleSelect: firstBranch(`${select}, ${hidden(1)}`), implicit: place(hidden(2)) }
+        : {}),
+      from: place(u.from),
+      ...(u.where ? { where: place(u.where) } : {}),
+      ...(t.form === 'as-ordered' ? { orderBy: '1' } : {}),
+    };
+  }
   return {
     target: physical(prefix, t.name),
-    from,
-    select: t.select.map((s) => `${s.sql} AS ${s.name}`).join(', '),
-    ...(t.where.length ? { where: t.where.map((w) => `(${w})`).join(' AND ') } : {}),
+    from: place(from),
+    select: place(select),
+    ...(t.where.length ? { where: place(where) } : {}),
+    ...(t.with ? { with: place(t.with) } : {}),
     ...(t.groupBy.length && t.kind !== 'distinct' ? { groupBy: t.groupBy.join(', ') } : {}),
-    ...(t.having ? { having: t.having } : {}),
-    ...(t.implicit.length ? { implicit: t.implicit.join(', ') } : {}),
+    ...(t.having ? { having: place(t.having) } : {}),
+    ...(t.implicit.length ? { implicit: place(t.implicit.join(', ')) } : {}),
     ...(t.kind === 'distinct' ? { distinct: true } : {}),
     ...(t.withoutSourceIndex ? { options: 'WITHOUT SOURCE INDEX' } : {}),
     ...(t.form !== 'from' ? { form: 'as' as const } : {}),
@@ -927,6 +991,404 @@ const joinArb: fc.Arbitrary<JoinChoice> = fc.record({
   again: sometimes(fc.nat(3), 6),
 });
 
+/*
+ * View SQL (README, Transforms: the AS form's subqueries, ADRs 0056 to 0059): a transform
+ * in three drawn (`viewChoiceArb`) is written as a view's SQL with one of these, over the
+ * schema's tables, and compared with the statement as written, run by Postgres. Each
+ * subquery names its tables `«a»` (definitionOf places them) and aliases them `sq`, `sq2`.
+ *
+ * Only what Postgres computes deterministically, as above: a subquery's key (a GROUP BY
+ * column, a UNION's columns, a correlation column the engine keys a part by) is a column
+ * of a type whose equal values have one image; nothing else is restricted beyond what
+ * README says the engine refuses.
+ */
+
+export interface ViewChoice {
+  /** Which form (`VIEW_KINDS`, modulo). */
+  kind: number;
+  /** The subquery's table, and a UNION's second branch's. */
+  table: number;
+  table2: number;
+  /** The subquery's column (grouped by, correlated on, aggregated), and the outer one. */
+  pick: Pick;
+  /** More columns of the subquery's SELECT list (or a UNION's). */
+  more: number[];
+  /** A predicate inside the subquery, on its table. */
+  filter: Pick | null;
+  /** Which variant: WITH or derived table, EXISTS or IN, correlated or not, where... */
+  variant: number;
+}
+
+/** The constructs of view SQL, as the progress lines name them (`transformShape`). */
+const VIEW_CONSTRUCTS = /subquery|WITH|UNION|EXISTS|IN \(|ANY|ALL \(/;
+
+const VIEW_KINDS = ['derived', 'derived UNION ALL', 'derived UNION', 'semi', 'scalar', 'UNION'];
+
+/** Types whose equal values have one image: what a subquery may be keyed by here. */
+const KEYABLE: ReadonlySet<ColumnType> = new Set([
+  'int',
+  'bigint',
+  'text',
+  'boolean',
+  'date',
+  'timestamp',
+  'uuid',
+]);
+
+/** A table read by a subquery, under `alias`. */
+function innerSource(schema: Schema, index: number, alias: string): Source {
+  return tableSource(schema, index % schema.tables.length, null, alias);
+}
+
+const fromItem = (s: Source) => `«${s.name}» ${s.alias}`;
+
+/**
+ * A UNION's second SELECT list: its columns bare, or all named (`u1`, `u2`) when one is
+ * there twice, which the engine refuses bare (an engine bug, reported:
+ * view-sql-regressions.test.ts).
+ */
+function branchList(columns: ScopeColumn[]): string {
+  const names = columns.map(col);
+  if (new Set(names).size === names.length) return names.join(', ');
+  return names.map((n, i) => `${n} AS u${i + 1}`).join(', ');
+}
+
+/** Pairs of an inner column (kept by `keep`) and an outer one of its type. */
+function pairsOf(
+  inner: Source,
+  outer: Source[],
+  keep: (c: ScopeColumn) => boolean,
+): Array<readonly [ScopeColumn, ScopeColumn]> {
+  return inner.columns
+    .filter(keep)
+    .flatMap((a) =>
+      outer.flatMap((s) => s.columns.filter((b) => b.type === a.type).map((b) => [a, b] as const)),
+    );
+}
+
+const derivedColumn = (name: string, type: ColumnType, nullable: boolean): ScopeColumn => ({
+  alias: 'dt',
+  name,
+  type,
+  nullable,
+});
+
+/**
+ * A subquery in FROM (derived table or WITH query, `variant`'s second bit) aliased `dt`: a
+ * GROUP BY of a NOT NULL column with aggregates, a projection of a table (keyed by its
+ * key), a UNION ALL of two tables' columns (no key: read by an aggregate only) or a UNION
+ * of NOT NULL columns (keyed by every column).
+ */
+function derivedSource(
+  schema: Schema,
+  v: ViewChoice,
+  kind: string,
+  delta: boolean,
+): { source: Source; with: string | null; constructs: string[] } | null {
+  const inner = innerSource(schema, v.table, 'sq');
+  const where = v.filter ? ` WHERE ${predicate([inner], v.filter)}` : '';
+  const items: string[] = [];
+  const columns: ScopeColumn[] = [];
+  const keys: ScopeColumn[] = [];
+  const constructs: string[] = [];
+  let body: string;
+  if (kind === 'derived') {
+    const groupable = inner.columns.filter((c) => !c.nullable && KEYABLE.has(c.type));
+    if (v.variant % 2 === 0 && groupable.length) {
+      const g = at(groupable, v.pick.column);
+      items.push(`${col(g)} AS g1`, 'count(*) AS n');
+      keys.push(derivedColumn('g1', g.type, false));
+      columns.push(keys[0]!, derivedColumn('n', 'bigint', false));
+      v.more.forEach((m, i) => {
+        const pick = { source: 0, column: m, template: m >> 3 };
+        const a = aggregate([inner], pick, inner.keys.map(col).join(', '), delta);
+        if (a.type === null) return;
+        items.push(`${a.sql} AS v${i + 1}`);
+        columns.push(derivedColumn(`v${i + 1}`, a.type, true));
+      });
+      body = `SELECT ${items.join(', ')} FROM ${fromItem(inner)}${where} GROUP BY ${col(g)}`;
+      constructs.push('subquery of a GROUP BY');
+    } else {
+      for (const k of inner.keys) {
+        items.push(`${col(k)} AS ${k.name}`);
+        keys.push(derivedColumn(k.name, k.type, false));
+      }
+      columns.push(...keys);
+      v.more.forEach((m, i) => {
+        const c = at(inner.columns, m);
+        items.push(`${col(c)} AS v${i + 1}`);
+        columns.push(derivedColumn(`v${i + 1}`, c.type, c.nullable));
+      });
+      body = `SELECT ${items.join(', ')} FROM ${fromItem(inner)}${where}`;
+      constructs.push('subquery of a projection');
+    }
+  } else {
+    // A UNION: each column of the first branch with one of its type in the second (from
+    // the first branch's table when the second's has none); UNION's NOT NULL and keyable.
+    const distinct = kind === 'derived UNION';
+    // A UNION's columns are its branches' keys (README: the statement around it reads it by
+    // every column, which its branches' targets must hold NOT NULL: keys, count()).
+    const pool = (s: Source) => (distinct ? s.keys.filter((k) => KEYABLE.has(k.type)) : s.columns);
+    if (pool(inner).length === 0) return null;
+    const firsts = [...new Set([v.pick.column, ...v.more].map((m) => at(pool(inner), m)))];
+    let second = innerSource(schema, v.table2, 'sq2');
+    const matches = (c: ScopeColumn, s: Source) => pool(s).filter((o) => o.type === c.type);
+    if (firsts.some((c) => matches(c, second).length === 0)) {
+      second = innerSource(schema, v.table, 'sq2');
+    }
+    const seconds = firsts.map((c, i) => at(matches(c, second), v.more[i] ?? v.pick.template));
+    firsts.forEach((c, i) => {
+      items.push(`${col(c)} AS u${i + 1}`);
+      const nullable = c.nullable || seconds[i]!.nullable;
+      columns.push(derivedColumn(`u${i + 1}`, c.type, nullable));
+    });
+    if (distinct) keys.push(...columns);
+    const where2 = v.filter ? ` WHERE ${predicate([second], v.filter)}` : '';
+    body =
+      `SELECT ${items.join(', ')} FROM ${fromItem(inner)}${where} ` +
+      `UNION${distinct ? '' : ' ALL'} SELECT ${branchList(seconds)} FROM ${fromItem(second)}${where2}`;
+    constructs.push(distinct ? 'UNION in a subquery' : 'UNION ALL in a subquery');
+  }
+  const asWith = (v.variant >> 1) % 2 === 1;
+  constructs.push(asWith ? 'WITH query' : 'derived table');
+  return {
+    source: {
+      alias: 'dt',
+      name: 'dt',
+      keys,
+      columns,
+      join: null,
+      sql: asWith ? 'w1 dt' : `(${body}) AS dt`,
+    },
+    with: asWith ? `w1 AS (${body})` : null,
+    constructs,
+  };
+}
+
+/** A semi- or anti-join on the picked columns, AND-ed into WHERE (with what NOT IN needs). */
+function semiJoin(
+  schema: Schema,
+  sources: Source[],
+  v: ViewChoice,
+): { where: string[]; construct: string } | null {
+  const inner = innerSource(schema, v.table, 'sq');
+  const pairs = pairsOf(inner, sources, () => true);
+  if (pairs.length === 0) return null;
+  const [x, y] = at(pairs, v.pick.column);
+  const p = v.filter ? predicate([inner], v.filter) : null;
+  const from = fromItem(inner);
+  const form = v.variant % 6;
+  if (form < 2) {
+    const not = form === 1 ? 'NOT ' : '';
+    return {
+      where: [
+        `${not}EXISTS (SELECT 1 FROM ${from} WHERE ${col(x)} = ${col(y)}${p ? ` AND ${p}` : ''})`,
+      ],
+      construct: `${not}EXISTS`,
+    };
+  }
+  const spelling = ['IN', '= ANY', 'NOT IN', '<> ALL'][form - 2]!;
+  const negated = form >= 4;
+  // NOT IN is exact only when neither side is NULL: the subquery and WHERE say so.
+  const conditions = [
+    ...(negated && x.nullable ? [`${col(x)} IS NOT NULL`] : []),
+    ...(p ? [p] : []),
+  ];
+  const list = `SELECT ${col(x)} FROM ${from}${conditions.length ? ` WHERE ${conditions.join(' AND ')}` : ''}`;
+  return {
+    where: [
+      ...(negated && y.nullable ? [`${col(y)} IS NOT NULL`] : []),
+      `${col(y)} ${spelling} (${list})`,
+    ],
+    construct: `${spelling} (SELECT …)`,
+  };
+}
+
+/**
+ * A scalar subquery (an aggregate of a table, correlated by one equality on a NOT NULL
+ * column or not) in WHERE, the SELECT list or HAVING of `t`, which it changes; with the
+ * column a projection's target adds for it (`"trellis#one"`, `"trellis#k1"`).
+ */
+function scalarSubquery(schema: Schema, t: Transform, v: ViewChoice): boolean {
+  const inner = innerSource(schema, v.table, 'sq');
+  const sources = t.sources;
+  const pairs = pairsOf(inner, sources, (c) => !c.nullable && KEYABLE.has(c.type));
+  let place = (['WHERE', 'SELECT', 'HAVING'] as const)[(v.variant >> 1) % 3]!;
+  if (place === 'HAVING' && t.kind !== 'groups') place = 'WHERE';
+  if (place === 'SELECT' && t.kind !== 'rows' && t.kind !== 'groups') place = 'WHERE';
+  // Correlated only in WHERE, or the SELECT list of a projection (README).
+  const correlated =
+    v.variant % 2 === 1 && pairs.length > 0 && (place === 'WHERE' || t.kind === 'rows');
+  const pair = correlated ? at(pairs, v.pick.column) : null;
+  const conditions = [
+    ...(pair ? [`${col(pair[0])} = ${col(pair[1])}`] : []),
+    ...(v.filter ? [predicate([inner], v.filter)] : []),
+  ];
+  const ints = inner.columns.filter((c) => c.type === 'int' || c.type === 'bigint');
+  const n = ints.length ? at(ints, v.pick.column) : null;
+  const [aggregateSql, type]: [string, ColumnType] = (() => {
+    switch (v.pick.template % 4) {
+      case 1:
+        return [`count(${col(at(inner.columns, v.pick.column))})`, 'bigint'];
+      case 2:
+        return n ? [`max(${col(n)})`, n.type] : ['count(*)', 'bigint'];
+      case 3:
+        return n
+          ? [`sum(${col(n)})`, n.type === 'int' ? 'bigint' : 'numeric']
+          : ['count(*)', 'bigint'];
+      default:
+        return ['count(*)', 'bigint'];
+    }
+  })();
+  const where = conditions.length ? ` WHERE ${conditions.join(' AND ')}` : '';
+  const sub = `(SELECT ${aggregateSql} FROM ${fromItem(inner)}${where})`;
+  if (place === 'SELECT') {
+    t.select.push({ sql: sub, name: 's1', type, bare: null });
+  } else if (place === 'HAVING') {
+    const cond = `count(*) * 4 >= ${sub}`;
+    t.having = t.having ? `(${t.having}) AND ${cond}` : cond;
+  } else {
+    const outer = sources
+      .flatMap((s) => s.columns)
+      .filter((c) => c.type === 'int' || c.type === 'bigint');
+    t.where.push(
+      outer.length && (v.variant >> 3) % 2 === 1
+        ? `${col(at(outer, v.pick.source))} <= ${sub}`
+        : `${sub} > ${(v.variant >> 4) % 3}`,
+    );
+  }
+  if (t.kind === 'rows') {
+    t.implicit.push(
+      pair
+        ? `CASE WHEN EXISTS (SELECT 1 FROM ${fromItem(inner)}${where}) THEN ${col(pair[1])} END AS "trellis#k1"`
+        : 'true AS "trellis#one"',
+    );
+  }
+  t.constructs.push(`scalar subquery in ${place}`);
+  if (pair) t.constructs.push('correlated scalar subquery');
+  return true;
+}
+
+/**
+ * A UNION (keyed by every column: keyable types) or UNION ALL (keyed by branch and row) of
+ * two tables' columns at the top.
+ */
+function topUnion(
+  schema: Schema,
+  choice: TransformChoice,
+  v: ViewChoice,
+  name: string,
+): Transform | null {
+  const all = (v.variant >> 2) % 2 === 1;
+  const first = innerSource(schema, v.table, schema.tables[v.table % schema.tables.length]!.name);
+  const firsts = [...new Set([v.pick.column, ...v.more].map((m) => at(first.columns, m)))].filter(
+    (c) => all || KEYABLE.has(c.type),
+  );
+  if (firsts.length === 0) return null;
+  const index2 = v.table2 % schema.tables.length;
+  let second = innerSource(schema, index2, schema.tables[index2]!.name);
+  const matches = (c: ScopeColumn, s: Source) => s.columns.filter((o) => o.type === c.type);
+  if (firsts.some((c) => matches(c, second).length === 0)) second = { ...first };
+  const seconds = firsts.map((c, i) => at(matches(c, second), v.more[i] ?? v.pick.template));
+  return {
+    name,
+    kind: 'distinct',
+    anti: false,
+    sources: [first],
+    select: firsts.map((c, i) => ({ sql: col(c), name: `u${i + 1}`, type: c.type, bare: null })),
+    where: v.filter ? [predicate([first], v.filter)] : [],
+    groupBy: [],
+    having: null,
+    delta: false,
+    implicit: [],
+    keys: [],
+    readable: false,
+    withoutSourceIndex: false,
+    form: choice.form % 2 ? 'as-ordered' : 'as',
+    constructs: [all ? 'UNION ALL' : 'UNION'],
+    union: {
+      all,
+      list: branchList(seconds),
+      from: fromItem(second),
+      where: choice.where ? predicate([second], choice.where) : null,
+      keys: [first.keys.map(col).join(', '), second.keys.map(col).join(', ')],
+    },
+  };
+}
+
+/**
+ * A transform written as view SQL (`choice.view`), or null when the schema has nothing
+ * the drawn form needs (the transform is then read as if none was drawn).
+ */
+function readView(
+  schema: Schema,
+  choice: TransformChoice,
+  v: ViewChoice,
+  index: number,
+): Transform | null {
+  const name = `x${index}`;
+  const kind = at(VIEW_KINDS, v.kind);
+  let t: Transform;
+  if (kind === 'UNION') {
+    const u = topUnion(schema, choice, v, name);
+    if (!u) return null;
+    t = u;
+  } else if (kind.startsWith('derived')) {
+    const derived = derivedSource(schema, v, kind, choice.delta);
+    if (!derived) return null;
+    const sources = [derived.source];
+    const j = choice.joins[0];
+    if (j) {
+      const table = tableSource(schema, j.table % schema.tables.length, { left: j.left, on: '' });
+      const pairs = valuePairs(table, derived.source);
+      if (pairs.length) {
+        const [x, y] = at(pairs, j.values ?? 0);
+        extraConditions(sources, table, j, [`${x} = ${y}`]);
+        sources.push(table);
+        derived.constructs.push('subquery joined with a table');
+      }
+    }
+    // A UNION ALL has no key: read by an aggregate (or DISTINCT) only.
+    const query: QueryChoice =
+      kind === 'derived UNION ALL' && choice.kind === 'rows'
+        ? { ...choice, kind: 'groups' }
+        : choice;
+    t = readQuery(name, sources, query, []);
+    if (derived.with) t.with = derived.with;
+    t.constructs.push(...derived.constructs);
+  } else {
+    const sources = fromSources(schema, choice);
+    const last = sources[sources.length - 1]!;
+    const anti = Boolean(choice.anti && sources.length > 1 && last.join?.left);
+    t = readQuery(name, sources, choice, anti ? [`${col(last.keys[0]!)} IS NULL`] : [], anti);
+    if (kind === 'semi') {
+      const semi = semiJoin(schema, sources, v);
+      if (!semi) return null;
+      t.where.push(...semi.where);
+      t.constructs.push(semi.construct);
+    } else {
+      scalarSubquery(schema, t, v);
+    }
+  }
+  t.form = choice.form % 2 ? 'as-ordered' : 'as';
+  t.readable = false;
+  t.withoutSourceIndex = choice.options % 10 === 1;
+  t.constructs.push('view SQL');
+  return t;
+}
+
+const viewChoiceArb: fc.Arbitrary<ViewChoice> = fc.record({
+  kind: fc.nat(VIEW_KINDS.length - 1),
+  table: fc.nat(5),
+  table2: fc.nat(5),
+  pick: fc.record({ source: fc.nat(5), column: fc.nat(20), template: fc.nat(20) }),
+  more: fc.array(fc.nat(40), { maxLength: 2 }),
+  filter: fc.option(fc.record({ source: fc.nat(5), column: fc.nat(20), template: fc.nat(20) }), {
+    freq: 2,
+  }),
+  variant: fc.nat(63),
+});
+
 export const transformChoiceArb: fc.Arbitrary<TransformChoice> = fc
   .record({
     query: queryArb(['rows', 'rows', 'rows', 'groups', 'groups', 'groups', 'total', 'distinct']),
@@ -938,5 +1400,7 @@ export const transformChoiceArb: fc.Arbitrary<TransformChoice> = fc
     chain2: sometimes(queryArb(['rows', 'groups']), 3),
     options: fc.nat(9),
     form: fc.nat(5),
+    // View SQL for one transform in three (shrinks to none).
+    view: sometimes(viewChoiceArb, 3),
   })
   .map(({ query, ...rest }) => ({ ...query, ...rest }));

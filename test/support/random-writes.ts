@@ -103,7 +103,8 @@ function imageChange(c: Column): string {
     date: `${c.name} + 1`,
     jsonb: `CASE WHEN jsonb_typeof(${c.name}) = 'object' THEN ${c.name} || '{"k": 1.00}' ELSE ${c.name} END`,
     timestamp: `${c.name} + interval '1 hour'`,
-    uuid: `CASE WHEN ${c.name} = 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11' THEN NULL ELSE 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'::uuid END`,
+    // (NULL only where the column takes one: a NOT NULL column gets another value.)
+    uuid: `CASE WHEN ${c.name} = 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11' THEN ${c.notNull ? `'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid` : 'NULL'} ELSE 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'::uuid END`,
     int_array: `${c.name} || 1`,
   };
   return images[c.type];

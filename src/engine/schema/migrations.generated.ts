@@ -286,9 +286,9 @@ export const migrations: readonly Migration[] = [
   },
   {
     "version": 48,
-    "name": "placeholder",
+    "name": "semi_parenthesized",
     "breaking": false,
-    "sql": "-- placeholder\n"
+    "sql": "-- A semi- or anti-join in brackets is still a condition AND-ed at the top of WHERE\n-- (issue #24, item 4: found by the differential tests' view SQL).\n--\n-- `WHERE (x > 1) AND (EXISTS (SELECT …))` was refused as a subquery \"inside another\n-- expression\", and `WHERE (c IS NOT NULL) AND (c NOT IN (SELECT …))` did not see its\n-- `c IS NOT NULL`: the conjuncts were split at the top-level ANDs only, the brackets\n-- around each kept. Brackets mean nothing in Postgres's parse tree, and pg_get_viewdef()\n-- writes every condition in them (`WHERE ((o.x > 1) AND (EXISTS ( SELECT …)))`), which\n-- README says the AS form takes as it is. A conjunct wholly in brackets is now split again\n-- inside them, so `((a) AND (b))` gives `a` and `b`.\n--\n-- Renamed here and wrapped:\n--   _semi_conjuncts (0039) -> _semi_conjuncts_before_parens\n-- No other function is replaced.\n\nALTER FUNCTION @schema@._semi_conjuncts(text) RENAME TO _semi_conjuncts_before_parens;\n\nCREATE FUNCTION @schema@._semi_conjuncts(cond text)\nRETURNS text[] LANGUAGE plpgsql IMMUTABLE\nSET search_path = pg_catalog, pg_temp\nAS $fn$\nDECLARE\n  res text[] := '{}';\n  c text;\n  toks @schema@.grammar_token[];\n  n int;\nBEGIN\n  FOREACH c IN ARRAY @schema@._semi_conjuncts_before_parens(cond) LOOP\n    toks := @schema@.grammar_tokenize(c);\n    n := array_length(toks, 1) - 1;  -- the last token before eof\n    IF n >= 2 AND toks[1].kind = 'punct' AND toks[1].text = '('\n       AND @schema@._closing_token(toks, 1) = n THEN\n      res := res || @schema@._semi_conjuncts(@schema@.grammar_text(toks, 2, n));\n    ELSE\n      res := res || c;\n    END IF;\n  END LOOP;\n  RETURN res;\nEND\n$fn$;\n"
   },
   {
     "version": 49,
