@@ -1,5 +1,5 @@
 -- Written by `trellis generate upgrade` (trellis-pg 0.2.0).
--- trellis-pg: upgrade the Trellis catalog schema "trellis" from version 36 to version 43.
+-- trellis-pg: upgrade the Trellis catalog schema "trellis" from version 36 to version 52.
 -- Only the migrations after version 36, each version-guarded and locked: safe to run again,
 -- and beside Trellis.migrate(). A database below version 36 is refused with what to run.
 DO $trellis_upgrade$
@@ -13,13 +13,13 @@ BEGIN
     SELECT coalesce(max(version), 0) INTO installed FROM "trellis".migrations;
   END IF;
   IF installed < 36 THEN
-    RAISE EXCEPTION 'the Trellis schema % is at version %, and this migration upgrades it from version 36 to 43', 'trellis', installed
+    RAISE EXCEPTION 'the Trellis schema % is at version %, and this migration upgrades it from version 36 to 52', 'trellis', installed
       USING ERRCODE = 'TRI01',
             HINT = 'run the migrations that bring it to version 36 first, or the whole install SQL instead (trellis sql install prints it; Trellis.migrate() runs it)';
   END IF;
-  SELECT max(version) INTO newer FROM "trellis".migrations WHERE version > 43 AND breaking;
+  SELECT max(version) INTO newer FROM "trellis".migrations WHERE version > 52 AND breaking;
   IF newer IS NOT NULL THEN
-    RAISE EXCEPTION 'the Trellis schema % is at breaking version %, newer than this trellis-pg knows (43): upgrade trellis-pg',
+    RAISE EXCEPTION 'the Trellis schema % is at breaking version %, newer than this trellis-pg knows (52): upgrade trellis-pg',
       'trellis', newer USING ERRCODE = 'TRI01';
   END IF;
 
@@ -3247,6 +3247,2888 @@ RETURNS int LANGUAGE sql AS $fn$
   SELECT written FROM "trellis"._sample(NULL::timestamptz)
 $fn$;
 $trellis_m43$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 44) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (44, 'not_in_nulls', false);
+    EXECUTE $trellis_m44$-- NOT IN and <> ALL over values that can be NULL, uncorrelated EXISTS and NOT EXISTS, and
+-- these subquery predicates under an OR (issue #26, item 1; ADR 0057, addendum "NULLs, one
+-- fact per statement, OR").
+--
+--   x NOT IN (SELECT s FROM S WHERE ...)   (x <> ALL (...) likewise), x or s nullable:
+--     TRUE iff S is empty, or x IS NOT NULL and no s = x and S holds no NULL. Compiled to
+--     ADR 0057's anti-join part (keyed by s, LEFT JOINed on s = x) plus up to two
+--     existence parts, LEFT JOINed on the correlation columns (if any):
+--       "nulls#n"   the rows of S whose s IS NULL       (only if s can be NULL)
+--       "values#n"  the rows of S whose s IS NOT NULL   (only if x can be NULL)
+--     and the condition
+--       anti.key IS NULL AND nulls.key IS NULL AND ((x) IS NOT NULL OR values.key IS NULL)
+--   [NOT] EXISTS (SELECT ... FROM S WHERE <no reference to the outer query>):
+--     an existence part, `key IS [NOT] NULL`.
+--
+-- An existence part is a GROUP BY of the correlation columns (never NULL, ADR 0057), or,
+-- uncorrelated, of the constant-valued `(1 IS NULL)` (Postgres refuses a bare constant in
+-- GROUP BY): at most one row per correlation key, which appears when the first row of S
+-- (of that key) does and leaves with the last. A change to S reaches the statement only
+-- when such a row appears or leaves; uncorrelated, that re-derives every row of the
+-- statement (the join matches them all), as a one-row part's change does (ADR 0058).
+--
+-- Under OR: a top-level AND-ed condition that is an OR of terms (in brackets or not), each
+-- either free of subqueries or one of the forms above, gets each form's condition in its
+-- place (the parts LEFT JOINed, the row kept or not by the OR). Each such condition is
+-- TRUE exactly when the predicate is, and FALSE otherwise (where SQL would say NULL):
+-- under AND and OR at the top of WHERE the two filter the same rows.
+--
+-- Replaced (its latest body, 0039's, copied; each change marked "0044"): _semi_rewrite.
+-- New: _semi_exists_part, _semi_or_terms, _semi_shape_operand.
+
+-- An existence part over the subquery `sub` (after its own rewrite): its rows passing `kept`
+-- (the subquery's own conditions and any added here), one per value of the correlation
+-- columns `corr` ([{inner, outer}]), or, with none, at most one row (a constant-valued key).
+-- {part, join}: the part under `alias`, LEFT JOINed on the correlation equalities.
+CREATE FUNCTION "trellis"._semi_exists_part(sub jsonb, kept text[], corr jsonb, alias text)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  sel jsonb := '[]';
+  gb jsonb := '[]';
+  on_ text;
+BEGIN
+  FOR k IN 0 .. jsonb_array_length(corr) - 1 LOOP
+    sel := sel || jsonb_build_array(jsonb_build_object('expr', corr->k->>'inner', 'name', 'key#' || (k + 1)));
+    gb := gb || to_jsonb(corr->k->>'inner');
+    kept := kept || ('(' || (corr->k->>'inner') || ') IS NOT NULL');
+  END LOOP;
+  IF jsonb_array_length(corr) = 0 THEN
+    sel := jsonb_build_array(jsonb_build_object('expr', '(1 IS NULL)', 'name', 'key#1'));
+    gb := '["(1 IS NULL)"]';
+    on_ := format('%I.%I IS NOT NULL', alias, 'key#1');
+  ELSE
+    on_ := (SELECT string_agg(format('%I.%I = (%s)', alias, 'key#' || o, x->>'outer'), ' AND ' ORDER BY o)
+              FROM jsonb_array_elements(corr) WITH ORDINALITY AS y(x, o));
+  END IF;
+  RETURN jsonb_build_object(
+    'part', jsonb_build_object('name', alias, 'kind', 'derived', 'columns', '[]'::jsonb, 'semi', true,
+      'ast', sub || jsonb_build_object(
+        'select', sel, 'where', CASE WHEN cardinality(kept) > 0 THEN array_to_string(kept, ' AND ') END,
+        'group_by', gb, 'having', NULL, 'semi_key', true)),
+    'join', jsonb_build_object(
+      'type', 'left', 'schema', NULL, 'name', alias, 'alias', alias, 'on', on_,
+      'part', alias, 'part_kind', 'derived', 'semi', true));
+END
+$fn$;
+
+-- _semi_shape, and NULL when the outer expression it found for an IN form is not one
+-- operand (`a OR x IN (...)`, `a AND x IN (...)`, `a = x IN (...)`: IN binds tighter than
+-- those, so the operand is x, not what is before IN).
+CREATE FUNCTION "trellis"._semi_shape_operand(cond text)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  shape jsonb := "trellis"._semi_shape(cond);
+  toks "trellis".grammar_token[];
+  d int := 0;
+BEGIN
+  IF shape IS NULL OR shape->>'expr' IS NULL THEN
+    RETURN shape;
+  END IF;
+  toks := "trellis".grammar_tokenize(shape->>'expr');
+  FOR k IN 1 .. array_length(toks, 1) LOOP
+    IF (toks[k].kind = 'punct' AND toks[k].text IN ('(', '[')) OR "trellis".grammar_kw(toks[k], 'case') THEN
+      d := d + 1;
+    ELSIF (toks[k].kind = 'punct' AND toks[k].text IN (')', ']')) OR "trellis".grammar_kw(toks[k], 'end') THEN
+      d := d - 1;
+    ELSIF d = 0 AND ((toks[k].kind = 'word' AND toks[k].value IN (
+                        'and', 'or', 'not', 'is', 'isnull', 'notnull', 'between', 'like', 'ilike',
+                        'similar', 'in'))
+                     OR (toks[k].kind = 'op' AND toks[k].text IN ('=', '<>', '!=', '<', '>', '<=', '>='))) THEN
+      RETURN NULL;
+    END IF;
+  END LOOP;
+  RETURN shape;
+END
+$fn$;
+
+-- The terms of a condition that is an OR at its top (in brackets or not), as their texts;
+-- NULL when it is not one.
+CREATE FUNCTION "trellis"._semi_or_terms(cond text)
+RETURNS text[] LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  toks "trellis".grammar_token[] := "trellis".grammar_tokenize(cond);
+  n int := array_length(toks, 1);  -- the eof token
+  a int := 1;
+  b int;
+  d int := 0;
+  start int;
+  res text[] := '{}';
+BEGIN
+  b := n;  -- exclusive
+  WHILE b - a >= 2 AND toks[a].kind = 'punct' AND toks[a].text = '('
+        AND "trellis"._closing_token(toks, a) = b - 1 LOOP
+    a := a + 1;
+    b := b - 1;
+  END LOOP;
+  start := a;
+  FOR k IN a .. b - 1 LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND "trellis".grammar_kw(toks[k], 'or') THEN
+      IF k = start THEN
+        RETURN NULL;
+      END IF;
+      res := res || "trellis".grammar_text(toks, start, k);
+      start := k + 1;
+    END IF;
+  END LOOP;
+  IF cardinality(res) = 0 OR start >= b THEN
+    RETURN NULL;
+  END IF;
+  RETURN res || "trellis".grammar_text(toks, start, b);
+END
+$fn$;
+
+-- Rewrites the semi- and anti-joins at the top of a view's WHERE (and, first, those of its
+-- parts) into hidden parts read through LEFT JOINs: see the head of 0039 and ADR 0057.
+-- `outer_ctes`: the WITH query parts of the statements around it (for Postgres to read its
+-- expressions). Returns the AST unchanged when it holds none.
+-- 0044: (as 0039's) and NOT IN over nullable values, uncorrelated EXISTS, and the forms as
+-- terms of an OR AND-ed at the top of WHERE: see the head of this file.
+CREATE OR REPLACE FUNCTION "trellis"._semi_rewrite(ast jsonb, outer_ctes jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  conjuncts text[];
+  kept text[] := '{}';
+  conds text[] := '{}';
+  c text;
+  shape jsonb;
+  sub jsonb;
+  sub_conj text[];
+  sub_kept text[];
+  keys jsonb;        -- [{inner, outer}]
+  nes jsonb;         -- [{inner, outer}]: inner <> outer
+  item jsonb;
+  expr text;
+  toks "trellis".grammar_token[];
+  eq int;
+  d int;
+  lhs text;
+  rhs text;
+  alias text;
+  n int := 0;
+  ctes jsonb;
+  scope_ctes jsonb;
+  on_ text;
+  sel jsonb;
+  part_where text;
+  k int;
+  p jsonb;
+  parts jsonb := '[]';
+  joins jsonb;
+  found boolean := false;
+  seen jsonb;
+  -- 0044
+  work jsonb := '[]';    -- [{text, shape, grp, term}]: the forms to compile, in order
+  grps jsonb := '[]';    -- per OR: its terms' texts (a form's replaced by its condition)
+  terms text[];
+  w jsonb;
+  cond text;
+  made jsonb;
+  base_kept text[];
+  nullable_inner boolean;
+  nullable_outer boolean;
+  corr jsonb;
+  extra text;
+BEGIN
+  -- The parts inside first (a derived table or WITH query with a semi-join of its own).
+  scope_ctes := outer_ctes || coalesce((SELECT jsonb_agg(x) FROM jsonb_array_elements(ast->'parts') x
+                                          WHERE x->>'kind' = 'cte'), '[]');
+  seen := outer_ctes;
+  FOR p IN SELECT value FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) LOOP
+    -- A WITH query sees those before it; a derived table every one of the statement's.
+    parts := parts || jsonb_build_array(p || jsonb_build_object('ast', "trellis"._semi_rewrite(p->'ast',
+      CASE WHEN p->>'kind' = 'cte' THEN seen ELSE scope_ctes END)));
+    IF p->>'kind' = 'cte' THEN
+      seen := seen || jsonb_build_array(p);
+    END IF;
+  END LOOP;
+  IF jsonb_array_length(parts) > 0 THEN
+    ast := ast || jsonb_build_object('parts', parts);
+  END IF;
+  IF ast->>'where' IS NULL
+     OR NOT "trellis"._semi_has_sublink("trellis".grammar_tokenize(ast->>'where')) THEN
+    RETURN ast;
+  END IF;
+  ctes := coalesce((SELECT jsonb_object_agg(x->>'name', true) FROM jsonb_array_elements(scope_ctes) x), '{}');
+  conjuncts := "trellis"._semi_conjuncts(ast->>'where');
+  joins := coalesce(ast->'joins', '[]');
+  -- 0044: the forms to compile: AND-ed at the top, or terms of an OR AND-ed at the top.
+  FOREACH c IN ARRAY conjuncts LOOP
+    toks := "trellis".grammar_tokenize(c);
+    IF NOT "trellis"._semi_has_sublink(toks) THEN
+      kept := kept || ('(' || c || ')');
+      CONTINUE;
+    END IF;
+    terms := "trellis"._semi_or_terms(c);
+    shape := CASE WHEN terms IS NULL THEN "trellis"._semi_shape_operand(c) END;
+    IF shape IS NOT NULL THEN
+      work := work || jsonb_build_array(jsonb_build_object('text', c, 'shape', shape));
+      CONTINUE;
+    END IF;
+    IF terms IS NOT NULL AND NOT EXISTS (
+         SELECT 1 FROM unnest(terms) t
+          WHERE "trellis"._semi_shape_operand(t) IS NULL AND "trellis"._semi_has_sublink("trellis".grammar_tokenize(t))) THEN
+      FOR k IN 1 .. cardinality(terms) LOOP
+        IF "trellis"._semi_shape_operand(terms[k]) IS NOT NULL THEN
+          work := work || jsonb_build_array(jsonb_build_object(
+            'text', terms[k], 'shape', "trellis"._semi_shape_operand(terms[k]),
+            'grp', jsonb_array_length(grps), 'term', k - 1));
+        END IF;
+      END LOOP;
+      grps := grps || jsonb_build_array(to_jsonb(ARRAY(SELECT '(' || t || ')' FROM unnest(terms) t)));
+      CONTINUE;
+    END IF;
+    PERFORM "trellis"._fail('TRV01', format(
+      'a subquery in WHERE as EXISTS, IN, = ANY or <> ALL is supported only as a condition AND-ed at the top of WHERE or as a term of an OR so AND-ed, not inside %s (%s): write it as its own AND-ed condition, or as a term of an OR',
+      CASE WHEN terms IS NOT NULL THEN 'an AND or another expression under an OR'
+           WHEN EXISTS (SELECT 1 FROM unnest(toks) t WHERE "trellis".grammar_kw(t, 'or'))
+             THEN 'an OR inside another expression (NOT, CASE, a comparison)'
+           ELSE 'another expression (NOT, CASE, a comparison)' END, c));
+  END LOOP;
+  FOR w IN SELECT value FROM jsonb_array_elements(work) LOOP
+    c := w->>'text';
+    shape := w->'shape';
+    found := true;
+    n := n + 1;
+    alias := replace(shape->>'kind', '_', '-') || '#' || n;
+    sub := "trellis"._semi_parse_sub(shape->>'sub', shape->>'kind' IN ('exists', 'not_exists'), ctes);
+    -- GROUP BY: IN over the groups of its one selected expression (TPC-H Q18), kept with
+    -- its HAVING: the part groups by it (and the correlation columns: the groups of a
+    -- correlated subquery are those of its rows for one outer value).
+    IF (jsonb_array_length(coalesce(sub->'group_by', '[]')) > 0 OR sub->>'having' IS NOT NULL)
+       AND NOT (shape->>'kind' IN ('in', 'not_in') AND jsonb_array_length(sub->'select') = 1
+                AND jsonb_array_length(coalesce(sub->'group_by', '[]')) = 1
+                AND "trellis"._semi_norm(sub->'group_by'->>0) IN (
+                      "trellis"._semi_norm(sub->'select'->0->>'expr'),
+                      "trellis"._semi_norm(coalesce(sub->'select'->0->>'label_expr', '')))) THEN
+      PERFORM "trellis"._fail('TRV01', format(
+        'the subquery of %s (%s) has GROUP BY or HAVING: supported only for IN over the groups of the one expression it selects (SELECT x ... GROUP BY x HAVING ...)',
+        shape->>'written', c));
+    END IF;
+    -- Its own semi-joins first, then what it reads.
+    sub := "trellis"._semi_rewrite(sub - 'distinct', scope_ctes);
+    IF ("trellis"._semi_probe(sub, scope_ctes, NULL, NULL)) IS NULL THEN
+      PERFORM "trellis"._fail('TRV01', format(
+        'the subquery of %s (%s) reads a WITH query of a statement around it, or is otherwise not readable alone: not supported yet',
+        shape->>'written', c));
+    END IF;
+    keys := '[]';
+    nes := '[]';
+    IF shape->>'kind' IN ('in', 'not_in') THEN
+      IF jsonb_array_length(sub->'select') <> 1 THEN
+        PERFORM "trellis"._fail('TRV01', format(
+          'the subquery of %s (%s) selects %s columns: write one (a row compared with IN is not supported yet)',
+          shape->>'written', c, jsonb_array_length(sub->'select')));
+      END IF;
+      item := sub->'select'->0;
+      expr := CASE WHEN item->>'name' IS NULL AND item->>'bare_label' IS NOT NULL
+                   THEN item->>'label_expr' ELSE item->>'expr' END;
+      IF jsonb_array_length(coalesce(sub->'group_by', '[]')) = 0
+         AND coalesce(("trellis"._semi_probe(sub, scope_ctes, expr, NULL)->>'has_aggs')::boolean, true) THEN
+        PERFORM "trellis"._fail('TRV01', format(
+          'the subquery of %s (%s) aggregates without GROUP BY (one row): a subquery of one row is not supported yet (scalar subqueries are a later slice)',
+          shape->>'written', c));
+      END IF;
+      keys := keys || jsonb_build_array(jsonb_build_object('inner', expr, 'outer', shape->>'expr'));
+    END IF;
+    -- The subquery's conditions: its own (kept in the part), and those reading the statement
+    -- around it (correlation), each an equality inner = outer (or inner <> outer).
+    sub_conj := CASE WHEN sub->>'where' IS NULL THEN '{}' ELSE "trellis"._semi_conjuncts(sub->>'where') END;
+    sub_kept := '{}';
+    FOREACH expr IN ARRAY sub_conj LOOP
+      IF "trellis"._semi_probe(sub, scope_ctes, NULL, expr) IS NOT NULL THEN
+        sub_kept := sub_kept || ('(' || expr || ')');
+        CONTINUE;
+      END IF;
+      toks := "trellis".grammar_tokenize(expr);
+      eq := NULL;
+      d := 0;
+      FOR k IN 1 .. array_length(toks, 1) LOOP
+        IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+          d := d + 1;
+        ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+          d := d - 1;
+        ELSIF d = 0 AND toks[k].kind = 'op' AND toks[k].text IN ('=', '<>', '!=') THEN
+          IF eq IS NOT NULL THEN
+            eq := -1;
+          ELSE
+            eq := k;
+          END IF;
+        END IF;
+      END LOOP;
+      lhs := NULL;
+      IF eq > 1 THEN
+        lhs := "trellis".grammar_text(toks, 1, eq);
+        rhs := "trellis".grammar_text(toks, eq + 1, array_length(toks, 1));
+        IF "trellis"._semi_probe(sub, scope_ctes, lhs, NULL) IS NOT NULL
+           AND "trellis"._semi_probe(sub, scope_ctes, rhs, NULL) IS NULL
+           AND "trellis"._semi_probe(ast, outer_ctes, rhs, NULL) IS NOT NULL THEN
+          NULL;
+        ELSIF "trellis"._semi_probe(sub, scope_ctes, rhs, NULL) IS NOT NULL
+           AND "trellis"._semi_probe(sub, scope_ctes, lhs, NULL) IS NULL
+           AND "trellis"._semi_probe(ast, outer_ctes, lhs, NULL) IS NOT NULL THEN
+          expr := lhs;
+          lhs := rhs;
+          rhs := expr;
+        ELSE
+          lhs := NULL;
+        END IF;
+      END IF;
+      IF lhs IS NULL THEN
+        PERFORM "trellis"._fail('TRV01', format(
+          'the subquery of %s (%s) reads the statement around it in %s: a correlated condition must be an equality (or <>) of an expression of the subquery''s tables with one of the statement''s',
+          shape->>'written', c, expr));
+      END IF;
+      IF toks[eq].text = '=' THEN
+        keys := keys || jsonb_build_array(jsonb_build_object('inner', lhs, 'outer', rhs));
+      ELSE
+        nes := nes || jsonb_build_array(jsonb_build_object('inner', lhs, 'outer', rhs));
+      END IF;
+    END LOOP;
+    -- 0044: uncorrelated (EXISTS): an existence part, below. Correlated only by <>: refused.
+    IF jsonb_array_length(keys) = 0 AND jsonb_array_length(nes) > 0 THEN
+      PERFORM "trellis"._fail('TRV01', format(
+        'the subquery of %s (%s) is correlated only by <>, not by an equality with the statement around it: a correlated <> is supported only besides an equality (inner_column = outer_column)',
+        shape->>'written', c));
+    END IF;
+    IF jsonb_array_length(nes) > 1 THEN
+      PERFORM "trellis"._fail('TRV01', format(
+        'the subquery of %s (%s) has more than one correlated <> condition: not supported',
+        shape->>'written', c));
+    END IF;
+    -- NOT IN's NULLs: x NOT IN (SELECT col ...) is NULL (the row is left out) when col holds
+    -- a NULL, or when x is NULL and the subquery has rows. Kept exactly only where neither
+    -- can happen.
+    -- 0044: kept exactly with existence parts (below) where either can, except over the
+    -- groups of a GROUP BY (whether a group passes HAVING is not a fact of S's rows) or
+    -- besides a correlated <>.
+    nullable_inner := false;
+    nullable_outer := false;
+    IF shape->>'kind' = 'not_in' THEN
+      nullable_inner := NOT "trellis"._semi_not_null(sub, keys->0->>'inner', sub_conj);
+      nullable_outer := NOT "trellis"._semi_not_null(ast, keys->0->>'outer', conjuncts);
+      IF (nullable_inner OR nullable_outer)
+         AND (jsonb_array_length(coalesce(sub->'group_by', '[]')) > 0 OR sub->>'having' IS NOT NULL
+              OR jsonb_array_length(nes) > 0) THEN
+        IF nullable_inner THEN
+          PERFORM "trellis"._fail('TRV01', format(
+            '%s (%s): its subquery''s column %s can be NULL, and one NULL there makes the condition NULL for every row it does not match; kept exactly for a subquery of rows, not over the groups of a GROUP BY or besides a correlated <>: add WHERE %s IS NOT NULL to the subquery (or declare the column NOT NULL), or write NOT EXISTS (SELECT 1 FROM ... WHERE %s = %s)',
+            shape->>'written', c, keys->0->>'inner', keys->0->>'inner', keys->0->>'inner', keys->0->>'outer'));
+        END IF;
+        PERFORM "trellis"._fail('TRV01', format(
+          '%s (%s): %s can be NULL, and a NULL there makes the condition NULL when the subquery has rows and true when it has none; kept exactly for a subquery of rows, not over the groups of a GROUP BY or besides a correlated <>: add AND %s IS NOT NULL to WHERE (or declare the column NOT NULL), or write NOT EXISTS (SELECT 1 FROM ... WHERE column = %s)',
+          shape->>'written', c, keys->0->>'outer', keys->0->>'outer', keys->0->>'outer'));
+      END IF;
+    END IF;
+    base_kept := sub_kept;
+    -- 0044: uncorrelated EXISTS / NOT EXISTS: one existence part, at most one row.
+    IF jsonb_array_length(keys) = 0 THEN
+      made := "trellis"._semi_exists_part(sub, base_kept, '[]', alias);
+      joins := joins || jsonb_build_array(made->'join');
+      ast := ast || jsonb_build_object('parts', coalesce(ast->'parts', '[]') || jsonb_build_array(made->'part'));
+      cond := format('%I.%I IS %sNULL', alias, 'key#1',
+        CASE WHEN shape->>'kind' = 'exists' THEN 'NOT ' ELSE '' END);
+    ELSE
+      -- The part: the subquery's rows that pass its own conditions, one per correlation key.
+      sel := '[]';
+      part_where := NULL;
+      FOR k IN 0 .. jsonb_array_length(keys) - 1 LOOP
+        sel := sel || jsonb_build_array(jsonb_build_object(
+          'expr', keys->k->>'inner', 'name', 'key#' || (k + 1)));
+        sub_kept := sub_kept || ('(' || (keys->k->>'inner') || ') IS NOT NULL');
+      END LOOP;
+      IF jsonb_array_length(nes) = 1 THEN
+        sel := sel || jsonb_build_array(
+          jsonb_build_object('expr', 'min(' || (nes->0->>'inner') || ')', 'name', 'min#1'),
+          jsonb_build_object('expr', 'max(' || (nes->0->>'inner') || ')', 'name', 'max#1'));
+      END IF;
+      sub := sub || jsonb_build_object(
+        'select', sel, 'where', array_to_string(sub_kept, ' AND '),
+        'group_by', (SELECT jsonb_agg(x->>'inner' ORDER BY o) FROM jsonb_array_elements(keys) WITH ORDINALITY AS y(x, o)),
+        'having', sub->'having', 'semi_key', true);
+      on_ := (SELECT string_agg(format('%I.%I = (%s)', alias, 'key#' || o, x->>'outer'), ' AND ' ORDER BY o)
+                FROM jsonb_array_elements(keys) WITH ORDINALITY AS y(x, o));
+      joins := joins || jsonb_build_array(jsonb_build_object(
+        'type', 'left', 'schema', NULL, 'name', alias, 'alias', alias, 'on', on_,
+        'part', alias, 'part_kind', 'derived', 'semi', true));
+      ast := ast || jsonb_build_object('parts', coalesce(ast->'parts', '[]') || jsonb_build_array(jsonb_build_object(
+        'name', alias, 'kind', 'derived', 'columns', '[]'::jsonb, 'ast', sub, 'semi', true)));
+      IF jsonb_array_length(nes) = 1 THEN
+        rhs := format('coalesce(%I.%I <> (%s) OR %I.%I <> (%s), false)',
+          alias, 'min#1', nes->0->>'outer', alias, 'max#1', nes->0->>'outer');
+        cond := CASE WHEN shape->>'kind' IN ('exists', 'in') THEN rhs ELSE 'NOT ' || rhs END;
+      ELSE
+        cond := format('%I.%I IS %sNULL', alias, 'key#1',
+          CASE WHEN shape->>'kind' IN ('exists', 'in') THEN 'NOT ' ELSE '' END);
+      END IF;
+      -- 0044: NOT IN over nullable values: TRUE iff the subquery (for this row's correlation
+      -- values) is empty, or x is not NULL, matches nothing, and the subquery holds no NULL.
+      corr := coalesce((SELECT jsonb_agg(x ORDER BY o) FROM jsonb_array_elements(keys) WITH ORDINALITY AS y(x, o)
+                         WHERE o > 1), '[]');
+      IF nullable_inner THEN
+        made := "trellis"._semi_exists_part(sub, base_kept || ('(' || (keys->0->>'inner') || ') IS NULL'),
+          corr, 'nulls#' || n);
+        joins := joins || jsonb_build_array(made->'join');
+        ast := ast || jsonb_build_object('parts', coalesce(ast->'parts', '[]') || jsonb_build_array(made->'part'));
+        cond := cond || format(' AND %I.%I IS NULL', 'nulls#' || n, 'key#1');
+      END IF;
+      IF nullable_outer THEN
+        made := "trellis"._semi_exists_part(sub, base_kept || ('(' || (keys->0->>'inner') || ') IS NOT NULL'),
+          corr, 'values#' || n);
+        joins := joins || jsonb_build_array(made->'join');
+        ast := ast || jsonb_build_object('parts', coalesce(ast->'parts', '[]') || jsonb_build_array(made->'part'));
+        cond := cond || format(' AND ((%s) IS NOT NULL OR %I.%I IS NULL)', keys->0->>'outer', 'values#' || n, 'key#1');
+      END IF;
+    END IF;
+    -- 0044: AND-ed at the top, or in its place among an OR's terms.
+    IF w ? 'grp' THEN
+      grps := jsonb_set(grps, ARRAY[w->>'grp', w->>'term'], to_jsonb('(' || cond || ')'));
+    ELSE
+      conds := conds || cond;
+    END IF;
+  END LOOP;
+  -- 0044: each OR, its forms' conditions in their places.
+  conds := conds || ARRAY(SELECT '(' || (SELECT string_agg(t, ' OR ' ORDER BY o2)
+                                           FROM jsonb_array_elements_text(g) WITH ORDINALITY AS z(t, o2)) || ')'
+                            FROM jsonb_array_elements(grps) WITH ORDINALITY AS y(g, o) ORDER BY o);
+  IF NOT found THEN
+    RETURN ast;
+  END IF;
+  RETURN ast || jsonb_build_object(
+    'joins', joins, 'where', array_to_string(kept || conds, ' AND '),
+    'semi_where', ast->>'where');
+END
+$fn$;
+
+-- Scalar subqueries in the WHERE, HAVING or SELECT list of a derived table or WITH query
+-- (TPC-H Q22: `c_acctbal > (SELECT avg(c_acctbal) ...)` inside its FROM's subquery): each
+-- part's statement gets _scalar_subqueries (ADR 0058) before it is defined, as the
+-- statement around it does; its comma joins first, as there. A part without one, or
+-- reading a WITH query of the statement around it, is as before. Renamed and wrapped:
+-- _define_parts (0041) -> _define_parts_before_notin.
+ALTER FUNCTION "trellis"._define_parts(jsonb, text, text, jsonb) RENAME TO _define_parts_before_notin;
+
+CREATE FUNCTION "trellis"._define_parts(ast jsonb, root text, path text, scope jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+BEGIN
+  IF ast ? 'parts' THEN
+    ast := ast || jsonb_build_object('parts', (
+      SELECT jsonb_agg(CASE WHEN p ? 'ast' AND NOT (p->'ast') ? 'union' AND NOT (p->'ast') ? 'scalars'
+                             -- not one reading a WITH query of the statement around it (Postgres
+                             -- cannot read it alone): refused as before, "a subquery in WHERE"
+                             AND NOT EXISTS (
+                               SELECT 1 FROM jsonb_array_elements(jsonb_build_array(p->'ast'->'from')
+                                                                  || coalesce(p->'ast'->'joins', '[]')) i
+                                WHERE i->>'part_kind' = 'cte'
+                                  AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(coalesce(p->'ast'->'parts', '[]')) q
+                                                   WHERE q->>'kind' = 'cte' AND q->>'name' = i->>'part'))
+                             AND (coalesce(p->'ast'->>'where', '') ~* '\(\s*(select|with)\M'
+                                  OR coalesce(p->'ast'->>'having', '') ~* '\(\s*(select|with)\M'
+                                  OR EXISTS (SELECT 1 FROM jsonb_array_elements(p->'ast'->'select') i
+                                              WHERE i->>'expr' ~* '\(\s*(select|with)\M'))
+                            THEN p || jsonb_build_object('ast',
+                                   "trellis"._scalar_subqueries("trellis"._comma_joins(p->'ast')))
+                            ELSE p END ORDER BY o)
+        FROM jsonb_array_elements(ast->'parts') WITH ORDINALITY AS x(p, o)));
+  END IF;
+  RETURN "trellis"._define_parts_before_notin(ast, root, path, scope);
+END
+$fn$;
+$trellis_m44$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 45) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (45, 'top_n', false);
+    EXECUTE $trellis_m45$-- DISTINCT ON in a view's SQL (issue #26, item 1; ADR 0065):
+--
+--   TRANSFORM name AS SELECT DISTINCT ON (p1, p2, ...) item, ... FROM ... [WHERE ...]
+--     ORDER BY p1, p2, ..., o1 [ASC | DESC] [NULLS FIRST | LAST], ...
+--
+-- at the top of the statement and as the SELECT of a derived table or a WITH query. It is
+-- kept as the GROUP BY of its DISTINCT ON expressions (a group is a partition, recomputed
+-- whole from its current rows when a row of it changes, as any GROUP BY is: ADR 0006),
+-- each other item the value of the partition's first row:
+--
+--   (array_agg((item) ORDER BY o1 ..., <every item, ascending>))[1]
+--
+-- Ties in the ORDER BY are broken by the selected items, in order (ascending, NULLS LAST):
+-- the row kept is the one Postgres keeps for the statement with those items appended to its
+-- ORDER BY, so the target is a function of the rows (Postgres's own choice among ties is
+-- arbitrary). An ORDER BY is required (without one the row kept is arbitrary); positions
+-- (ORDER BY 2) and output names are refused or resolved as noted in _topn_rewrite.
+--
+-- Top-N per partition: a derived table whose SELECT list ranks its rows with row_number(),
+-- rank() or dense_rank() OVER (PARTITION BY ... ORDER BY ...), read by a SELECT whose WHERE
+-- keeps ranks up to k, is kept as the derived table's tables joined with a GROUP BY part
+-- holding each partition's top k (_topn_rewrite_window, applied by _define through
+-- _topn_bind). Every other window function stays refused, now naming the function.
+--
+-- Renamed here and wrapped (statements without DISTINCT ON go straight through, so whichever
+-- migration wrote them last stays in force): grammar_parse_block -> grammar_parse_block_before_topn,
+-- _render_view_block -> _render_view_block_before_topn, render_statement ->
+-- render_statement_before_topn, _analyze_transform -> _analyze_before_topn, _define ->
+-- _define_before_topn.
+
+ALTER FUNCTION "trellis".grammar_parse_block("trellis".grammar_token[], int, jsonb, jsonb) RENAME TO grammar_parse_block_before_topn;
+ALTER FUNCTION "trellis"._render_view_block(jsonb) RENAME TO _render_view_block_before_topn;
+ALTER FUNCTION "trellis".render_statement(jsonb) RENAME TO render_statement_before_topn;
+ALTER FUNCTION "trellis"._analyze_transform(jsonb) RENAME TO _analyze_before_topn;
+ALTER FUNCTION "trellis"._define(jsonb, text) RENAME TO _define_before_topn;
+
+-- A window function whose OVER is token k: refused, naming it. Returns when token k is no
+-- OVER of a function call.
+CREATE FUNCTION "trellis"._topn_refuse_window(toks "trellis".grammar_token[], k int)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  fn text;
+BEGIN
+  IF NOT "trellis".grammar_kw(toks[k], 'over') OR k < 2
+     OR NOT (toks[k - 1].kind = 'punct' AND toks[k - 1].text = ')') THEN
+    RETURN;
+  END IF;
+  -- The function's name: the token before the "(" that the ")" before OVER closes.
+  FOR j IN REVERSE k - 1 .. 1 LOOP
+    IF toks[j].kind = 'punct' AND toks[j].text = ')' THEN
+      d := d + 1;
+    ELSIF toks[j].kind = 'punct' AND toks[j].text = '(' THEN
+      d := d - 1;
+      IF d = 0 THEN
+        fn := CASE WHEN j > 1 THEN coalesce(toks[j - 1].value, toks[j - 1].text) END;
+        EXIT;
+      END IF;
+    END IF;
+  END LOOP;
+  PERFORM "trellis".grammar_refuse(format(
+    'a window function (%s() OVER ...) is not supported yet%s', coalesce(fn, '?'),
+    CASE WHEN fn IN ('row_number', 'rank', 'dense_rank')
+      THEN ': top-N is kept as SELECT ... FROM (SELECT ..., ' || fn || '() OVER (PARTITION BY ... ORDER BY ...) AS rn FROM ...) s WHERE rn <= k, or as SELECT DISTINCT ON (...) ... ORDER BY ...'
+      ELSE '' END), toks[k].pos);
+END
+$fn$;
+
+-- ORDER BY items from token i, up to a token that ends them (anything but ","): each
+-- {expr, dir} (dir: ASC/DESC and NULLS FIRST/LAST as written, or null).
+CREATE FUNCTION "trellis"._topn_order_items(toks "trellis".grammar_token[], k int, what text)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  e int;
+  c int;
+  order_ jsonb := '[]';
+BEGIN
+  LOOP
+    e := "trellis".grammar_scan(toks, k);
+    IF e = k THEN
+      PERFORM "trellis".grammar_unexpected(toks, k, 'an ORDER BY expression');
+    END IF;
+    c := e;
+    IF c - 2 > k AND "trellis".grammar_kw(toks[c - 2], 'nulls')
+       AND ("trellis".grammar_kw(toks[c - 1], 'first') OR "trellis".grammar_kw(toks[c - 1], 'last')) THEN
+      c := c - 2;
+    END IF;
+    IF c - 1 > k AND ("trellis".grammar_kw(toks[c - 1], 'asc') OR "trellis".grammar_kw(toks[c - 1], 'desc')) THEN
+      c := c - 1;
+    END IF;
+    FOR j IN k .. c - 1 LOOP
+      IF "trellis".grammar_kw(toks[j], 'using') THEN
+        PERFORM "trellis".grammar_refuse(format('ORDER BY ... USING is not supported with %s: write ASC or DESC', what), toks[j].pos);
+      END IF;
+    END LOOP;
+    IF c = k + 1 AND toks[k].kind = 'number' THEN
+      PERFORM "trellis".grammar_refuse(format(
+        'ORDER BY a position (ORDER BY 2) is not supported with %s: write the expression', what), toks[k].pos);
+    END IF;
+    order_ := order_ || jsonb_build_array(jsonb_build_object(
+      'expr', "trellis".grammar_text(toks, k, c),
+      'dir', CASE WHEN c < e THEN "trellis".grammar_text(toks, c, e) END));
+    k := e;
+    EXIT WHEN NOT (toks[k].kind = 'punct' AND toks[k].text = ',');
+    k := k + 1;
+  END LOOP;
+  RETURN order_;
+END
+$fn$;
+
+-- A ranking window item of a SELECT list, tokens a .. b-1:
+--   row_number() | rank() | dense_rank() OVER (PARTITION BY e, ... ORDER BY o, ...) [AS] name
+-- as {fn, name, partition, order_by, expr (as written)}, or NULL when it is not one.
+-- Refuses what is one but not kept: no name, no PARTITION BY or ORDER BY, a frame.
+CREATE FUNCTION "trellis"._topn_window_item(toks "trellis".grammar_token[], a int, b int)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  c int;
+  k int;
+  e int;
+  nm text;
+  sub "trellis".grammar_token[];
+  part_ jsonb := '[]';
+  order_ jsonb := '[]';
+BEGIN
+  IF NOT (toks[a].kind = 'word' AND toks[a].value IN ('row_number', 'rank', 'dense_rank')
+          AND toks[a + 1].text = '(' AND toks[a + 2].text = ')'
+          AND "trellis".grammar_kw(toks[a + 3], 'over') AND toks[a + 4].text = '(') THEN
+    RETURN NULL;
+  END IF;
+  c := a + 4;
+  LOOP
+    IF c >= b THEN
+      RETURN NULL;
+    ELSIF toks[c].kind = 'punct' AND toks[c].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[c].kind = 'punct' AND toks[c].text IN (')', ']') THEN
+      d := d - 1;
+      EXIT WHEN d = 0;
+    END IF;
+    c := c + 1;
+  END LOOP;
+  IF c + 1 = b THEN
+    PERFORM "trellis".grammar_refuse(format(
+      'name the %s() column (AS rn): the statement around it filters on it', toks[a].value), toks[a].pos);
+  ELSIF "trellis".grammar_kw(toks[c + 1], 'as') AND c + 3 = b THEN
+    nm := "trellis".grammar_name(toks[c + 2], 'a column name after AS', false);
+  ELSIF c + 2 = b THEN
+    nm := "trellis".grammar_name(toks[c + 1], 'a column name', false);
+  ELSE
+    RETURN NULL;
+  END IF;
+  sub := toks[a + 5 : c - 1] || ROW('eof', '', '', toks[c].pos)::"trellis".grammar_token;
+  k := 1;
+  IF "trellis".grammar_kw(sub[k], 'partition') AND "trellis".grammar_kw(sub[k + 1], 'by') THEN
+    k := k + 2;
+    LOOP
+      e := "trellis".grammar_scan(sub, k);
+      IF e = k THEN
+        PERFORM "trellis".grammar_unexpected(sub, k, 'a PARTITION BY expression');
+      END IF;
+      part_ := part_ || to_jsonb("trellis".grammar_text(sub, k, e));
+      k := e;
+      EXIT WHEN NOT (sub[k].kind = 'punct' AND sub[k].text = ',');
+      k := k + 1;
+    END LOOP;
+  ELSE
+    PERFORM "trellis".grammar_refuse(format(
+      'a window function (%s() OVER) without PARTITION BY is not supported yet: top-N is kept per partition', toks[a].value),
+      toks[a + 3].pos);
+  END IF;
+  IF NOT ("trellis".grammar_kw(sub[k], 'order') AND "trellis".grammar_kw(sub[k + 1], 'by')) THEN
+    PERFORM "trellis".grammar_refuse(format(
+      'a window function (%s() OVER) without ORDER BY is not supported: the rank would be arbitrary', toks[a].value), toks[a + 3].pos);
+  END IF;
+  order_ := "trellis"._topn_order_items(sub, k + 2, toks[a].value || '()');
+  k := 1;
+  WHILE sub[k].kind <> 'eof' LOOP
+    k := k + 1;
+  END LOOP;
+  -- _topn_order_items stops at the first token that is not part of an item.
+  e := 1;
+  FOR j IN 1 .. k LOOP
+    IF sub[j].kind = 'word' AND sub[j].value IN ('rows', 'range', 'groups') THEN
+      PERFORM "trellis".grammar_refuse(format('a window frame (%s ...) is not supported', upper(sub[j].value)), sub[j].pos);
+    ELSIF sub[j].kind = 'word' AND sub[j].value = 'exclude' THEN
+      PERFORM "trellis".grammar_refuse('a window frame exclusion (EXCLUDE ...) is not supported', sub[j].pos);
+    END IF;
+  END LOOP;
+  RETURN jsonb_build_object('fn', toks[a].value, 'name', nm, 'partition', part_, 'order_by', order_,
+    'expr', "trellis".grammar_text(toks, a, c + 1), 'position', toks[a].pos);
+END
+$fn$;
+
+-- A view's SELECT block at token i (grammar_parse_block_before_topn), and:
+--  * a ranking window item of its SELECT list (_topn_window_item) read here and taken out
+--    of the list the block parser reads; the AST gains `window` ({fn, name, partition,
+--    order_by, expr, index: its place in the list}). Kept only as a derived table whose
+--    statement filters the rank (_topn_bind, when defined). Every other window function
+--    (OVER) in the block is refused, naming it.
+--  * SELECT DISTINCT ON (exprs) read here, the rest of the block read without those tokens,
+--    and its ORDER BY (which the block parser drops) kept as `order_by`: [{expr, dir}]. The
+--    AST gains `distinct_on` (the expressions, as written).
+CREATE FUNCTION "trellis".grammar_parse_block(
+  toks "trellis".grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  k int := i;
+  sel int;
+  close_ int;
+  e int;
+  eof_at int;
+  on_ jsonb := '[]';
+  order_ jsonb := '[]';
+  ast jsonb;
+  sub "trellis".grammar_token[];
+  win jsonb;
+  w jsonb;
+  win_over int;
+  item_start int;
+  n_items int := 0;
+  cut_a int;
+  cut_b int;
+BEGIN
+  -- The block's SELECT keyword (after its WITH queries, outside brackets) and its end.
+  WHILE toks[k].kind <> 'eof' LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND sel IS NULL AND "trellis".grammar_kw(toks[k], 'select') THEN
+      sel := k;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  eof_at := k;
+
+  -- The SELECT list's items (top level, up to FROM): a ranking window item among them.
+  IF sel IS NOT NULL THEN
+    d := 0;
+    k := sel + 1;
+    item_start := k;
+    LOOP
+      IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+        d := d + 1;
+      ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+        d := d - 1;
+      ELSIF toks[k].kind = 'eof' OR (d = 0 AND ((toks[k].kind = 'punct' AND toks[k].text = ',')
+                                              OR "trellis".grammar_kw(toks[k], 'from'))) THEN
+        w := "trellis"._topn_window_item(toks, item_start, k);
+        IF w IS NOT NULL THEN
+          IF win IS NOT NULL THEN
+            PERFORM "trellis".grammar_refuse('two ranking window functions in one SELECT are not supported', toks[item_start].pos);
+          END IF;
+          win := w || jsonb_build_object('index', n_items);
+          win_over := item_start + 3;
+          IF toks[k].kind = 'punct' AND toks[k].text = ',' THEN
+            cut_a := item_start;
+            cut_b := k + 1;
+          ELSE
+            cut_a := item_start - 1;
+            cut_b := k;
+          END IF;
+        END IF;
+        n_items := n_items + 1;
+        EXIT WHEN NOT (toks[k].kind = 'punct' AND toks[k].text = ',');
+        item_start := k + 1;
+      END IF;
+      k := k + 1;
+    END LOOP;
+  END IF;
+
+  -- Every other OVER in the block (outside its subqueries, which are blocks of their own).
+  d := 0;
+  k := i;
+  WHILE k < eof_at LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text = '('
+       AND ("trellis".grammar_kw(toks[k + 1], 'select') OR "trellis".grammar_kw(toks[k + 1], 'with')) THEN
+      d := 0;
+      LOOP
+        IF toks[k].kind = 'punct' AND toks[k].text = '(' THEN
+          d := d + 1;
+        ELSIF toks[k].kind = 'punct' AND toks[k].text = ')' THEN
+          d := d - 1;
+          EXIT WHEN d = 0;
+        END IF;
+        EXIT WHEN toks[k].kind = 'eof';
+        k := k + 1;
+      END LOOP;
+    ELSIF k IS DISTINCT FROM win_over THEN
+      PERFORM "trellis"._topn_refuse_window(toks, k);
+    END IF;
+    k := k + 1;
+  END LOOP;
+
+  IF win IS NOT NULL THEN
+    IF n_items = 1 THEN
+      PERFORM "trellis".grammar_refuse('a SELECT of nothing but a rank is not supported: select the columns ranked too',
+        (win ->> 'position')::int);
+    END IF;
+    IF "trellis".grammar_kw(toks[sel + 1], 'distinct') THEN
+      PERFORM "trellis".grammar_refuse(format('%s() OVER with DISTINCT is not supported', win ->> 'fn'), toks[sel + 1].pos);
+    END IF;
+    toks := toks[1 : cut_a - 1] || toks[cut_b :];
+    ast := "trellis".grammar_parse_block_before_topn(toks, i, target, ctes);
+    IF jsonb_array_length(coalesce(ast -> 'group_by', '[]')) > 0 OR ast ->> 'having' IS NOT NULL THEN
+      PERFORM "trellis".grammar_refuse(format('%s() OVER with GROUP BY or HAVING is not supported yet', win ->> 'fn'),
+        (win ->> 'position')::int);
+    END IF;
+    RETURN ast || jsonb_build_object('window', win);
+  END IF;
+
+  IF sel IS NULL OR NOT "trellis".grammar_kw(toks[sel + 1], 'distinct')
+     OR NOT "trellis".grammar_kw(toks[sel + 2], 'on') THEN
+    RETURN "trellis".grammar_parse_block_before_topn(toks, i, target, ctes);
+  END IF;
+  IF NOT (toks[sel + 3].kind = 'punct' AND toks[sel + 3].text = '(') THEN
+    PERFORM "trellis".grammar_unexpected(toks, sel + 3, '"(" and the DISTINCT ON expressions');
+  END IF;
+  -- The ")" closing the list; the expressions between, split at top-level commas.
+  d := 0;
+  k := sel + 3;
+  LOOP
+    IF toks[k].kind = 'eof' THEN
+      PERFORM "trellis".grammar_unexpected(toks, k, '")" after the DISTINCT ON expressions');
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+      EXIT WHEN d = 0;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  close_ := k;
+  sub := toks[sel + 4 : close_ - 1] || ROW('eof', '', '', toks[close_].pos)::"trellis".grammar_token;
+  k := 1;
+  LOOP
+    e := "trellis".grammar_scan(sub, k);
+    IF e = k THEN
+      PERFORM "trellis".grammar_unexpected(sub, k, 'a DISTINCT ON expression');
+    END IF;
+    on_ := on_ || to_jsonb("trellis".grammar_text(sub, k, e));
+    k := e;
+    EXIT WHEN NOT (sub[k].kind = 'punct' AND sub[k].text = ',');
+    k := k + 1;
+  END LOOP;
+  IF sub[k].kind <> 'eof' THEN
+    PERFORM "trellis".grammar_unexpected(sub, k, '"," or ")" after a DISTINCT ON expression');
+  END IF;
+
+  -- ORDER BY at the block's top level: its items, each split into its expression and
+  -- direction.
+  d := 0;
+  k := close_ + 1;
+  WHILE k < eof_at LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND "trellis".grammar_kw(toks[k], 'order') AND "trellis".grammar_kw(toks[k + 1], 'by') THEN
+      order_ := "trellis"._topn_order_items(toks, k + 2, 'DISTINCT ON');
+      EXIT;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  IF jsonb_array_length(order_) = 0 THEN
+    PERFORM "trellis".grammar_refuse(
+      'DISTINCT ON without ORDER BY is not supported: the row kept would be arbitrary (add ORDER BY the DISTINCT ON expressions, then the order within each)',
+      toks[sel + 1].pos);
+  END IF;
+
+  ast := "trellis".grammar_parse_block_before_topn(toks[1 : sel] || toks[close_ + 1 :], i, target, ctes);
+  IF jsonb_array_length(coalesce(ast -> 'group_by', '[]')) > 0 OR ast ->> 'having' IS NOT NULL THEN
+    PERFORM "trellis".grammar_refuse('DISTINCT ON with GROUP BY or HAVING is not supported yet', toks[sel + 1].pos);
+  END IF;
+  IF coalesce((ast ->> 'distinct')::boolean, false) THEN
+    PERFORM "trellis".grammar_unexpected(toks, sel + 1, 'one DISTINCT');
+  END IF;
+  RETURN ast || jsonb_build_object('distinct_on', on_, 'order_by', order_);
+END
+$fn$;
+
+-- The ORDER BY of a DISTINCT ON AST as written.
+CREATE FUNCTION "trellis"._topn_order_sql(ast jsonb)
+RETURNS text LANGUAGE sql IMMUTABLE AS $fn$
+  SELECT string_agg((o ->> 'expr') || coalesce(' ' || (o ->> 'dir'), ''), ', ' ORDER BY n)
+    FROM jsonb_array_elements(ast -> 'order_by') WITH ORDINALITY AS x(o, n)
+$fn$;
+
+-- A view's SELECT block as written: a DISTINCT ON one with DISTINCT ON and its ORDER BY
+-- (its GROUP BY is the engine's), every other as before.
+CREATE FUNCTION "trellis"._render_view_block(ast jsonb)
+RETURNS text LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  plain jsonb;
+  full_ text;
+  body text;
+BEGIN
+  -- A top-N derived table (rewritten by _topn_bind) as written.
+  IF ast ? 'topn_written' THEN
+    ast := ast -> 'topn_written';
+  END IF;
+  IF ast ? 'window' THEN
+    RETURN "trellis"._render_view_block_before_topn((ast - 'window') || jsonb_build_object('select', (
+      SELECT jsonb_agg(x ORDER BY o) FROM (
+        SELECT i AS x, CASE WHEN o0 - 1 < (ast -> 'window' ->> 'index')::int THEN o0 ELSE o0 + 1 END AS o
+          FROM jsonb_array_elements(ast -> 'select') WITH ORDINALITY AS y(i, o0)
+        UNION ALL
+        SELECT jsonb_build_object('expr', ast -> 'window' ->> 'expr', 'name', ast -> 'window' ->> 'name'),
+               (ast -> 'window' ->> 'index')::int + 1) z)));
+  END IF;
+  IF NOT ast ? 'distinct_on' THEN
+    RETURN "trellis"._render_view_block_before_topn(ast);
+  END IF;
+  plain := ast - 'distinct_on' - 'order_by' || jsonb_build_object('group_by', '[]'::jsonb);
+  full_ := "trellis"._render_view_block_before_topn(plain);
+  -- The block without its WITH queries starts with SELECT: what precedes it is the WITH.
+  body := "trellis"._render_view_block_before_topn(plain || jsonb_build_object('parts', coalesce((
+    SELECT jsonb_agg(p ORDER BY o) FROM jsonb_array_elements(plain -> 'parts') WITH ORDINALITY AS x(p, o)
+     WHERE p ->> 'kind' <> 'cte'), '[]')));
+  RETURN left(full_, length(full_) - length(body))
+    || 'SELECT DISTINCT ON (' || (SELECT string_agg(e, ', ' ORDER BY n)
+                                   FROM jsonb_array_elements_text(ast -> 'distinct_on') WITH ORDINALITY AS x(e, n)) || ') '
+    || substr(body, length('SELECT ') + 1)
+    || ' ORDER BY ' || "trellis"._topn_order_sql(ast);
+END
+$fn$;
+
+-- render_statement (whichever migration wrote it last); a view's SQL whose top SELECT is a
+-- DISTINCT ON, as written.
+CREATE FUNCTION "trellis".render_statement(ast jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+  IF ast ->> 'kind' IS DISTINCT FROM 'transform' OR NOT ast ? 'distinct_on' THEN
+    RETURN "trellis".render_statement_before_topn(ast);
+  END IF;
+  ast := "trellis"._semi_as_written(ast);
+  RETURN 'TRANSFORM ' || "trellis".grammar_render_name(ast -> 'target' ->> 'schema', ast -> 'target' ->> 'name')
+    || ' AS ' || "trellis"._render_view_select(ast)
+    || CASE WHEN (ast ->> 'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (ast ->> 'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
+END
+$fn$;
+
+-- A DISTINCT ON AST as the GROUP BY that keeps it: the DISTINCT ON expressions grouped,
+-- each item that is not one of them the value of the partition's first row by the ORDER
+-- BY, ties broken by the items in order. Postgres reads the statement as written first
+-- (DISTINCT ON's expressions must lead its ORDER BY; names; types), and names the columns:
+-- each item keeps the name Postgres gives it. An ORDER BY naming an output column (an
+-- item's alias) orders by that item's expression, as Postgres does.
+CREATE FUNCTION "trellis"._topn_rewrite(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  from_sql text := "trellis"._view_from_sql(ast);
+  where_sql text := coalesce(' WHERE (' || (ast ->> 'where') || ')', '');
+  on_list text := (SELECT string_agg(e, ', ' ORDER BY n)
+                     FROM jsonb_array_elements_text(ast -> 'distinct_on') WITH ORDINALITY AS x(e, n));
+  info jsonb;
+  item jsonb;
+  k int := 0;
+  core text;
+  cores text[] := '{}';
+  names text[] := '{}';
+  col jsonb;
+  orders text[] := '{}';
+  o jsonb;
+  oexpr text;
+  agg_order text;
+  items jsonb := '[]';
+BEGIN
+  info := "trellis"._analyze_query('SELECT DISTINCT ON (' || on_list || ') '
+    || (SELECT string_agg((i ->> 'expr') || coalesce(' AS ' || quote_ident(i ->> 'name'), ''), ', ' ORDER BY n)
+          FROM jsonb_array_elements(ast -> 'select') WITH ORDINALITY AS x(i, n))
+    || ' FROM ' || from_sql || where_sql || ' ORDER BY ' || "trellis"._topn_order_sql(ast),
+    'in the definition');
+  FOR item IN SELECT value FROM jsonb_array_elements(ast -> 'select') LOOP
+    k := k + 1;
+    col := info -> 'columns' -> (k - 1);
+    core := item ->> 'expr';
+    IF item ->> 'name' IS NULL AND item ->> 'bare_label' IS NOT NULL
+       AND col ->> 'name' = item ->> 'bare_label' THEN
+      core := item ->> 'label_expr';
+    END IF;
+    IF (SELECT t.typcategory = 'A' FROM pg_type t WHERE t.oid = (col ->> 'type_oid')::oid)
+       AND NOT core = ANY (ARRAY(SELECT jsonb_array_elements_text(ast -> 'distinct_on'))) THEN
+      PERFORM "trellis"._fail('TRV01', format(
+        'DISTINCT ON with a column of an array type (%s, %s) is not supported yet', col ->> 'name', col ->> 'type'));
+    END IF;
+    cores := cores || core;
+    names := names || (col ->> 'name');
+  END LOOP;
+  FOR o IN SELECT value FROM jsonb_array_elements(ast -> 'order_by') LOOP
+    oexpr := o ->> 'expr';
+    -- An output column's name orders by its item (Postgres looks there first).
+    FOR n IN 1 .. cardinality(names) LOOP
+      IF quote_ident(names[n]) = oexpr OR (names[n] = oexpr AND names[n] = lower(names[n])) THEN
+        oexpr := cores[n];
+        EXIT;
+      END IF;
+    END LOOP;
+    orders := orders || ('(' || oexpr || ')' || coalesce(' ' || (o ->> 'dir'), ''));
+  END LOOP;
+  agg_order := array_to_string(orders || ARRAY(SELECT '(' || c || ')' FROM unnest(cores) AS c), ', ');
+  FOR n IN 1 .. cardinality(cores) LOOP
+    items := items || jsonb_build_array(jsonb_build_object(
+      'expr', CASE WHEN cores[n] = ANY (ARRAY(SELECT jsonb_array_elements_text(ast -> 'distinct_on')))
+                   THEN cores[n]
+                   ELSE format('(array_agg((%s) ORDER BY %s))[1]', cores[n], agg_order) END,
+      'name', names[n], 'position', (ast -> 'select' -> (n - 1)) -> 'position'));
+  END LOOP;
+  RETURN (ast - 'distinct_on' - 'order_by')
+    || jsonb_build_object('select', items, 'group_by', ast -> 'distinct_on');
+END
+$fn$;
+
+-- The analysis (whichever migration wrote it last), of a DISTINCT ON's GROUP BY; the AST
+-- it keeps is the statement as written (its items, DISTINCT ON, ORDER BY), with the GROUP
+-- BY the drain reads.
+CREATE FUNCTION "trellis"._analyze_transform(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  spec jsonb;
+  dropped text[];
+BEGIN
+  -- A ranking item not made top-N (_topn_bind; a path defining without it): refused, never
+  -- dropped.
+  IF ast ? 'window' THEN
+    PERFORM "trellis"._topn_bind(ast);
+  END IF;
+  IF ast ? 'topn_written' THEN
+    -- A top-N derived table: the part of the partition's top k matches a row on its whole
+    -- key (the partition), at most one, so it adds nothing to the key; its key stays a
+    -- column, where a change to a partition's top k finds the rows holding it.
+    spec := "trellis"._analyze_before_topn(ast);
+    dropped := ARRAY(SELECT c->>'name' FROM jsonb_array_elements(spec->'columns') c
+                      WHERE (c->>'implicit')::boolean AND (c->>'is_key')::boolean
+                        AND (c->'plain'->>'source')::int = jsonb_array_length(ast->'joins'));
+    spec := spec || jsonb_build_object(
+      'columns', (SELECT jsonb_agg(CASE WHEN c->>'name' = ANY (dropped) THEN c || '{"is_key": false}' ELSE c END ORDER BY o)
+                    FROM jsonb_array_elements(spec->'columns') WITH ORDINALITY AS x(c, o)),
+      'key', (SELECT coalesce(jsonb_agg(k ORDER BY o), '[]') FROM jsonb_array_elements_text(spec->'key') WITH ORDINALITY AS x(k, o)
+               WHERE NOT (k = ANY (dropped))));
+    RETURN spec || jsonb_build_object('key_nullable', EXISTS (
+      SELECT 1 FROM jsonb_array_elements(spec->'columns') c
+       WHERE (c->>'is_key')::boolean AND NOT (c->>'notnull')::boolean));
+  END IF;
+  IF NOT ast ? 'distinct_on' THEN
+    RETURN "trellis"._analyze_before_topn(ast);
+  END IF;
+  spec := "trellis"._analyze_before_topn("trellis"._topn_rewrite(ast));
+  RETURN spec || jsonb_build_object('ast', (spec -> 'ast') || jsonb_build_object(
+    'select', ast -> 'select', 'distinct_on', ast -> 'distinct_on', 'order_by', ast -> 'order_by',
+    'group_by', ast -> 'distinct_on'));
+END
+$fn$;
+
+-- The first k distinct elements of an array, in order (dense_rank's top values).
+CREATE FUNCTION "trellis"._topn_distinct_prefix(a text[], k int)
+RETURNS text[] LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fn$
+DECLARE
+  res text[] := '{}';
+  v text;
+BEGIN
+  FOREACH v IN ARRAY coalesce(a, '{}') LOOP
+    IF array_position(res, v) IS NULL THEN
+      EXIT WHEN cardinality(res) >= k;
+      res := res || v;
+    END IF;
+  END LOOP;
+  RETURN res;
+END
+$fn$;
+
+-- The bound k of a top-N: in `where` (the statement around a derived table `alias` with a
+-- rank column `rn`), a conjunct `[alias.]rn <= k`, `< k` or `= 1` (k a whole number);
+-- NULL when there is none.
+CREATE FUNCTION "trellis"._topn_bound(where_ text, alias text, rn text)
+RETURNS int LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  c text;
+  t "trellis".grammar_token[];
+  k int;
+  n int;
+  best int;
+BEGIN
+  IF where_ IS NULL THEN
+    RETURN NULL;
+  END IF;
+  FOREACH c IN ARRAY "trellis"._split_conjuncts(where_) LOOP
+    t := "trellis".grammar_tokenize(c);
+    k := 1;
+    IF t[2].kind = 'punct' AND t[2].text = '.' THEN
+      CONTINUE WHEN t[1].value IS DISTINCT FROM alias;
+      k := 3;
+    END IF;
+    CONTINUE WHEN t[k].value IS DISTINCT FROM rn OR t[k].kind NOT IN ('word', 'ident');
+    CONTINUE WHEN t[k + 2].kind <> 'number' OR t[k + 3].kind <> 'eof' OR t[k + 2].text !~ '^[0-9]+$';
+    n := t[k + 2].text::int;
+    n := CASE t[k + 1].text WHEN '<=' THEN n WHEN '<' THEN n - 1 WHEN '=' THEN CASE WHEN n = 1 THEN 1 END END;
+    IF n IS NOT NULL AND n >= 1 AND (best IS NULL OR n < best) THEN
+      best := n;
+    END IF;
+  END LOOP;
+  RETURN best;
+END
+$fn$;
+
+-- A derived table ranking its rows (`window`), read by a statement that keeps the ranks up
+-- to k, as what keeps it: the table's rows joined with a part, grouped by the partition,
+-- holding the partition's top k (row_number: the rows' keys, ties by the key; rank and
+-- dense_rank: the order values), each row's rank its place there:
+--
+--   SELECT items, array_position(topn."trellis#top", probe) AS rn
+--     FROM t JOIN (SELECT p AS "trellis#p1", (array_agg(probe ORDER BY o, key))[1:k] AS "trellis#top"
+--                    FROM t WHERE w GROUP BY p) topn ON topn."trellis#p1" = p
+--    WHERE w AND array_position(topn."trellis#top", probe) IS NOT NULL
+--
+-- (probe: ROW(key)::text for row_number, ROW(o1, o2, ...)::text for rank and dense_rank).
+CREATE FUNCTION "trellis"._topn_rewrite_window(pa jsonb, k int)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+  win jsonb := pa -> 'window';
+  fn text := win ->> 'fn';
+  rel regclass;
+  alias text;
+  keys text[];
+  probe text;
+  ord text;
+  top text;
+  on_ text;
+  g jsonb;
+  items jsonb;
+  rank_expr text;
+  item jsonb;
+  one text[];
+BEGIN
+  keys := '{}';
+  -- The key of every table in FROM (a join's rows are ranked by all of them).
+  FOR item IN SELECT x FROM (SELECT pa -> 'from' AS x, 0 AS o
+                             UNION ALL
+                             SELECT j, o FROM jsonb_array_elements(coalesce(pa -> 'joins', '[]')) WITH ORDINALITY AS y(j, o)) z
+               ORDER BY o LOOP
+    IF item ? 'part' THEN
+      PERFORM "trellis"._fail('TRV01', format(
+        '%s() OVER over a subquery or a WITH query is not supported yet: rank the rows of tables', fn));
+    END IF;
+    rel := to_regclass("trellis".grammar_render_name(item ->> 'schema', item ->> 'name'));
+    IF rel IS NULL THEN
+      PERFORM "trellis"._fail('TRV01', format('in the definition: relation %s does not exist',
+        "trellis".grammar_render_name(item ->> 'schema', item ->> 'name')));
+    END IF;
+    alias := quote_ident(coalesce(item ->> 'alias', item ->> 'name'));
+    one := ARRAY(SELECT alias || '.' || quote_ident(a.attname)
+                   FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS u(attnum, n)
+                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = u.attnum
+                  WHERE i.indrelid = rel AND i.indisprimary ORDER BY u.n);
+    IF cardinality(one) = 0 THEN
+      PERFORM "trellis"._fail('TRV01', format('%s() OVER needs a primary key on %s (its rows are ranked by it)', fn, rel));
+    END IF;
+    keys := keys || one;
+  END LOOP;
+  ord := (SELECT string_agg('(' || (o ->> 'expr') || ')' || coalesce(' ' || (o ->> 'dir'), ''), ', ' ORDER BY n)
+            FROM jsonb_array_elements(win -> 'order_by') WITH ORDINALITY AS x(o, n));
+  IF fn = 'row_number' THEN
+    probe := 'ROW(' || array_to_string(keys, ', ') || ')::text';
+    ord := ord || ', ' || array_to_string(keys, ', ');
+  ELSE
+    probe := 'ROW(' || (SELECT string_agg('(' || (o ->> 'expr') || ')', ', ' ORDER BY n)
+                          FROM jsonb_array_elements(win -> 'order_by') WITH ORDINALITY AS x(o, n)) || ')::text';
+  END IF;
+  top := CASE WHEN fn = 'dense_rank'
+    THEN format('"trellis"._topn_distinct_prefix(array_agg(%s ORDER BY %s), %s)', probe, ord, k)
+    ELSE format('(array_agg(%s ORDER BY %s))[1:%s]', probe, ord, k) END;
+  g := jsonb_build_object('kind', 'transform', 'form', 'as', 'target', NULL,
+    'from', pa -> 'from', 'joins', coalesce(pa -> 'joins', '[]'), 'where', pa -> 'where', 'having', NULL,
+    'group_by', win -> 'partition', 'without_source_index', false,
+    'select', (SELECT jsonb_agg(jsonb_build_object('expr', e, 'name', 'trellis#p' || n) ORDER BY n)
+                 FROM jsonb_array_elements_text(win -> 'partition') WITH ORDINALITY AS x(e, n))
+              || jsonb_build_array(jsonb_build_object('expr', top, 'name', 'trellis#top')));
+  on_ := (SELECT string_agg(format('"topn".%I = (%s)', 'trellis#p' || n, e), ' AND ' ORDER BY n)
+            FROM jsonb_array_elements_text(win -> 'partition') WITH ORDINALITY AS x(e, n));
+  rank_expr := format('array_position("topn"."trellis#top", %s)', probe);
+  items := (SELECT jsonb_agg(x ORDER BY o) FROM (
+      SELECT i AS x, CASE WHEN o0 - 1 < (win ->> 'index')::int THEN o0 ELSE o0 + 1 END AS o
+        FROM jsonb_array_elements(pa -> 'select') WITH ORDINALITY AS y(i, o0)
+      UNION ALL
+      SELECT jsonb_build_object('expr', rank_expr || '::bigint', 'name', win ->> 'name'),
+             (win ->> 'index')::int + 1) z);
+  RETURN (pa - 'window') || jsonb_build_object(
+    'topn_written', pa,
+    'select', items,
+    'joins', coalesce(pa -> 'joins', '[]') || jsonb_build_array(jsonb_build_object('type', 'inner', 'schema', NULL, 'name', 'topn',
+      'alias', 'topn', 'on', on_, 'part', 'topn', 'part_kind', 'derived')),
+    'parts', coalesce(pa -> 'parts', '[]') || jsonb_build_array(jsonb_build_object(
+      'name', 'topn', 'kind', 'derived', 'columns', '[]'::jsonb, 'ast', g)),
+    'where', coalesce('(' || (pa ->> 'where') || ') AND ', '') || rank_expr || ' IS NOT NULL');
+END
+$fn$;
+
+-- A view's AST with each ranking derived table (a part whose SELECT has `window`) rewritten
+-- by _topn_rewrite_window, at every level; its k is read from the WHERE of the SELECT that
+-- reads it. A ranking SELECT anywhere else is refused, saying how to write top-N.
+CREATE FUNCTION "trellis"._topn_bind(ast jsonb, ranked boolean DEFAULT false)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+  p jsonb;
+  parts jsonb := '[]';
+  k int;
+  win jsonb;
+BEGIN
+  IF ast IS NULL OR jsonb_typeof(ast) <> 'object' THEN
+    RETURN ast;
+  END IF;
+  IF ast ? 'window' AND NOT ranked THEN
+    win := ast -> 'window';
+    PERFORM "trellis"._fail('TRV01', format(
+      'a window function (%s() OVER ...) is kept only as top-N per partition: SELECT ... FROM (SELECT ..., %s AS %I FROM ...) AS s WHERE %I <= k',
+      win ->> 'fn', win ->> 'expr', win ->> 'name', win ->> 'name'));
+  END IF;
+  IF ast ? 'union' THEN
+    ast := jsonb_set(ast, '{union,branches}', (
+      SELECT jsonb_agg("trellis"._topn_bind(b) ORDER BY o)
+        FROM jsonb_array_elements(ast -> 'union' -> 'branches') WITH ORDINALITY AS x(b, o)));
+  END IF;
+  IF NOT ast ? 'parts' THEN
+    RETURN ast;
+  END IF;
+  FOR p IN SELECT x FROM jsonb_array_elements(ast -> 'parts') WITH ORDINALITY AS y(x, o) ORDER BY o LOOP
+    IF p ? 'ast' AND p -> 'ast' ? 'window' AND p ->> 'kind' = 'derived' THEN
+      win := p -> 'ast' -> 'window';
+      IF jsonb_array_length(coalesce(p -> 'columns', '[]')) > 0 THEN
+        PERFORM "trellis"._fail('TRV01', format(
+          'a column alias list on a ranking subquery (%s) is not supported yet: name the columns inside it', p ->> 'name'));
+      END IF;
+      k := "trellis"._topn_bound(ast ->> 'where', p ->> 'name', win ->> 'name');
+      IF k IS NULL THEN
+        PERFORM "trellis"._fail('TRV01', format(
+          'a window function (%s() OVER ...) is kept only as top-N per partition: the statement reading %I must filter it with WHERE %I <= k (or < k, or = 1)',
+          win ->> 'fn', p ->> 'name', win ->> 'name'));
+      END IF;
+      p := p || jsonb_build_object('ast', "trellis"._topn_rewrite_window("trellis"._topn_bind(p -> 'ast', true), k));
+    ELSIF p ? 'ast' THEN
+      p := p || jsonb_build_object('ast', "trellis"._topn_bind(p -> 'ast'));
+    END IF;
+    parts := parts || jsonb_build_array(p);
+  END LOOP;
+  RETURN ast || jsonb_build_object('parts', parts);
+END
+$fn$;
+
+-- TRANSFORM: a view's SQL with ranking derived tables (_topn_bind) defined as top-N; every
+-- other statement as before.
+CREATE FUNCTION "trellis"._define(ast jsonb, statement text)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+BEGIN
+  IF ast ->> 'form' = 'as' THEN
+    ast := "trellis"._topn_bind(ast);
+  END IF;
+  RETURN "trellis"._define_before_topn(ast, statement);
+END
+$fn$;
+$trellis_m45$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 46) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (46, 'right_full_joins', false);
+    EXECUTE $trellis_m46$-- RIGHT and FULL joins in a view's SQL (issue #26, item 1; ADR 0066):
+--
+--   ... FROM a RIGHT [OUTER] JOIN b ON cond [further joins] ...
+--     is kept as  FROM b LEFT JOIN a ON cond [further joins]  (the same rows; the SELECT
+--     list is written item by item, so the columns keep their order);
+--   ... FROM a FULL [OUTER] JOIN b ON cond [further joins] [WHERE w] ...
+--     is kept as the UNION ALL (ADR 0059) of two branches:
+--       SELECT ... FROM a LEFT JOIN b ON cond [further joins] [WHERE w]
+--       SELECT ... FROM b LEFT JOIN a ON cond [further joins] WHERE ROW(a.*) IS NULL [AND w]
+--     the second holding b's rows no row of a matches, with a's columns NULL (the LEFT
+--     JOIN's own NULLs: a row of b that some row of a matches makes rows whose a has its
+--     key, never NULL; one no row of a matches makes one row whose a is all NULL, whatever
+--     cond makes of NULLs). SELECT DISTINCT over a FULL JOIN is a UNION of the
+--     two. GROUP BY, HAVING and aggregates over a FULL JOIN are refused (a union's
+--     branches are grouped apart): the FULL JOIN goes in a subquery in FROM.
+--
+-- LATERAL (CROSS JOIN LATERAL unnest(...), a correlated subquery) is refused by name here.
+--
+-- Only as the first join of its FROM (a RIGHT or FULL JOIN after other joins joins their
+-- result, which one LEFT JOIN chain cannot say). The statement is recorded and shown as
+-- written: the compiled AST keeps the parsed one under "written" (render_statement shows
+-- that), and everything else (analysis, parts, capture, the drain) sees only what it was
+-- compiled into.
+--
+-- Renamed and wrapped (statements without these joins go straight through, so whichever
+-- migration wrote them last stays in force): grammar_parse_block (0041) ->
+-- grammar_parse_block_before_joins, grammar_parse_view (four arguments, 0041) ->
+-- grammar_parse_view_before_joins, _render_view_select (0041) ->
+-- _render_view_select_before_joins, render_statement (0041) -> render_statement_before_joins,
+-- _define_parts (0041) -> _define_parts_before_joins. No body is replaced.
+
+ALTER FUNCTION "trellis".grammar_parse_block("trellis".grammar_token[], int, jsonb, jsonb) RENAME TO grammar_parse_block_before_joins;
+ALTER FUNCTION "trellis".grammar_parse_view("trellis".grammar_token[], int, jsonb, jsonb) RENAME TO grammar_parse_view_before_joins;
+ALTER FUNCTION "trellis"._render_view_select(jsonb) RENAME TO _render_view_select_before_joins;
+ALTER FUNCTION "trellis".render_statement(jsonb) RENAME TO render_statement_before_joins;
+ALTER FUNCTION "trellis"._define_parts(jsonb, text, text, jsonb) RENAME TO _define_parts_before_joins;
+
+-- Whether token k starts RIGHT [OUTER] JOIN or FULL [OUTER] JOIN: its word, or NULL.
+CREATE FUNCTION "trellis"._outer_join_at(toks "trellis".grammar_token[], k int)
+RETURNS text LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+  SELECT CASE WHEN toks[k].kind = 'word' AND toks[k].value IN ('right', 'full')
+               AND ("trellis".grammar_kw(toks[k + 1], 'join')
+                    OR ("trellis".grammar_kw(toks[k + 1], 'outer') AND "trellis".grammar_kw(toks[k + 2], 'join')))
+              THEN toks[k].value END
+$fn$;
+
+-- A SELECT block (grammar_parse_block's) with a RIGHT or FULL JOIN as its first join,
+-- compiled as the header says; any other block as before.
+CREATE FUNCTION "trellis".grammar_parse_block(
+  toks "trellis".grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  k int := i;
+  f int;
+  first_join int;
+  outer_at int;
+  kind text;
+  w text;
+  ast jsonb;
+  j0 jsonb;
+  swapped jsonb;
+  written jsonb;
+  b1 jsonb;
+  b2 jsonb;
+  cte_parts jsonb;
+  other_parts jsonb;
+  cond text;
+  where2 text;
+  has_or boolean := false;
+  wt "trellis".grammar_token[];
+  wk int;
+  wd int := 0;
+BEGIN
+  -- The block's FROM, its first join, and the RIGHT or FULL JOINs, at the top level.
+  WHILE toks[k].kind <> 'eof' LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND f IS NULL AND "trellis".grammar_kw(toks[k], 'from') THEN
+      f := k;
+    ELSIF d = 0 AND f IS NOT NULL THEN
+      IF "trellis".grammar_kw(toks[k], 'lateral') THEN
+        PERFORM "trellis".grammar_refuse(
+          'LATERAL is not supported yet: neither CROSS JOIN LATERAL over a set-returning function of the row (unnest(...) [WITH ORDINALITY], jsonb_array_elements(...)) nor a correlated subquery in FROM is maintained',
+          toks[k].pos);
+      END IF;
+      IF first_join IS NULL AND (
+           (toks[k].kind = 'punct' AND toks[k].text = ',')
+           OR (toks[k].kind = 'word' AND toks[k].value IN ('join', 'inner', 'cross', 'natural'))
+           OR ("trellis".grammar_kw(toks[k], 'left') AND coalesce(toks[k + 1].text, '') <> '(')
+           OR "trellis"._outer_join_at(toks, k) IS NOT NULL) THEN
+        first_join := k;
+      END IF;
+      IF "trellis"._outer_join_at(toks, k) IS NOT NULL THEN
+        IF k <> first_join THEN
+          PERFORM "trellis".grammar_refuse(format(
+            'a %s JOIN after another join is not supported yet: make it the first join of FROM (FROM a %s JOIN b ON ... JOIN c ON ...), or write it as a LEFT JOIN',
+            upper(toks[k].value), upper(toks[k].value)), toks[k].pos);
+        END IF;
+        outer_at := k;
+        kind := toks[k].value;
+      END IF;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  IF outer_at IS NULL THEN
+    RETURN "trellis".grammar_parse_block_before_joins(toks, i, target, ctes);
+  END IF;
+
+  -- Parsed as a LEFT JOIN in the order written: the statement as written, but its first
+  -- join's type.
+  toks[outer_at] := ROW('word', 'LEFT', 'left', toks[outer_at].pos)::"trellis".grammar_token;
+  ast := "trellis".grammar_parse_block_before_joins(toks, i, target, ctes);
+  written := ast || jsonb_build_object('written_join', kind);
+  j0 := ast->'joins'->0;
+  -- The sides swapped: b LEFT JOIN a ON cond, then the further joins.
+  swapped := ast || jsonb_build_object(
+    'from', j0 - 'type' - 'on',
+    'joins', jsonb_build_array((ast->'from') || jsonb_build_object('type', 'left', 'on', j0->>'on'))
+             || ((ast->'joins') - 0));
+
+  IF kind = 'right' THEN
+    RETURN swapped || jsonb_build_object('written', written);
+  END IF;
+
+  -- FULL JOIN.
+  IF jsonb_array_length(coalesce(ast->'group_by', '[]')) > 0 OR ast->>'having' IS NOT NULL THEN
+    PERFORM "trellis".grammar_refuse(
+      'GROUP BY or HAVING over a FULL JOIN is not supported yet: put the FULL JOIN in a subquery in FROM (SELECT ... FROM (SELECT ... FROM a FULL JOIN b ON ...) AS j GROUP BY ...)',
+      toks[outer_at].pos);
+  END IF;
+  cond := j0->>'on';
+  w := ast->>'where';
+  IF w IS NOT NULL THEN
+    -- w is AND-ed as it is (its conjuncts stay at the top, where semi-joins are found)
+    -- unless it has an OR at its top level.
+    wt := "trellis".grammar_tokenize(w);
+    FOR wk IN 1 .. coalesce(array_length(wt, 1), 0) LOOP
+      IF wt[wk].kind = 'punct' AND wt[wk].text IN ('(', '[') THEN
+        wd := wd + 1;
+      ELSIF wt[wk].kind = 'punct' AND wt[wk].text IN (')', ']') THEN
+        wd := wd - 1;
+      ELSIF wd = 0 AND "trellis".grammar_kw(wt[wk], 'or') THEN
+        has_or := true;
+      END IF;
+    END LOOP;
+  END IF;
+  -- b's rows no row of a matches: the LEFT JOIN's row whose a is NULL (every column of it,
+  -- the key included, which a row of a never has).
+  -- (ROW(a.*), not the bare name a, which a column of that name would take.)
+  where2 := 'ROW(' || quote_ident(coalesce(ast->'from'->>'alias', ast->'from'->>'part', ast->'from'->>'name')) || '.*) IS NULL'
+    || coalesce(' AND ' || CASE WHEN has_or THEN '(' || w || ')' ELSE w END, '');
+  -- The WITH queries are the whole statement's; derived tables belong to each branch.
+  cte_parts := coalesce((SELECT jsonb_agg(x ORDER BY o) FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS y(x, o)
+                          WHERE x->>'kind' = 'cte'), '[]');
+  other_parts := coalesce((SELECT jsonb_agg(x ORDER BY o) FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS y(x, o)
+                            WHERE x->>'kind' <> 'cte'), '[]');
+  b1 := ast - 'target' - 'without_source_index' - 'without_row_security' - 'distinct' - 'parts'
+    || CASE WHEN jsonb_array_length(other_parts) > 0 THEN jsonb_build_object('parts', other_parts) ELSE '{}' END;
+  b2 := swapped - 'target' - 'without_source_index' - 'without_row_security' - 'distinct' - 'parts'
+    || jsonb_build_object('where', where2)
+    || CASE WHEN jsonb_array_length(other_parts) > 0 THEN jsonb_build_object('parts', other_parts) ELSE '{}' END;
+  RETURN jsonb_build_object(
+    'kind', 'transform', 'form', 'as', 'target', target,
+    'union', jsonb_build_object('all', NOT coalesce((ast->>'distinct')::boolean, false),
+                                'branches', jsonb_build_array(b1, b2)),
+    'select', b1->'select',
+    'without_source_index', coalesce((ast->>'without_source_index')::boolean, false),
+    'written', written)
+    || CASE WHEN (ast->>'without_row_security')::boolean THEN jsonb_build_object('without_row_security', true) ELSE '{}' END
+    || CASE WHEN jsonb_array_length(cte_parts) > 0 THEN jsonb_build_object('parts', cte_parts) ELSE '{}' END;
+END
+$fn$;
+
+-- A view's SELECT: as before, but a FULL JOIN (compiled into a union) inside a branch of
+-- a UNION is refused (a union of unions: put the FULL JOIN in a subquery in FROM).
+CREATE FUNCTION "trellis".grammar_parse_view(
+  toks "trellis".grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  ast jsonb := "trellis".grammar_parse_view_before_joins(toks, i, target, ctes);
+BEGIN
+  IF ast ? 'union' AND NOT ast ? 'written'
+     AND EXISTS (SELECT 1 FROM jsonb_array_elements(ast->'union'->'branches') b WHERE b ? 'union') THEN
+    PERFORM "trellis".grammar_refuse(
+      'a FULL JOIN in a SELECT of a UNION is not supported yet: put the FULL JOIN in a subquery in FROM',
+      toks[i].pos);
+  END IF;
+  RETURN ast;
+END
+$fn$;
+
+-- A view's SELECT as text: a block marked "written_join" (the parsed form of a RIGHT or
+-- FULL JOIN, kept to be shown) with its first join's word as written; any other as before.
+-- The first join follows the FROM item, which is rendered apart and found by a name no
+-- statement holds.
+CREATE FUNCTION "trellis"._render_view_select(ast jsonb)
+RETURNS text LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  sentinel text := 'trellis#first#join#item';
+  txt text;
+  marker text;
+BEGIN
+  IF NOT ast ? 'written_join' THEN
+    RETURN "trellis"._render_view_select_before_joins(ast);
+  END IF;
+  txt := "trellis"._render_view_select_before_joins(
+    (ast - 'written_join') || jsonb_build_object('from', jsonb_build_object('schema', NULL, 'name', sentinel, 'alias', NULL)));
+  marker := quote_ident(sentinel) || ' LEFT JOIN ';
+  RETURN overlay(txt PLACING "trellis"._render_view_item(ast, ast->'from') || ' '
+                 || upper(ast->>'written_join') || ' JOIN '
+                 FROM strpos(txt, marker) FOR length(marker));
+END
+$fn$;
+
+-- The AST as written: every node compiled from a RIGHT or FULL JOIN replaced by what was
+-- parsed (its "written"), at every level (WITH queries, derived tables, union branches).
+CREATE FUNCTION "trellis"._joins_as_written(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+  IF ast IS NULL OR jsonb_typeof(ast) <> 'object' THEN
+    RETURN ast;
+  END IF;
+  IF ast ? 'written' THEN
+    ast := (ast->'written') || CASE WHEN ast ? 'target' THEN jsonb_build_object('target', ast->'target') ELSE '{}' END;
+  END IF;
+  IF ast ? 'union' THEN
+    ast := jsonb_set(ast, '{union,branches}', (
+      SELECT jsonb_agg("trellis"._joins_as_written(b) ORDER BY o)
+        FROM jsonb_array_elements(ast->'union'->'branches') WITH ORDINALITY AS x(b, o)));
+  END IF;
+  IF jsonb_typeof(ast->'parts') = 'array' AND jsonb_array_length(ast->'parts') > 0 THEN
+    ast := jsonb_set(ast, '{parts}', (
+      SELECT jsonb_agg(CASE WHEN p ? 'ast' THEN jsonb_set(p, '{ast}', "trellis"._joins_as_written(p->'ast')) ELSE p END ORDER BY o)
+        FROM jsonb_array_elements(ast->'parts') WITH ORDINALITY AS x(p, o)));
+  END IF;
+  RETURN ast;
+END
+$fn$;
+
+-- render_statement: the statement as written (RIGHT and FULL JOINs as the user wrote
+-- them), rendered as before.
+CREATE FUNCTION "trellis".render_statement(ast jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  w jsonb;
+BEGIN
+  -- A hidden part (trellis#...) is shown as what it keeps.
+  IF ast ->> 'kind' IS DISTINCT FROM 'transform' OR NOT ast::text LIKE '%"written"%'
+     OR starts_with(coalesce(ast->'target'->>'name', ''), 'trellis#') THEN
+    RETURN "trellis".render_statement_before_joins(ast);
+  END IF;
+  w := "trellis"._joins_as_written(ast);
+  IF NOT w ? 'written_join' THEN
+    RETURN "trellis".render_statement_before_joins(w);
+  END IF;
+  -- The statement's own FROM has the RIGHT or FULL JOIN: its SELECT as written.
+  RETURN 'TRANSFORM ' || "trellis".grammar_render_name(w -> 'target' ->> 'schema', w -> 'target' ->> 'name')
+    || ' AS ' || "trellis"._render_view_select(w)
+    || CASE WHEN (w ->> 'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (w ->> 'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
+END
+$fn$;
+
+-- A part's definition: a FULL JOIN whose SELECT aggregates (without GROUP BY: the grammar
+-- refuses GROUP BY and HAVING over one) is refused, as its two branches would each make
+-- their own row; Postgres says whether it aggregates. Everything else as before.
+CREATE FUNCTION "trellis"._define_parts(ast jsonb, root text, path text, scope jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  info jsonb;
+  res jsonb;
+BEGIN
+  IF ast ? 'union' AND ast->'written'->>'written_join' = 'full' THEN
+    info := "trellis"._analyze_query(
+      "trellis"._render_view_select("trellis"._bind_scope_plain(ast->'written', scope)),
+      'in the definition');
+    IF coalesce((info->>'has_aggs')::boolean, false) THEN
+      PERFORM "trellis"._fail('TRV01',
+        'aggregates over a FULL JOIN are not supported yet: put the FULL JOIN in a subquery in FROM (SELECT count(*) FROM (SELECT ... FROM a FULL JOIN b ON ...) AS j)');
+    END IF;
+  END IF;
+  res := "trellis"._define_parts_before_joins(ast, root, path, scope);
+  -- What was written goes on being shown (definitions(), dumps).
+  IF ast ? 'written' AND NOT res->'ast' ? 'written' THEN
+    res := jsonb_set(res, '{ast}', (res->'ast') || jsonb_build_object('written', ast->'written'));
+  END IF;
+  RETURN res;
+END
+$fn$;
+$trellis_m46$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 47) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (47, 'redefine_parts', false);
+    EXECUTE $trellis_m47$-- Redefinitions in place to and from statements with parts (issue #25 follow-up; ADR 0055,
+-- second addendum), and how long readers were blocked in status().
+--
+-- ALTER TRANSFORM t AS <a statement with derived tables or WITH queries> (ADR 0056's parts):
+-- the statement is checked whole by Postgres (as a TRANSFORM with parts is), its parts are
+-- defined as hidden transforms of their own, named "trellis#<t>~<id>#<part>" (another name
+-- than the parts in force, "trellis#<t>#<part>" or an earlier redefinition's), and the
+-- shadow (0035) is the statement around them, reading their targets. The parts belong to
+-- the shadow (part_of = the shadow's id): they are built and kept live as any part is,
+-- while the old definition (and its own parts) keep serving the target. The switch (0042)
+-- is unchanged: the shadow's row becomes the transform (its id is kept), so the new parts
+-- are the transform's from then on. The old parts, whose transform is gone, are dropped
+-- after the switch, in a transaction of their own (_drop_orphan_parts, called by the
+-- staging worker): nothing the app reads is touched by that. A redefinition replaced,
+-- given up or dropped drops its parts with its shadow (the trigger drop_redefinition_parts).
+-- A redefinition from a statement with parts to one without (or the other way round) goes
+-- the same way. Unions (0041) in the new statement are still refused, by name.
+--
+-- Renamed here and wrapped (statements and transforms without parts go straight through):
+-- _redefine (0036's) -> _redefine_before_parts; parse_statement (0028's) ->
+-- parse_statement_before_alter_with (ALTER TRANSFORM t AS WITH ... is read). Replaced (its latest body, 0041's, copied;
+-- the change marked "0047"): status(text), whose redefinition now carries readersBlockedMs,
+-- staged, deleted and written, which the switch records in transforms.redefinition since
+-- 0042.
+
+ALTER FUNCTION "trellis"._redefine(jsonb) RENAME TO _redefine_before_parts;
+ALTER FUNCTION "trellis".parse_statement(text) RENAME TO parse_statement_before_alter_with;
+
+-- ALTER TRANSFORM t AS WITH ... SELECT ...: a redefinition whose statement starts with WITH
+-- queries (0035 took SELECT or FROM after AS). Read as the TRANSFORM statement it would
+-- be, ALTER blanked out so positions stay the statement's own; every other statement as
+-- before (parse_statement_before_alter_with).
+CREATE FUNCTION "trellis".parse_statement(statement text) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  toks "trellis".grammar_token[] := "trellis".grammar_tokenize(statement);
+  sch text;
+  nm text;
+  i int;
+BEGIN
+  IF "trellis".grammar_kw(toks[1], 'alter') AND "trellis".grammar_kw(toks[2], 'transform') THEN
+    SELECT q.schema_name, q.rel_name, q.next INTO sch, nm, i
+      FROM "trellis".grammar_qualified(toks, 3, 'a transform name') q;
+    IF "trellis".grammar_kw(toks[i], 'as') AND "trellis".grammar_kw(toks[i + 1], 'with') THEN
+      RETURN jsonb_build_object('kind', 'redefine', 'transform', nm,
+               'definition', "trellis".parse_statement_before_alter_with(overlay(statement
+                 PLACING repeat(' ', char_length(toks[1].text)) FROM toks[1].pos FOR char_length(toks[1].text))))
+             || CASE WHEN sch IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('schema', sch) END;
+    END IF;
+  END IF;
+  RETURN "trellis".parse_statement_before_alter_with(statement);
+END
+$fn$;
+
+-- Whether a view-SQL AST (a statement or a part) has a union anywhere in it.
+CREATE FUNCTION "trellis"._has_union(ast jsonb)
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $fn$
+  SELECT ast ? 'union' OR EXISTS (
+    SELECT 1 FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) p
+     WHERE "trellis"._has_union(p->'ast'))
+$fn$;
+
+-- Drops transforms `ids`' parts (the last defined first: a part may read an earlier one),
+-- and the tables of the unions they fed.
+CREATE FUNCTION "trellis"._drop_parts_of(ids int[])
+RETURNS int LANGUAGE plpgsql AS $fn$
+DECLARE
+  tables oid[];
+  rel oid;
+  p record;
+  n int := 0;
+BEGIN
+  tables := ARRAY(SELECT DISTINCT f.table_oid FROM "trellis".union_feeds f
+                    JOIN "trellis".transforms x ON x.id = f.transform_id
+                   WHERE x.part_of = ANY (ids));
+  FOR p IN SELECT x.target_name FROM "trellis".transforms x WHERE x.part_of = ANY (ids) ORDER BY x.id DESC LOOP
+    PERFORM "trellis"._drop_one(jsonb_build_object('kind', 'drop', 'transform', p.target_name));
+    n := n + 1;
+  END LOOP;
+  FOREACH rel IN ARRAY tables LOOP
+    IF EXISTS (SELECT 1 FROM pg_class WHERE oid = rel) THEN
+      EXECUTE format('DROP TABLE %s', rel::regclass);
+    END IF;
+  END LOOP;
+  RETURN n;
+END
+$fn$;
+
+-- The parts of a transform that is gone (the old definition's, after a switch): dropped.
+-- The staging worker calls it after each switch, under a short lock_timeout, and again on
+-- later passes while some are left. Returns how many were dropped.
+CREATE FUNCTION "trellis"._drop_orphan_parts()
+RETURNS int LANGUAGE plpgsql AS $fn$
+BEGIN
+  RETURN "trellis"._drop_parts_of(ARRAY(
+    SELECT DISTINCT x.part_of FROM "trellis".transforms x
+     WHERE x.part_of IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM "trellis".transforms o WHERE o.id = x.part_of)));
+END
+$fn$;
+
+-- A shadow gone (replaced, given up, dropped with its transform): its parts with it.
+CREATE FUNCTION "trellis"._drop_redefinition_parts()
+RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  PERFORM "trellis"._drop_parts_of(ARRAY[OLD.id]);
+  RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER drop_redefinition_parts AFTER DELETE ON "trellis".transforms
+  FOR EACH ROW WHEN (OLD.redefines IS NOT NULL) EXECUTE FUNCTION "trellis"._drop_redefinition_parts();
+
+-- ALTER TRANSFORM ... AS: with parts on either side, the new parts defined and the shadow
+-- made reading them; otherwise as before (_redefine_before_parts).
+CREATE FUNCTION "trellis"._redefine(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  t "trellis".transforms := "trellis"._transform_named(ast);
+  def jsonb := ast->'definition';
+  has_new boolean := jsonb_array_length(coalesce(ast->'definition'->'parts', '[]')) > 0;
+  res jsonb;
+  result jsonb;
+  shadow_id int;
+BEGIN
+  IF t.part_of IS NOT NULL OR t.redefines IS NOT NULL
+     OR NOT (has_new OR EXISTS (SELECT 1 FROM "trellis".transforms p WHERE p.part_of = t.id)) THEN
+    RETURN "trellis"._redefine_before_parts(ast);
+  END IF;
+  IF "trellis"._has_union(def) THEN
+    PERFORM "trellis"._fail('TRV01', format(
+      'transform %I cannot be redefined in place to a statement with UNION yet', t.target_name),
+      'DROP TRANSFORM it and define it again');
+  END IF;
+  -- A switch to a redefinition being replaced finishes first (as _redefine_one waits).
+  PERFORM 1 FROM "trellis".pipeline px
+   WHERE px.transform_id = t.id
+      OR px.transform_id IN (SELECT y.id FROM "trellis".transforms y WHERE y.redefines = t.id)
+   ORDER BY px.transform_id FOR UPDATE;
+  IF NOT EXISTS (SELECT 1 FROM "trellis".transforms y WHERE y.id = t.id) THEN
+    PERFORM "trellis"._fail('TRT01', format(
+      'transform %I was switched to another definition while this statement waited: apply it again', t.target_name));
+  END IF;
+  -- A redefinition being built is replaced: its shadow, and its parts, go first (their
+  -- names are this one's).
+  DELETE FROM "trellis".transforms s WHERE s.redefines = t.id;
+  IF has_new THEN
+    def := jsonb_set(def, '{target}', jsonb_build_object('schema', NULL, 'name', t.target_name));
+    -- Postgres reads the statement as written first: names, column aliases, scopes.
+    PERFORM "trellis"._analyze_query("trellis"._render_view_select(def), 'in the definition');
+    PERFORM "trellis"._refuse_view_sublinks(def);
+    res := "trellis"._define_parts(def, t.target_name || '~' || t.id, '', '{}');
+    ast := jsonb_set(ast, '{definition}', res->'ast');
+  END IF;
+  result := "trellis"._redefine_one(ast);
+  SELECT s.id INTO shadow_id FROM "trellis".transforms s WHERE s.redefines = t.id;
+  IF shadow_id IS NULL THEN
+    -- The definition in force, written again: nothing to build, the parts just made go.
+    IF has_new THEN
+      PERFORM "trellis"._drop_one(jsonb_build_object('kind', 'drop', 'transform', x.target_name))
+         FROM (SELECT y.target_name FROM "trellis".transforms y
+                WHERE y.id IN (SELECT (i)::int FROM jsonb_array_elements_text(res->'ids') i)
+                ORDER BY y.id DESC) x;
+    END IF;
+    RETURN result;
+  END IF;
+  IF has_new THEN
+    UPDATE "trellis".transforms p SET part_of = shadow_id
+     WHERE p.id IN (SELECT (i)::int FROM jsonb_array_elements_text(res->'ids') i);
+  END IF;
+  RETURN result;
+END
+$fn$;
+
+-- status(text): replaced (its latest body, 0041's, copied; the change marked "0047"): its
+-- redefinition carries what the switch recorded beside lockMs since 0042. Wrapping it is
+-- not possible: its body names its parameter as status.target, which a renamed function
+-- no longer resolves.
+CREATE OR REPLACE FUNCTION "trellis".status(target text)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+  t "trellis".transforms;
+  p "trellis".pipeline;
+  lifecycle text;
+  paused_columns jsonb;
+  paused_upstream jsonb;
+  correcting jsonb;
+  upstream_behind boolean;
+  lag_segments bigint;
+  lag_seconds float8;
+  wait jsonb;
+  drain jsonb;
+  health jsonb := "trellis".workers();
+  -- 0029: the catalog is another database's (restored or cloned), not rebound yet.
+  restored text := "trellis"._restore_reason();
+  -- Lock modes that conflict with SHARE ROW EXCLUSIVE, the mode capture DDL takes; a widen
+  -- waits on writers (ROW EXCLUSIVE and stronger), which is the same list.
+  conflicting constant text[] := ARRAY['RowExclusiveLock', 'ShareUpdateExclusiveLock',
+    'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock'];
+BEGIN
+  SELECT * INTO t FROM "trellis".transforms WHERE target_name = status.target;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'TRN01',
+      MESSAGE = format('there is no transform named %s', status.target);
+  END IF;
+  SELECT * INTO p FROM "trellis".pipeline WHERE transform_id = t.id;
+
+  paused_columns := to_jsonb(ARRAY(
+    SELECT t.target_name || '.' || c.name FROM "trellis".transform_columns c
+     WHERE c.transform_id = t.id AND c.paused_at IS NOT NULL ORDER BY c.name));
+  -- Columns this transform reads of an upstream transform's target that are paused there
+  -- (every column it reads, when the upstream transform is paused as a whole).
+  paused_upstream := to_jsonb(ARRAY(
+    SELECT DISTINCT u.target_name || '.' || uc.name
+      FROM "trellis".transform_sources src
+      JOIN "trellis".transforms u ON u.target_oid = src.source_oid
+      JOIN "trellis".transform_columns uc ON uc.transform_id = u.id
+     WHERE src.transform_id = t.id
+       AND uc.name = ANY (src.read_columns)
+       AND (uc.paused_at IS NOT NULL OR u.paused_at IS NOT NULL)
+     ORDER BY 1));
+  SELECT coalesce(jsonb_agg(jsonb_build_object(
+           'node', c.node, 'since', c.since,
+           'keysRemaining', CASE WHEN c.keys_total IS NOT NULL
+                                 THEN greatest(c.keys_total - c.keys_done, 0) END)
+         ORDER BY c.since, c.node), '[]')
+    INTO correcting
+    FROM "trellis".corrections c JOIN "trellis".sources src ON src.id = c.source_id
+    JOIN "trellis".transform_sources ts ON ts.source_oid = src.source_oid
+   WHERE ts.transform_id = t.id;
+  -- Some transform upstream (at any depth) is paused or not live yet: this one cannot be
+  -- keeping up with its sources' sources.
+  upstream_behind := EXISTS (
+    -- 0041: upstream through _upstream_ids (a union's branches feed its table too).
+    WITH RECURSIVE up(id) AS (
+      SELECT u.id FROM "trellis"._upstream_ids(t.id) u(id)
+      UNION
+      SELECT u.id FROM up CROSS JOIN LATERAL "trellis"._upstream_ids(up.id) u(id))
+    SELECT 1 FROM up JOIN "trellis".transforms u ON u.id = up.id
+      JOIN "trellis".pipeline pu ON pu.transform_id = u.id
+     WHERE u.paused_at IS NOT NULL OR pu.phase <> 'live');
+
+  lifecycle := CASE WHEN t.paused_at IS NOT NULL THEN 'paused' ELSE p.phase END;
+  -- Rows that came or went without DML are being re-derived: a build, of a part of it.
+  IF lifecycle IN ('live', 'catching_up') AND jsonb_array_length(correcting) > 0 THEN
+    lifecycle := 'backfilling';
+  END IF;
+  -- A live transform reading a paused upstream column, or reading a target that is still
+  -- being built, is not keeping up with its sources.
+  IF lifecycle = 'live' AND (jsonb_array_length(paused_upstream) > 0 OR upstream_behind) THEN
+    lifecycle := 'catching_up';
+  END IF;
+
+  -- 0029: a target of a database restored or cloned is not live until it was rebuilt here.
+  IF restored IS NOT NULL AND lifecycle <> 'paused' THEN
+    lifecycle := 'unverified';
+  END IF;
+
+  IF p.cursor_tick IS NOT NULL THEN
+    SELECT count(*), extract(epoch FROM clock_timestamp() - min(k.at))::float8
+      INTO lag_segments, lag_seconds
+      FROM "trellis".ticks k WHERE k.seq > p.cursor_tick;
+  END IF;
+
+  -- A lock capture waits for first; else, for a transform not built yet, a widen of a
+  -- column it reads waiting for writers that may run the older trigger.
+  SELECT jsonb_build_object(
+           'operation', src.wait->>'operation', 'table', src.qualified,
+           'lockMode', src.wait->>'lock_mode', 'since', (src.wait->>'since')::timestamptz,
+           'attempts', coalesce((src.wait->>'attempts')::int, 1))
+         || "trellis"._capture_wait_blockers(src.source_oid, conflicting, NULL)
+    INTO wait
+    FROM "trellis".transform_sources ts JOIN "trellis".sources src ON src.source_oid = ts.source_oid
+   WHERE ts.transform_id = t.id AND src.wait IS NOT NULL
+   ORDER BY ts.ordinal LIMIT 1;
+  IF wait IS NULL AND p.phase = 'waiting_to_backfill' THEN
+    SELECT jsonb_build_object(
+             'operation', 'widen', 'table', src.qualified, 'lockMode', 'ROW EXCLUSIVE',
+             'since', src.widened_at, 'attempts', NULL)
+           || "trellis"._capture_wait_blockers(
+                src.source_oid, conflicting,
+                -- null until the staging worker has recorded them: every writer
+                CASE WHEN src.widen_holders IS NULL THEN NULL
+                     ELSE ARRAY(SELECT h->>'vxid' FROM jsonb_array_elements(src.widen_holders) h) END)
+      INTO wait
+      FROM "trellis".transform_sources ts JOIN "trellis".sources src ON src.source_oid = ts.source_oid
+     WHERE ts.transform_id = t.id
+       AND src.widened_at IS NOT NULL AND ts.read_columns && src.widen_columns
+     ORDER BY ts.ordinal LIMIT 1;
+  END IF;
+  -- WAL capture published a source and waits out the transactions that began before
+  -- (they could write it unpublished) before a backfill reads it (ADR 0023).
+  IF wait IS NULL AND p.phase = 'waiting_to_backfill' THEN
+    SELECT jsonb_build_object(
+             'operation', 'publish', 'table', src.qualified, 'lockMode', 'none',
+             'since', src.wal_since, 'attempts', NULL)
+           || "trellis"._publish_wait_blockers(src.wal_xmax)
+      INTO wait
+      FROM "trellis".transform_sources ts JOIN "trellis".sources src ON src.source_oid = ts.source_oid
+     WHERE ts.transform_id = t.id
+       AND src.wal_state = 'publishing' AND src.installed_at IS NULL
+     ORDER BY ts.ordinal LIMIT 1;
+  END IF;
+
+  SELECT jsonb_build_object(
+           'segSeq', p.open_hi, 'attempts', pg.attempts, 'error', pg.error,
+           'sqlstate', pg.sqlstate, 'since', pg.first_failed_at, 'lastSeen', pg.last_failed_at,
+           'tables', to_jsonb(ARRAY(SELECT ts.source_schema || '.' || ts.source_name
+                                      FROM "trellis".transform_sources ts
+                                     WHERE ts.transform_id = t.id ORDER BY ts.ordinal)))
+    INTO drain
+    FROM "trellis".pages pg WHERE pg.transform_id = t.id AND pg.attempts > 0
+   ORDER BY pg.attempts DESC, pg.page LIMIT 1;
+
+  RETURN jsonb_build_object(
+    'target', t.target_name,
+    'status', lifecycle,
+    'pauseReason', t.pause_reason,
+    'heldKeys', (SELECT count(*) FROM "trellis".held_keys h WHERE h.transform_id = t.id),
+    'pausedColumns', paused_columns,
+    'pausedUpstreamColumns', paused_upstream,
+    'sourceIndexGaps', (
+      SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'table', g->'table', 'columns', g->'columns', 'role', g->'role',
+               'optedOut', g->'opted_out', 'fix', g->'fix',
+               -- 0034: the same statement for a migration's transaction (no CONCURRENTLY).
+               'fixInMigration', regexp_replace(g->>'fix', '^CREATE INDEX CONCURRENTLY ', 'CREATE INDEX '))), '[]')
+        FROM jsonb_array_elements("trellis".source_index_gaps(t.id)) g),
+    'correcting', correcting,
+    'captureFailure', CASE WHEN t.capture_failure IS NOT NULL THEN jsonb_build_object(
+        'kind', t.capture_failure->'kind', 'error', t.capture_failure->'error',
+        'columns', t.capture_failure->'columns',
+        'detectedAt', (t.capture_failure->>'detected_at')::timestamptz) END,
+    'captureWait', wait,
+    'buildFailure', CASE WHEN p.build_attempts > 0 AND p.build_error IS NOT NULL
+                          AND p.build_next_at IS NOT NULL THEN jsonb_build_object(
+        'attempts', p.build_attempts, 'error', p.build_error,
+        'nextAttemptAt', p.build_next_at) END,
+    'drainFailure', drain,
+    -- 0034: with the build's pace (rate, etaSeconds).
+    'backfill', "trellis"._backfill_pace(CASE WHEN p.backfill_started_at IS NOT NULL
+                      AND (p.phase = 'backfilling' OR p.backfill_done > 0) THEN jsonb_build_object(
+        -- A build filling chunks (0022): what its chunks left to fill do not hold.
+        'keysDone', CASE WHEN p.phase = 'backfilling' AND p.backfill_stage = 'chunks'
+                         THEN greatest(p.backfill_total - (
+                                SELECT coalesce(sum(c.rows), 0) FROM "trellis".build_chunks c
+                                 WHERE c.transform_id = t.id), 0)
+                         ELSE p.backfill_done END,
+        'keysTotal', p.backfill_total,
+        -- 0028: keys held while building (they count as done: found, and not filled).
+        'keysHeld', (SELECT count(*) FROM "trellis".held_keys h WHERE h.transform_id = t.id),
+        'startedAt', p.backfill_started_at) END, t.id, p.phase = 'backfilling'),
+    'lag', jsonb_build_object('segments', coalesce(lag_segments, 0),
+                              'seconds', coalesce(lag_seconds, 0)),
+    'capture', "trellis"._capture_status(t.id),
+    'rowSecurity', "trellis"._row_security(t.id),
+    'lastApply', CASE WHEN p.apply_mode IS NOT NULL THEN jsonb_build_object(
+        'mode', p.apply_mode, 'reason', p.apply_reason, 'keys', p.apply_keys, 'at', p.apply_at,
+        'estimate', p.apply_estimate) END,
+    -- 0031: the drain time spent on it, and its share of the drain's recent time.
+    'drain', "trellis"._drain_share(t.id),
+    -- 0035: the last ALTER TRANSFORM ... AS: being built, switched, or given up and why.
+    'redefinition', CASE WHEN t.redefinition IS NOT NULL THEN jsonb_build_object(
+        'state', t.redefinition->'state', 'statement', t.redefinition->'statement',
+        'changes', coalesce(t.redefinition->'changes', '[]'),
+        'error', t.redefinition->'error', 'lockMs', t.redefinition->'lockMs',
+        -- 0047: how long of the lock readers waited for (ACCESS EXCLUSIVE), whether the
+        -- columns were staged, and the rows the switch deleted and wrote.
+        'readersBlockedMs', t.redefinition->'readersBlockedMs', 'staged', t.redefinition->'staged',
+        'deleted', t.redefinition->'deleted', 'written', t.redefinition->'written',
+        'since', t.redefinition->'since', 'at', t.redefinition->'at') END,
+    -- 0025: the workers' health, what stops the pipeline, and what this transform waits on.
+    'workers', health,
+    'workerFailure', "trellis"._worker_failure(health),
+    'waitingOn', CASE WHEN restored IS NOT NULL THEN jsonb_build_object(
+        'kind', 'staging_worker',
+        'reason', restored || ': the staging worker rebinds its tables by name and rebuilds every transform when it starts')
+      ELSE "trellis"._waiting_on(t.id, lifecycle, wait, health, coalesce(lag_segments, 0),
+                                upstream_behind OR jsonb_array_length(paused_upstream) > 0) END,
+    -- 0029: the last restore (or clone) recognised, or the one not rebound yet.
+    'restored', CASE WHEN restored IS NOT NULL THEN jsonb_build_object('reason', restored, 'detectedAt', NULL)
+                     ELSE (SELECT jsonb_build_object('reason', c.restored->>'reason',
+                                                     'detectedAt', (c.restored->>'detectedAt')::timestamptz)
+                             FROM "trellis".config c WHERE c.restored IS NOT NULL) END);
+END
+$fn$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
+$trellis_m47$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 48) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (48, 'semi_parenthesized', false);
+    EXECUTE $trellis_m48$-- A semi- or anti-join in brackets is still a condition AND-ed at the top of WHERE
+-- (issue #24, item 4: found by the differential tests' view SQL).
+--
+-- `WHERE (x > 1) AND (EXISTS (SELECT …))` was refused as a subquery "inside another
+-- expression", and `WHERE (c IS NOT NULL) AND (c NOT IN (SELECT …))` did not see its
+-- `c IS NOT NULL`: the conjuncts were split at the top-level ANDs only, the brackets
+-- around each kept. Brackets mean nothing in Postgres's parse tree, and pg_get_viewdef()
+-- writes every condition in them (`WHERE ((o.x > 1) AND (EXISTS ( SELECT …)))`), which
+-- README says the AS form takes as it is. A conjunct wholly in brackets is now split again
+-- inside them, so `((a) AND (b))` gives `a` and `b`.
+--
+-- Renamed here and wrapped:
+--   _semi_conjuncts (0039) -> _semi_conjuncts_before_parens
+-- No other function is replaced.
+
+ALTER FUNCTION "trellis"._semi_conjuncts(text) RENAME TO _semi_conjuncts_before_parens;
+
+CREATE FUNCTION "trellis"._semi_conjuncts(cond text)
+RETURNS text[] LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  res text[] := '{}';
+  c text;
+  toks "trellis".grammar_token[];
+  n int;
+BEGIN
+  FOREACH c IN ARRAY "trellis"._semi_conjuncts_before_parens(cond) LOOP
+    toks := "trellis".grammar_tokenize(c);
+    n := array_length(toks, 1) - 1;  -- the last token before eof
+    IF n >= 2 AND toks[1].kind = 'punct' AND toks[1].text = '('
+       AND "trellis"._closing_token(toks, 1) = n THEN
+      res := res || "trellis"._semi_conjuncts("trellis".grammar_text(toks, 2, n));
+    ELSE
+      res := res || c;
+    END IF;
+  END LOOP;
+  RETURN res;
+END
+$fn$;
+$trellis_m48$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 49) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (49, 'fan_out_deltas', false);
+    EXECUTE $trellis_m49$-- Aggregates kept by delta over a join that fans out (issue #22 item 1; ADR 0067).
+--
+-- A GROUP BY over a join that multiplies rows keeps a shadow of its sources as its key map
+-- (0033, ADR 0051), and was kept by group recompute whatever its aggregates: a delta needed
+-- each join row's old inputs, which a shadow does not keep per join row. They are now
+-- computed from it by the delta rule of a join (drain/shadow-sql.ts, shadowSignedRows):
+-- each changed occurrence's old rows (the shadow's, signed -1) and new rows (the source's,
+-- +1) joined with the occurrences before it as they are after the change and those after
+-- it as they were before. Such a transform, when every aggregate has an exact delta
+-- (0026), keeps both the shadow and the group state table of ADR 0044 (groups_<id>).
+--
+-- An inner join only: a LEFT JOIN's NULL-extended rows are not a sum of its sources' rows
+-- (a row losing its last match gains one), so a fan-out join with a LEFT JOIN keeps the
+-- group recompute, and its classification says why.
+--
+-- Renamed here and wrapped: _make_key_map -> _make_key_map_before_fanout (every case but
+-- the one above goes straight through to it). The group state table's creation, which
+-- 0033's _make_key_map does inline, is a function of its own here (_create_group_states),
+-- with the same columns.
+
+ALTER FUNCTION "trellis"._make_key_map(int, jsonb, jsonb) RENAME TO _make_key_map_before_fanout;
+
+-- The group state table of a transform kept by delta (as 0026 and 0033 make it): the
+-- groups g1..gn, the row count n, each aggregate's state parts a<n>_<part>; unique on the
+-- groups (NULLs not distinct).
+CREATE FUNCTION "trellis"._create_group_states(transform_id int, spec jsonb, classified jsonb)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  state_sql text := quote_ident('trellis') || '.' || quote_ident('groups_' || transform_id);
+  groups text;
+BEGIN
+  groups := (SELECT string_agg(quote_ident('g' || o), ', ' ORDER BY o)
+               FROM jsonb_array_elements(spec->'groups') WITH ORDINALITY AS x(g, o));
+  EXECUTE 'DROP TABLE IF EXISTS ' || state_sql;
+  EXECUTE 'CREATE TABLE ' || state_sql || ' (' || (
+    SELECT string_agg(col, ', ' ORDER BY o1, o2) FROM (
+      SELECT 0 AS o1, g.o AS o2, quote_ident(format('g%s', g.o)) || ' ' || (g.v->>'type')
+                            || coalesce(' COLLATE ' || (g.v->>'collation'), '') AS col
+        FROM jsonb_array_elements(spec->'groups') WITH ORDINALITY AS g(v, o)
+      UNION ALL
+      SELECT 1, 0, 'n bigint NOT NULL'
+      UNION ALL
+      SELECT 2, a.o * 10 + p.o, quote_ident(format('a%s_%s', a.o, p.part)) || ' ' || p.type
+        FROM jsonb_array_elements(classified->'aggs') WITH ORDINALITY AS a(v, o)
+        CROSS JOIN LATERAL (
+          SELECT * FROM (VALUES
+            (1, 'c', 'bigint', true),
+            (2, 's', CASE WHEN a.v->>'kind' = 'sum_int' THEN 'bigint' ELSE 'numeric' END,
+                     a.v->>'kind' IN ('sum_int', 'sum_int8', 'avg_int', 'sum_numeric', 'avg_numeric')),
+            (3, 'nan', 'bigint', a.v->>'kind' IN ('sum_numeric', 'avg_numeric')),
+            (4, 'pinf', 'bigint', a.v->>'kind' IN ('sum_numeric', 'avg_numeric')),
+            (5, 'ninf', 'bigint', a.v->>'kind' IN ('sum_numeric', 'avg_numeric')),
+            (6, 'ms', 'int', a.v->>'kind' IN ('sum_numeric', 'avg_numeric') AND a.v->>'scale' IS NULL),
+            (7, 'msc', 'bigint', a.v->>'kind' IN ('sum_numeric', 'avg_numeric') AND a.v->>'scale' IS NULL),
+            (8, 'm', (a.v->>'type') || coalesce(' COLLATE ' || (a.v->>'collation'), ''), a.v->>'kind' IN ('min', 'max')),
+            (9, 'b', 'bigint', a.v->>'kind' IN ('bool_and', 'bool_or'))
+          ) AS parts(o, part, type, used)
+          WHERE used AND (a.v->>'kind' <> 'count' OR part = 'c')) p) c) || ')';
+  EXECUTE 'CREATE UNIQUE INDEX ON ' || state_sql
+    || coalesce(' (' || groups || ') NULLS NOT DISTINCT', ' ((true))');
+END
+$fn$;
+
+-- As before (0033), and a GROUP BY over an inner join that fans out, every aggregate of
+-- which has an exact delta, keeps its sources' shadow (as 0033 makes it) and a group state
+-- table: kept by delta. Over a LEFT JOIN that fans out, the group recompute, saying why.
+CREATE FUNCTION "trellis"._make_key_map(transform_id int, spec jsonb, classified jsonb)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  whole_row boolean;
+  left_join boolean;
+  fanned text;
+BEGIN
+  whole_row := coalesce((spec->>'whole_row')::boolean, false)
+    OR coalesce((SELECT (t.spec->>'whole_row')::boolean FROM "trellis".transforms t WHERE t.id = transform_id), false);
+  IF classified->>'mode' IS DISTINCT FROM 'delta'
+     OR jsonb_array_length(coalesce(spec->'groups', '[]')) = 0
+     OR jsonb_array_length(spec->'sources') < 2
+     OR whole_row
+     OR NOT "trellis"._join_fans_out(spec)
+     OR "trellis"._shadow_columns(spec) IS NULL THEN
+    PERFORM "trellis"._make_key_map_before_fanout(transform_id, spec, classified);
+    RETURN;
+  END IF;
+  left_join := EXISTS (SELECT 1 FROM jsonb_array_elements(spec->'sources') s WHERE s->>'join_type' = 'left');
+  IF left_join THEN
+    SELECT quote_ident(s->>'alias') INTO fanned FROM jsonb_array_elements(spec->'sources') s
+     WHERE (s->>'ordinal')::int > 0 AND NOT "trellis"._joined_on_key(spec, s, s)
+     ORDER BY (s->>'ordinal')::int DESC LIMIT 1;
+    PERFORM "trellis"._make_key_map_before_fanout(transform_id, spec, classified || jsonb_build_object(
+      'mode', 'group', 'reason', format(
+        'the join can multiply rows (%s is not joined on its whole key) and has a LEFT JOIN, whose NULL-extended rows have no delta: groups are recomputed from the sources',
+        coalesce(fanned, 'a joined source'))));
+    RETURN;
+  END IF;
+  -- The shadow, as 0033 makes it for a transform kept by group recompute.
+  PERFORM "trellis"._make_key_map_before_fanout(transform_id, spec,
+    classified || '{"mode": "group", "reason": "made by _make_key_map"}');
+  UPDATE "trellis".transforms
+     SET delta = (classified - 'remap') || jsonb_build_object('fan_out', true, 'reason',
+           (classified->>'reason') || '; the join can multiply rows, so a change''s join rows are signed from the sources'' shadow (ADR 0067)')
+   WHERE id = transform_id;
+  PERFORM "trellis"._create_group_states(transform_id, spec, classified);
+END
+$fn$;
+
+-- Transforms defined before this migration over an inner join that fans out, whose
+-- aggregates all have an exact delta (0033 recorded them as kept by group recompute, their
+-- classification kept under its reason): recorded as pending, so that their next build
+-- (_switch_to_delta) gives them their group states and keeps them by delta. Until then they
+-- keep their shadow and the group recompute.
+UPDATE "trellis".transforms t
+   SET delta = t.delta || jsonb_build_object(
+         'mode', 'delta', 'reason', 'every aggregate has an exact delta', 'pending', true)
+ WHERE t.aggregates
+   AND t.delta->>'mode' = 'group'
+   AND t.delta->>'reason' LIKE 'the join can multiply rows (%'
+   AND NOT coalesce((t.delta->>'remap')::boolean, false)
+   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(t.delta->'aggs') a WHERE NOT (a->>'delta')::boolean)
+   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(t.spec->'sources') s WHERE s->>'join_type' = 'left');
+$trellis_m49$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 50) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (50, 'explain_statements', false);
+    EXECUTE $trellis_m50$-- EXPLAIN TRANSFORM <statement> (issue #26, item 2; ADR 0059's explain(), now before a
+-- definition exists): the plan a statement would get — its parts, how each is kept, the
+-- source indexes each needs with their CREATE INDEX, the state it keeps per row — or what
+-- is refused and why. From SQL as `explain(statement)` or `apply('EXPLAIN TRANSFORM …')`,
+-- from the handle as explain(statement), from the CLI as `trellis explain '<statement>'`.
+--
+-- How: the statement is defined in a subtransaction, its parts read from the catalog as
+-- explain(target) reads a defined transform's (_explain_parts, which the handle's
+-- explain(target) now reads too), and the subtransaction rolled back: nothing stays, no
+-- worker ever sees it (its NOTIFY is never sent), and what the explanation says is what
+-- defining it would do, by the same code. The drain's SQL for changed keys is not in it
+-- (that needs capture installed: the handle adds it for a defined transform).
+
+-- The state a transform (or part) keeps besides its target, in words and by kind, for
+-- explain(): its key map (by _key_map_kind's kinds) and, kept by delta, its group states.
+CREATE FUNCTION "trellis"._explain_state(t "trellis".transforms)
+RETURNS jsonb LANGUAGE sql STABLE AS $fn$
+  WITH m AS (
+    SELECT CASE WHEN t.aggregates AND t.spec->>'key_map' = 'rows' THEN NULL
+                ELSE t.spec->>'key_map' END AS kind,
+           (SELECT count(*) FROM jsonb_array_elements(t.spec->'sources')) AS sources,
+           t.delta IS NOT NULL AND t.delta->>'mode' = 'delta'
+             AND NOT coalesce((t.delta->>'pending')::boolean, false) AS by_delta)
+  SELECT jsonb_build_object(
+    'keyMap', m.kind,
+    'groupStates', m.by_delta,
+    'description', concat_ws('; ',
+      CASE m.kind
+        WHEN 'groups' THEN CASE WHEN m.sources > 1
+          THEN 'a key map: one row per join row, with its sources'' keys and its group'
+          ELSE 'a key map: one row per source row that passes WHERE, with its key and its group' END
+          || CASE WHEN m.by_delta THEN ' and the inputs of the aggregates kept by delta' ELSE '' END
+        WHEN 'shadow' THEN 'a shadow of each joined table (the join can multiply rows): one row per source row and occurrence, with the columns the definition reads'
+        WHEN 'rows' THEN 'a key map: one row per join row before WHERE, with its sources'' keys'
+        ELSE CASE WHEN t.aggregates AND jsonb_array_length(coalesce(t.spec->'groups', '[]')) = 0
+                  THEN 'none: the target''s one row'
+                  ELSE 'none: only the target (one row per key)' END
+      END,
+      CASE WHEN m.by_delta THEN 'group states: one row per group (each aggregate''s running state)' END))
+    FROM m
+$fn$;
+
+-- The parts of transform `root` (its hidden parts first, in the order a change flows
+-- through them, then the transform itself), as explain() shows them.
+CREATE FUNCTION "trellis"._explain_parts(root int)
+RETURNS jsonb LANGUAGE sql STABLE AS $fn$
+  SELECT coalesce(jsonb_agg(p ORDER BY (p->>'id')::int = root, (p->>'id')::int), '[]')
+    FROM (
+      SELECT jsonb_build_object(
+        'id', t.id,
+        'name', CASE WHEN t.id = root THEN NULL ELSE t.part_name END,
+        'target', t.target_name,
+        'statement', t.statement,
+        'key', to_jsonb(ARRAY(SELECT c.name::text FROM "trellis".transform_columns c
+                               WHERE c.transform_id = t.id AND c.is_key ORDER BY c.ordinal)),
+        'maintenance', "trellis"._maintenance(t.aggregates, t.delta),
+        'state', "trellis"._explain_state(t),
+        'reads', coalesce((
+          SELECT jsonb_agg(jsonb_build_object(
+                   'table', ts.source_schema || '.' || ts.source_name, 'alias', ts.alias,
+                   'join', ts.join_type, 'keyColumns', to_jsonb(ts.key_columns),
+                   'writtenBy', to_jsonb(ARRAY(
+                      SELECT u.target_name::text FROM "trellis".transforms u
+                       WHERE u.id IN (SELECT "trellis"._upstream_ids(t.id))
+                         AND (u.target_oid = ts.source_oid
+                              OR u.id IN (SELECT f.transform_id FROM "trellis".union_feeds f
+                                           WHERE f.table_oid = ts.source_oid))
+                       ORDER BY u.id)),
+                   'indexes', coalesce((
+                     SELECT jsonb_agg(jsonb_build_object('name', ic.relname, 'columns', to_jsonb(ARRAY(
+                              SELECT a.attname::text FROM unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, o)
+                                JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
+                               ORDER BY k.o))) ORDER BY ic.relname)
+                       FROM pg_index x JOIN pg_class ic ON ic.oid = x.indexrelid
+                      WHERE x.indrelid = ts.source_oid AND x.indisvalid
+                        AND (SELECT a.attname FROM pg_attribute a
+                              WHERE a.attrelid = x.indrelid AND a.attnum = x.indkey[0])
+                            = ANY (ts.key_columns || ts.join_columns || ts.group_columns)), '[]'))
+                 ORDER BY ts.ordinal)
+            FROM "trellis".transform_sources ts WHERE ts.transform_id = t.id), '[]'),
+        'needs', coalesce((
+          SELECT jsonb_agg(jsonb_build_object('table', g->'table', 'columns', g->'columns',
+                                              'role', g->'role', 'fix', g->'fix'))
+            FROM jsonb_array_elements("trellis".source_index_gaps(t.id)) g
+           WHERE NOT coalesce((g->>'opted_out')::boolean, false)), '[]')) AS p
+        FROM "trellis".transforms t
+       WHERE t.id = root OR t.part_of = root) x
+$fn$;
+
+-- The explanation of a TRANSFORM statement not defined (see the header): {"kind":
+-- "explained", "target", "statement", "chain", "parts", "refused": null}, or, for a
+-- statement the grammar refuses, {"kind": "explained", "target": null, ..., "refused":
+-- {"code", "message", "hint"}} with the code and message defining it would raise.
+-- "EXPLAIN " in front of the statement is allowed.
+CREATE FUNCTION "trellis".explain(statement text)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  body text := regexp_replace(coalesce(statement, ''), '^\s*explain\s+', '', 'i');
+  defined jsonb;
+  root int;
+  parts jsonb;
+  result jsonb;
+  code text;
+  message text;
+  hint text;
+BEGIN
+  BEGIN
+    defined := "trellis"._apply_retrying(body, true);
+    SELECT t.id INTO root FROM "trellis".transforms t
+     WHERE t.target_name = defined->>'target' AND t.part_of IS NULL AND t.redefines IS NULL
+       AND t.target_schema = (SELECT c.target_schema FROM "trellis".config c);
+    parts := "trellis"._explain_parts(root);
+    result := jsonb_build_object(
+      'kind', 'explained',
+      'target', defined->>'target',
+      'statement', (SELECT t.statement FROM "trellis".transforms t WHERE t.id = root),
+      'chain', (SELECT jsonb_agg(p->'target' ORDER BY o) FROM jsonb_array_elements(parts) WITH ORDINALITY AS x(p, o)),
+      'parts', (SELECT jsonb_agg(p - 'id' ORDER BY o) FROM jsonb_array_elements(parts) WITH ORDINALITY AS x(p, o)),
+      'refused', NULL);
+    -- Undo the definition: only the explanation is kept.
+    RAISE EXCEPTION USING ERRCODE = 'TRX01', MESSAGE = 'explained';
+  EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, message = MESSAGE_TEXT, hint = PG_EXCEPTION_HINT;
+    IF code = 'TRX01' THEN
+      RETURN result;
+    END IF;
+    -- Trellis's own refusals (parse, validation, conflict, not found) are the answer;
+    -- anything else (a lost lock, no privilege) is the caller's error.
+    IF code IN ('TRP01', 'TRV01', 'TRC01', 'TRN01') THEN
+      RETURN jsonb_build_object(
+        'kind', 'explained', 'target', NULL, 'statement', body, 'chain', '[]'::jsonb,
+        'parts', '[]'::jsonb,
+        'refused', jsonb_build_object('code', code, 'message', message, 'hint', nullif(hint, '')));
+    END IF;
+    RAISE;
+  END;
+END
+$fn$;
+
+-- apply() takes EXPLAIN TRANSFORM too (defines nothing); every other statement as before.
+CREATE OR REPLACE FUNCTION "trellis".apply(statement text)
+RETURNS jsonb LANGUAGE sql AS $fn$
+  SELECT CASE WHEN statement ~* '^\s*explain\s+transform\s'
+              THEN "trellis".explain(statement)
+              ELSE "trellis"._apply_retrying(statement, false) END
+$fn$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
+$trellis_m50$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 51) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (51, 'bit_string_literals', false);
+    EXECUTE $trellis_m51$-- Bit-string and hex-string literals (B'…', X'…') as Postgres reads them: a doubled quote
+-- does not continue them (Postgres's scanner doubles quotes only in '…', E'…', N'…' and
+-- U&'…'), so B'01''x' is B'01' followed by 'x', as Postgres would run it. The tokenizer
+-- read one literal there, and a value Postgres then refused with a raw syntax error (the
+-- grammar's token-soup property test found it in ALTER … SET (timezone = B'01''UTC')).
+-- grammar_tokenize as in 0003 (its only body), the change marked "0051".
+CREATE OR REPLACE FUNCTION "trellis".grammar_tokenize(statement text) RETURNS "trellis".grammar_token[]
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  ch text[] := coalesce(string_to_array(statement, NULL), '{}');
+  n int := coalesce(array_length(string_to_array(statement, NULL), 1), 0);
+  cp int[];
+  toks "trellis".grammar_token[] := '{}';
+  nt int := 0;
+  p int := 1;
+  q int;
+  r int;
+  c int;
+  pl int;
+  depth int;
+  seg int;
+  backslash boolean;
+  doubled boolean; -- 0051: whether '' continues the literal (not in B'…', X'…')
+  k int;
+  body text;
+  txt text;
+BEGIN
+  -- Code points (any character outside ASCII reads as 128: ascii() refuses those in
+  -- multibyte encodings other than UTF8, and all of them count as letters anyway).
+  SELECT coalesce(array_agg(CASE WHEN octet_length(u.c) > 1 THEN 128 ELSE ascii(u.c) END
+      ORDER BY u.k), '{}') INTO cp
+    FROM unnest(ch) WITH ORDINALITY AS u(c, k);
+  -- Sentinels past the end, so looking ahead never meets a NULL.
+  cp := cp || ARRAY[0, 0, 0, 0];
+
+  WHILE p <= n LOOP
+    c := cp[p];
+
+    -- Whitespace and comments.
+    IF c IN (32, 9, 10, 13, 12, 11) THEN
+      p := p + 1;
+      CONTINUE;
+    END IF;
+    IF c = 45 AND cp[p + 1] = 45 THEN
+      p := p + 2;
+      WHILE p <= n AND cp[p] NOT IN (10, 13) LOOP
+        p := p + 1;
+      END LOOP;
+      CONTINUE;
+    END IF;
+    IF c = 47 AND cp[p + 1] = 42 THEN
+      q := p + 2;
+      depth := 1;
+      WHILE depth > 0 LOOP
+        IF q > n THEN
+          PERFORM "trellis".grammar_fail(
+            'unterminated comment: expected "*/" to close "/*", found end of statement', p);
+        END IF;
+        IF cp[q] = 47 AND cp[q + 1] = 42 THEN
+          depth := depth + 1;
+          q := q + 2;
+        ELSIF cp[q] = 42 AND cp[q + 1] = 47 THEN
+          depth := depth - 1;
+          q := q + 2;
+        ELSE
+          q := q + 1;
+        END IF;
+      END LOOP;
+      p := q;
+      CONTINUE;
+    END IF;
+
+    -- String literals: '...', E'...', B'...', X'...', N'...', U&'...' (pl: prefix length).
+    pl := CASE
+      WHEN c = 39 THEN 0
+      WHEN c IN (69, 101, 66, 98, 88, 120, 78, 110) AND cp[p + 1] = 39 THEN 1
+      WHEN c IN (85, 117) AND cp[p + 1] = 38 AND cp[p + 2] = 39 THEN 2
+    END;
+    IF pl IS NOT NULL THEN
+      backslash := pl = 1 AND c IN (69, 101);
+      doubled := NOT (pl = 1 AND c IN (66, 98, 88, 120)); -- 0051
+      body := '';
+      FOR k IN p .. p + pl LOOP
+        body := body || ch[k];
+      END LOOP;
+      seg := p;
+      q := p + pl + 1;
+      LOOP
+        r := q;
+        LOOP
+          IF q > n THEN
+            PERFORM "trellis".grammar_fail(
+              'unterminated string literal: expected a closing quote, found end of statement',
+              seg);
+          END IF;
+          IF cp[q] = 39 THEN
+            EXIT WHEN cp[q + 1] <> 39 OR NOT doubled; -- 0051
+            q := q + 2;
+          ELSIF backslash AND cp[q] = 92 THEN
+            q := q + 2;
+          ELSE
+            q := q + 1;
+          END IF;
+        END LOOP;
+        FOR k IN r .. q - 1 LOOP
+          body := body || ch[k];
+        END LOOP;
+        q := q + 1;
+        -- Postgres joins literals separated by whitespace that holds a newline ('a'
+        -- <newline> 'b' is 'ab'): the next segment continues this token.
+        r := q;
+        LOOP
+          IF cp[r] IN (32, 9, 12) THEN
+            r := r + 1;
+          ELSIF cp[r] = 45 AND cp[r + 1] = 45 THEN
+            r := r + 2;
+            WHILE r <= n AND cp[r] NOT IN (10, 13) LOOP
+              r := r + 1;
+            END LOOP;
+          ELSE
+            EXIT;
+          END IF;
+        END LOOP;
+        EXIT WHEN cp[r] NOT IN (10, 13);
+        r := r + 1;
+        LOOP
+          IF cp[r] IN (32, 9, 10, 13, 12, 11) THEN
+            r := r + 1;
+          ELSIF cp[r] = 45 AND cp[r + 1] = 45 THEN
+            pl := r + 2;
+            WHILE pl <= n AND cp[pl] NOT IN (10, 13) LOOP
+              pl := pl + 1;
+            END LOOP;
+            EXIT WHEN pl > n;
+            r := pl + 1;
+          ELSE
+            EXIT;
+          END IF;
+        END LOOP;
+        EXIT WHEN cp[r] <> 39;
+        seg := r;
+        q := r + 1;
+      END LOOP;
+      txt := body || '''';
+      nt := nt + 1;
+      toks[nt] := ROW('string', txt, txt, p)::"trellis".grammar_token;
+      p := q;
+      CONTINUE;
+    END IF;
+
+    -- Quoted identifiers: "..." and U&"...".
+    pl := CASE
+      WHEN c = 34 THEN 0
+      WHEN c IN (85, 117) AND cp[p + 1] = 38 AND cp[p + 2] = 34 THEN 2
+    END;
+    IF pl IS NOT NULL THEN
+      q := p + pl + 1;
+      LOOP
+        IF q > n THEN
+          PERFORM "trellis".grammar_fail(
+            'unterminated quoted identifier: expected a closing ", found end of statement', p);
+        END IF;
+        IF cp[q] = 34 THEN
+          EXIT WHEN cp[q + 1] <> 34;
+          q := q + 2;
+        ELSE
+          q := q + 1;
+        END IF;
+      END LOOP;
+      IF q = p + pl + 1 THEN
+        PERFORM "trellis".grammar_fail(
+          'zero-length quoted identifier: expected a name between the double quotes, found ""',
+          p);
+      END IF;
+      txt := '';
+      FOR k IN p .. q LOOP
+        txt := txt || ch[k];
+      END LOOP;
+      nt := nt + 1;
+      toks[nt] := ROW(CASE WHEN pl = 0 THEN 'ident' ELSE 'uident' END, txt,
+        replace(substr(txt, pl + 2, length(txt) - pl - 2), '""', '"'), p)::"trellis".grammar_token;
+      p := q + 1;
+      CONTINUE;
+    END IF;
+
+    -- Parameters ($1) and dollar-quoted strings ($tag$...$tag$).
+    IF c = 36 THEN
+      q := p + 1;
+      IF cp[q] BETWEEN 48 AND 57 THEN
+        WHILE cp[q] BETWEEN 48 AND 57 LOOP
+          q := q + 1;
+        END LOOP;
+        txt := '';
+      FOR k IN p .. q - 1 LOOP
+        txt := txt || ch[k];
+      END LOOP;
+        PERFORM "trellis".grammar_fail(format(
+          'parameters (%s) cannot appear in a statement: expected a value, found %s', txt, txt),
+          p);
+      END IF;
+      IF cp[q] BETWEEN 65 AND 90 OR cp[q] BETWEEN 97 AND 122 OR cp[q] = 95 OR cp[q] > 127 THEN
+        WHILE cp[q] BETWEEN 48 AND 57 OR cp[q] BETWEEN 65 AND 90 OR cp[q] BETWEEN 97 AND 122
+            OR cp[q] = 95 OR cp[q] > 127 LOOP
+          q := q + 1;
+        END LOOP;
+      END IF;
+      IF cp[q] <> 36 THEN
+        PERFORM "trellis".grammar_fail('unexpected character: expected a token, found "$"', p);
+      END IF;
+      txt := array_to_string(ch[p:q], '');
+      r := strpos(array_to_string(ch[q + 1:n], ''), txt);
+      IF r = 0 THEN
+        PERFORM "trellis".grammar_fail(format(
+          'unterminated dollar-quoted string: expected %s to close it, found end of statement',
+          txt), p);
+      END IF;
+      q := q + r + length(txt) - 1;
+      txt := '';
+      FOR k IN p .. q LOOP
+        txt := txt || ch[k];
+      END LOOP;
+      nt := nt + 1;
+      toks[nt] := ROW('string', txt, txt, p)::"trellis".grammar_token;
+      p := q + 1;
+      CONTINUE;
+    END IF;
+
+    -- Numbers, as Postgres 16+ reads them (0x/0o/0b integers, _ between digits).
+    IF c BETWEEN 48 AND 57 OR (c = 46 AND cp[p + 1] BETWEEN 48 AND 57) THEN
+      q := p;
+      IF c = 48 AND cp[p + 1] IN (88, 120)
+        AND (cp[p + 2] BETWEEN 48 AND 57 OR cp[p + 2] BETWEEN 65 AND 70 OR cp[p + 2] BETWEEN 97 AND 102
+          OR (cp[p + 2] = 95 AND (cp[p + 3] BETWEEN 48 AND 57 OR cp[p + 3] BETWEEN 65 AND 70
+            OR cp[p + 3] BETWEEN 97 AND 102))) THEN
+        q := p + 2;
+        WHILE cp[q] BETWEEN 48 AND 57 OR cp[q] BETWEEN 65 AND 70 OR cp[q] BETWEEN 97 AND 102
+          OR (cp[q] = 95 AND (cp[q + 1] BETWEEN 48 AND 57 OR cp[q + 1] BETWEEN 65 AND 70
+            OR cp[q + 1] BETWEEN 97 AND 102)) LOOP
+          q := q + 1;
+        END LOOP;
+      ELSIF c = 48 AND cp[p + 1] IN (79, 111)
+        AND (cp[p + 2] BETWEEN 48 AND 55 OR (cp[p + 2] = 95 AND cp[p + 3] BETWEEN 48 AND 55)) THEN
+        q := p + 2;
+        WHILE cp[q] BETWEEN 48 AND 55 OR (cp[q] = 95 AND cp[q + 1] BETWEEN 48 AND 55) LOOP
+          q := q + 1;
+        END LOOP;
+      ELSIF c = 48 AND cp[p + 1] IN (66, 98)
+        AND (cp[p + 2] IN (48, 49) OR (cp[p + 2] = 95 AND cp[p + 3] IN (48, 49))) THEN
+        q := p + 2;
+        WHILE cp[q] IN (48, 49) OR (cp[q] = 95 AND cp[q + 1] IN (48, 49)) LOOP
+          q := q + 1;
+        END LOOP;
+      ELSE
+        WHILE cp[q] BETWEEN 48 AND 57 OR (q > p AND cp[q] = 95 AND cp[q + 1] BETWEEN 48 AND 57)
+        LOOP
+          q := q + 1;
+        END LOOP;
+        IF cp[q] = 46 AND cp[q + 1] <> 46 THEN
+          q := q + 1;
+          IF cp[q] BETWEEN 48 AND 57 THEN
+            WHILE cp[q] BETWEEN 48 AND 57 OR (cp[q] = 95 AND cp[q + 1] BETWEEN 48 AND 57) LOOP
+              q := q + 1;
+            END LOOP;
+          END IF;
+        END IF;
+        IF cp[q] IN (69, 101) THEN
+          r := CASE WHEN cp[q + 1] IN (43, 45) THEN q + 2 ELSE q + 1 END;
+          IF cp[r] BETWEEN 48 AND 57 THEN
+            q := r;
+            WHILE cp[q] BETWEEN 48 AND 57 OR (cp[q] = 95 AND cp[q + 1] BETWEEN 48 AND 57) LOOP
+              q := q + 1;
+            END LOOP;
+          END IF;
+        END IF;
+      END IF;
+      txt := '';
+      FOR k IN p .. q - 1 LOOP
+        txt := txt || ch[k];
+      END LOOP;
+      IF cp[q] BETWEEN 65 AND 90 OR cp[q] BETWEEN 97 AND 122 OR cp[q] = 95 OR cp[q] > 127 THEN
+        PERFORM "trellis".grammar_fail(format(
+          'trailing junk after numeric literal: expected a space or an operator after %s, found %s',
+          txt, to_jsonb(ch[q])::text), p);
+      END IF;
+      nt := nt + 1;
+      toks[nt] := ROW('number', txt, txt, p)::"trellis".grammar_token;
+      p := q;
+      CONTINUE;
+    END IF;
+
+    -- Unquoted words: keywords and identifiers. Only ASCII letters fold, as in Postgres.
+    IF c BETWEEN 65 AND 90 OR c BETWEEN 97 AND 122 OR c = 95 OR c > 127 THEN
+      q := p + 1;
+      WHILE cp[q] BETWEEN 48 AND 57 OR cp[q] BETWEEN 65 AND 90 OR cp[q] BETWEEN 97 AND 122
+          OR cp[q] = 95 OR cp[q] = 36 OR cp[q] > 127 LOOP
+        q := q + 1;
+      END LOOP;
+      txt := '';
+      FOR k IN p .. q - 1 LOOP
+        txt := txt || ch[k];
+      END LOOP;
+      nt := nt + 1;
+      toks[nt] := ROW('word', txt,
+        translate(txt, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'),
+        p)::"trellis".grammar_token;
+      p := q;
+      CONTINUE;
+    END IF;
+
+    -- Operators: a run of + - * / < > = ~ ! @ # % ^ & | ` ?, cut where a comment starts.
+    IF c IN (43, 45, 42, 47, 60, 62, 61, 126, 33, 64, 35, 37, 94, 38, 124, 96, 63) THEN
+      q := p + 1;
+      WHILE cp[q] IN (43, 45, 42, 47, 60, 62, 61, 126, 33, 64, 35, 37, 94, 38, 124, 96, 63)
+          AND NOT (cp[q] = 45 AND cp[q + 1] = 45) AND NOT (cp[q] = 47 AND cp[q + 1] = 42) LOOP
+        q := q + 1;
+      END LOOP;
+      txt := '';
+      FOR k IN p .. q - 1 LOOP
+        txt := txt || ch[k];
+      END LOOP;
+      nt := nt + 1;
+      toks[nt] := ROW('op', txt, txt, p)::"trellis".grammar_token;
+      p := q;
+      CONTINUE;
+    END IF;
+
+    -- Punctuation.
+    IF c = 58 AND cp[p + 1] IN (58, 61) THEN
+      q := p + 2;
+    ELSIF c IN (40, 41, 91, 93, 44, 59, 46, 58) THEN
+      q := p + 1;
+    ELSE
+      PERFORM "trellis".grammar_fail(format(
+        'unexpected character: expected a token, found %s', to_jsonb(ch[p])::text), p);
+    END IF;
+    txt := '';
+    FOR k IN p .. q - 1 LOOP
+      txt := txt || ch[k];
+    END LOOP;
+    nt := nt + 1;
+    toks[nt] := ROW('punct', txt, txt, p)::"trellis".grammar_token;
+    p := q;
+  END LOOP;
+  nt := nt + 1;
+  toks[nt] := ROW('eof', '', '', n + 1)::"trellis".grammar_token;
+  RETURN toks;
+END
+$fn$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
+$trellis_m51$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 52) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (52, 'follow_through_parts', false);
+    EXECUTE $trellis_m52$-- A retype followed (ADR 0047) reaches every transform downstream of it (issue #24's
+-- randomized runs found two ways it did not, one of them silent):
+--
+-- - Through a UNION's table: a branch's target column was retyped, and the union's table
+--   (0041: an engine table the branches' rows are mirrored into) kept the old type, so a
+--   value the new type holds was cast into the old one on its way (numeric(12,2) rounding
+--   1.005 to 1.01), and the transform reading the union saw no change of its source: the
+--   target silently held other values than its statement. Now, once a round has followed
+--   transforms feeding a union's table, the table's columns are retyped, in the same
+--   transaction and before any refill, to the types Postgres gives the UNION ALL of its
+--   branches' targets as they now are; the transforms reading the table then follow it in
+--   the next round. At the round's end, not with each branch: with the branches' page
+--   slots and targets held, no drain can be writing the table through a branch's mirror
+--   while waiting for a branch this transaction is about to lock (a deadlock).
+-- - Down a chain: the transforms reading a followed target were looked at by the same pass
+--   only as they were when it began, so the target's retyped column made the staging
+--   worker stop them (capture_failure) instead of following them. _follow_source_columns
+--   now goes on until a round follows nothing new, each transform once.
+--
+-- - Keys held before the follow: tried again once it is done (_follow_transform wrapped,
+--   0030's renamed _follow_transform_before_release).
+--
+-- _follow_source_columns (0030, its only body) is replaced, its change marked "0052".
+
+
+ALTER FUNCTION "trellis"._follow_transform("trellis".transforms) RENAME TO _follow_transform_before_release;
+
+-- As before (0030), and the transform's held keys go back into the ledger, as RESUME puts
+-- them (0011): a key held between the retype and this follow (a value the new type holds
+-- but the target's old column could not: "integer out of range") is tried again once the
+-- target is retyped, rather than held until an operator releases it.
+CREATE FUNCTION "trellis"._follow_transform(t "trellis".transforms)
+RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+  PERFORM "trellis"._follow_transform_before_release(t);
+  WITH released AS (
+    DELETE FROM "trellis".held_keys h WHERE h.transform_id = t.id RETURNING h.source_id, h.key)
+  INSERT INTO "trellis".ledger (gen, source_id, xid, keys)
+  SELECT "trellis".ledger_generation(x.xid), r.source_id, x.xid,
+         ARRAY[CASE WHEN cardinality(r.key) = 1 THEN r.key[1] ELSE r.key::text END]
+    FROM (SELECT DISTINCT source_id, key FROM released) r,
+         (SELECT pg_current_xact_id()::text::bigint AS xid) x;
+END
+$fn$;
+
+-- Retypes the columns of union table `u` to the types of the UNION ALL of the targets that
+-- feed it, as they are now (Postgres's resolution of the branches' types).
+CREATE FUNCTION "trellis"._follow_union_table(u oid)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  cols text;
+  q text;
+  probe oid;
+  r record;
+BEGIN
+  SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO cols
+    FROM pg_attribute a
+   WHERE a.attrelid = u AND a.attnum > 0 AND NOT a.attisdropped
+     AND a.attname NOT IN ('trellis#branch', 'trellis#key');
+  SELECT string_agg(format('SELECT %s FROM %s', cols, t.target_oid::regclass), ' UNION ALL ' ORDER BY f.branch)
+    INTO q
+    FROM "trellis".union_feeds f JOIN "trellis".transforms t ON t.id = f.transform_id
+   WHERE f.table_oid = u;
+  IF q IS NULL THEN
+    RETURN;
+  END IF;
+  EXECUTE 'CREATE TEMP TABLE trellis_union_probe AS ' || q || ' WITH NO DATA';
+  probe := to_regclass('pg_temp.trellis_union_probe');
+  FOR r IN
+    SELECT a.attname, format_type(p.atttypid, p.atttypmod) AS want
+      FROM pg_attribute a JOIN pg_attribute p ON p.attrelid = probe AND p.attname = a.attname
+     WHERE a.attrelid = u AND a.attnum > 0 AND NOT a.attisdropped
+       AND (a.atttypid, a.atttypmod) IS DISTINCT FROM (p.atttypid, p.atttypmod)
+     ORDER BY a.attnum
+  LOOP
+    EXECUTE format('ALTER TABLE %s ALTER COLUMN %I TYPE %s USING %I::%s',
+                   u::regclass, r.attname, r.want, r.attname, r.want);
+  END LOOP;
+  EXECUTE 'DROP TABLE pg_temp.trellis_union_probe';
+END
+$fn$;
+
+
+CREATE OR REPLACE FUNCTION "trellis"._follow_source_columns()
+RETURNS TABLE (target text, refused text) LANGUAGE plpgsql AS $fn$
+DECLARE
+  t "trellis".transforms;
+  seen int[] := '{}'; -- 0052: each transform looked at once per call
+  looked int;         -- 0052: how many the last round looked at
+  skip boolean;       -- 0052
+  round_followed int[]; -- 0052: the transforms this round followed
+  u oid;              -- 0052
+BEGIN
+  -- 0052: rounds until one looks at nothing new: a transform followed can retype the
+  -- target (or union table) another transform reads, which the next round follows.
+  LOOP
+  looked := 0;
+  round_followed := '{}';
+  FOR t IN
+    SELECT x.* FROM "trellis".transforms x
+     WHERE x.capture_failure IS NULL AND x.paused_at IS NULL
+       AND x.id <> ALL (seen) -- 0052
+       AND EXISTS (
+         SELECT 1 FROM "trellis".transform_sources ts
+           CROSS JOIN LATERAL jsonb_array_elements(ts.read_attrs) r
+           JOIN pg_attribute a ON a.attrelid = ts.source_oid AND a.attnum = (r->>'attnum')::int
+          WHERE ts.transform_id = x.id AND NOT a.attisdropped
+            AND (a.attname <> r->>'name' OR format_type(a.atttypid, a.atttypmod) <> r->>'type'))
+       -- Nothing about its sources that stops it: every read column there, every source
+       -- there with its key's columns (by attnum), and no column added to one it reads
+       -- whole (its rows' JSON would change shape).
+       AND NOT EXISTS (
+         SELECT 1 FROM "trellis".transform_sources ts
+           LEFT JOIN pg_class c ON c.oid = ts.source_oid
+          WHERE ts.transform_id = x.id
+            AND (c.oid IS NULL
+                 OR EXISTS (SELECT 1 FROM jsonb_array_elements(ts.read_attrs) r
+                             LEFT JOIN pg_attribute a ON a.attrelid = ts.source_oid
+                                                     AND a.attnum = (r->>'attnum')::int
+                             WHERE a.attnum IS NULL OR a.attisdropped)
+                 OR (SELECT array_agg(a.attnum::int ORDER BY k.i)
+                       FROM pg_index i
+                       CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, i)
+                       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                      WHERE i.indrelid = ts.source_oid AND i.indisprimary)
+                    IS DISTINCT FROM
+                    ARRAY(SELECT (SELECT (r->>'attnum')::int FROM jsonb_array_elements(ts.read_attrs) r
+                                   WHERE r->>'name' = k.name)
+                            FROM unnest(ts.key_columns) WITH ORDINALITY AS k(name, i) ORDER BY k.i)
+                 OR (coalesce((x.spec->>'whole_row')::boolean, false) AND EXISTS (
+                       SELECT 1 FROM pg_attribute a
+                        WHERE a.attrelid = ts.source_oid AND a.attnum > 0 AND NOT a.attisdropped
+                          AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(ts.read_attrs) r
+                                           WHERE (r->>'attnum')::int = a.attnum)))))
+     ORDER BY x.id
+  LOOP
+    seen := seen || t.id; -- 0052
+    looked := looked + 1; -- 0052
+    target := t.target_name;
+    skip := false;
+    -- 0052: a deadlock or a lock not granted (a union's table is locked too, which the
+    -- drain writes through the branches' mirrors) is tried again, not taken as a refusal
+    -- (which would stop the transform).
+    FOR attempt IN 1 .. 5 LOOP
+      BEGIN
+        -- Locks in the drain's order (page slots, pipeline row, target, catalog row): the
+        -- drain applying a range to this target finishes first, and none starts meanwhile.
+        PERFORM 1 FROM "trellis".page_slots s WHERE s.transform_id = t.id ORDER BY s.bucket FOR UPDATE;
+        PERFORM 1 FROM "trellis".pipeline p WHERE p.transform_id = t.id FOR UPDATE;
+        EXECUTE 'LOCK TABLE ' || t.target_oid::regclass::text || ' IN ACCESS EXCLUSIVE MODE';
+        SELECT x.* INTO t FROM "trellis".transforms x WHERE x.id = t.id FOR UPDATE;
+        IF t.capture_failure IS NOT NULL OR t.paused_at IS NOT NULL THEN
+          skip := true;
+          EXIT;
+        END IF;
+        PERFORM "trellis"._follow_transform(t);
+        refused := NULL;
+        round_followed := round_followed || t.id;
+        EXIT;
+      EXCEPTION
+        WHEN deadlock_detected OR lock_not_available THEN
+          refused := SQLERRM;
+          PERFORM pg_sleep(0.05 * attempt * (0.5 + random()));
+        WHEN OTHERS THEN
+          refused := SQLERRM;
+          EXIT;
+      END;
+    END LOOP;
+    CONTINUE WHEN skip;
+    RETURN NEXT;
+  END LOOP;
+  -- 0052: the union tables the round's transforms feed, retyped as their branches now are.
+  FOR u IN SELECT DISTINCT f.table_oid FROM "trellis".union_feeds f
+            WHERE f.transform_id = ANY (round_followed) ORDER BY 1 LOOP
+    FOR attempt IN 1 .. 5 LOOP
+      BEGIN
+        PERFORM "trellis"._follow_union_table(u);
+        EXIT;
+      EXCEPTION WHEN deadlock_detected OR lock_not_available THEN
+        IF attempt = 5 THEN
+          RAISE;
+        END IF;
+        PERFORM pg_sleep(0.05 * attempt * (0.5 + random()));
+      END;
+    END LOOP;
+  END LOOP;
+  EXIT WHEN looked = 0; -- 0052
+  END LOOP;
+END
+$fn$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
+$trellis_m52$;
   END IF;
   -- Postgres lets PUBLIC execute a new function: none of Trellis's is (ADR 0034), whichever
   -- migration made it. Only the owner calls them.
