@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { trellisInProcess as trellisCli } from './support/cli.js';
 import { sqlClient } from './support/database.js';
 import { livePipeline } from './support/live.js';
+import { holdRead } from './support/long-reader.js';
 import { type Definition, definitionQuery, transformStatement } from './support/oracle.js';
 import { waitFor } from './support/trellis.js';
 
@@ -129,30 +130,6 @@ async function oidOf(table: string): Promise<number> {
   return row!.oid;
 }
 
-/** Holds an ACCESS SHARE lock on a table (a long reader) until released. */
-async function holdRead(table: string): Promise<() => Promise<void>> {
-  const sql = sqlClient(live.db.url, { max: 1 });
-  let release!: () => void;
-  const released = new Promise<void>((resolve) => {
-    release = resolve;
-  });
-  let locked!: () => void;
-  const isLocked = new Promise<void>((resolve) => {
-    locked = resolve;
-  });
-  const done = sql.begin(async (tx) => {
-    await tx.unsafe(`LOCK TABLE ${table} IN ACCESS SHARE MODE`);
-    locked();
-    await released;
-  });
-  await isLocked;
-  return async () => {
-    release();
-    await done;
-    await sql.end({ timeout: 2 });
-  };
-}
-
 /** Transforms whose statement is gone (a part left behind after a switch). */
 async function orphanParts(): Promise<number> {
   const [row] = await live.db.sql<{ n: number }[]>`
@@ -175,7 +152,7 @@ async function redefineUnderLoad(
   const oid = await oidOf(old.target);
   await writer.more(20);
   // A long reader holds the switch off until both definitions have every write.
-  const release = await holdRead(old.target);
+  const release = await holdRead(live.db.url, old.target);
   const result = await live.trellis.apply(alterStatement(next));
   expect(result.kind).toBe('redefining');
   await writer.more(30);
@@ -309,7 +286,7 @@ describe('ALTER TRANSFORM … AS with hidden parts', () => {
       expect(same.kind).toBe('altered');
       expect(await partTables('rdq')).toEqual(parts);
       // Held off by a long reader, then replaced by another: the first one's parts go.
-      const release = await holdRead('rdq');
+      const release = await holdRead(live.db.url, 'rdq');
       const v2: Definition = {
         ...v1,
         from: '(SELECT cat, count(*) AS n FROM rdq_items WHERE qty > 1 GROUP BY cat) t',

@@ -2,6 +2,7 @@ import type postgres from 'postgres';
 import { describe, expect, it } from 'vitest';
 import { sqlClient } from './support/database.js';
 import { livePipeline } from './support/live.js';
+import { holdRead } from './support/long-reader.js';
 import { type Definition, definitionQuery, transformStatement } from './support/oracle.js';
 import { rejection, waitFor } from './support/trellis.js';
 
@@ -141,34 +142,6 @@ class Reader {
   }
 }
 
-/** Holds an ACCESS SHARE lock on a table (a long reader) until released. */
-async function holdRead(
-  table: string,
-  before?: (sql: postgres.Sql) => Promise<void>,
-): Promise<() => Promise<void>> {
-  const sql = sqlClient(live.db.url, { max: 1 });
-  if (before) await before(sql);
-  let release!: () => void;
-  const released = new Promise<void>((resolve) => {
-    release = resolve;
-  });
-  let locked!: () => void;
-  const isLocked = new Promise<void>((resolve) => {
-    locked = resolve;
-  });
-  const done = sql.begin(async (tx) => {
-    await tx.unsafe(`LOCK TABLE ${table} IN ACCESS SHARE MODE`);
-    locked();
-    await released;
-  });
-  await isLocked;
-  return async () => {
-    release();
-    await done;
-    await sql.end({ timeout: 2 });
-  };
-}
-
 async function targetOid(target: string): Promise<number> {
   const [row] = await live.db.sql<{ oid: number }[]>`SELECT ${target}::regclass::oid AS oid`;
   return Number(row!.oid);
@@ -245,13 +218,13 @@ async function redefineUnderLoad(s: Scenario): Promise<void> {
   const writer = new Writer(s.writes);
   const reader = new Reader(old.target);
   await writer.wroteMore(20);
-  let release = s.staged ? undefined : await holdRead(old.target);
+  let release = s.staged ? undefined : await holdRead(live.db.url, old.target);
   const result = await live.trellis.apply(alterStatement(s.next));
   expect(result.kind).toBe('redefining');
   if (s.staged) {
     // Taken from a session already connected, the moment the staged columns are there: the
     // worker fills and switches from its next pass on.
-    release = await holdRead(old.target, async (tx) => {
+    release = await holdRead(live.db.url, old.target, async (tx) => {
       await waitFor(async () => {
         const [row] = await tx.unsafe<{ n: number }[]>(
           `SELECT count(*)::int AS n FROM pg_attribute WHERE attrelid = '${old.target}'::regclass
@@ -641,7 +614,7 @@ describe('ALTER TRANSFORM … AS: the statement, and a redefinition given up', (
       implicit: 'id',
     };
     await live.define(d);
-    const release = await holdRead('rd_fail');
+    const release = await holdRead(live.db.url, 'rd_fail');
     const result = await live.trellis.apply(
       'ALTER TRANSFORM rd_fail AS FROM rd_f_items SELECT id, name',
     );

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
+import { seededWriters } from './support/seeded-writers.js';
 import { expectRefusedAs } from './support/view-sql-refusals.js';
 
 // NOT IN and <> ALL over values that can be NULL (SQL's three-valued answer exactly),
@@ -301,29 +302,7 @@ describe('NOT IN over NULLs, uncorrelated EXISTS, and subquery predicates under 
           return `DELETE FROM ni_items WHERE id = ${id} OR id = ${1000 * w + i - 3}`;
       }
     };
-    const writer = async (w: number) => {
-      let state = seed * 7919 + w;
-      const r = () => {
-        state = (state * 1103515245 + 12345) % 2147483648;
-        return state / 2147483648;
-      };
-      for (let i = 0; i < 40; i += 1) {
-        const batch = Array.from({ length: 1 + Math.floor(r() * 3) }, (_, k) =>
-          statement(r, w, i * 4 + k),
-        );
-        const rollback = r() < 0.25;
-        try {
-          await live.db.sql.begin(async (tx) => {
-            for (const one of batch) await tx.unsafe(one);
-            if (rollback) throw new Error('rollback');
-          });
-        } catch (e) {
-          const code = (e as { code?: string }).code;
-          if (!(rollback && (e as Error).message === 'rollback') && code !== '40P01') throw e;
-        }
-      }
-    };
-    await Promise.all([1, 2, 3].map(writer));
+    await seededWriters(live.db.sql, seed, statement);
     await live.converged([...forms, ...nested]);
   }, 240_000);
 

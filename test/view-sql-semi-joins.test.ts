@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
+import { seededWriters } from './support/seeded-writers.js';
 import { expectRefusedAs } from './support/view-sql-refusals.js';
 
 // Semi- and anti-joins in a view's WHERE (issue #26, ADR 0057): EXISTS, NOT EXISTS, IN,
@@ -308,29 +309,7 @@ describe('semi- and anti-joins over subqueries in WHERE', () => {
           return `UPDATE sj_codes SET blocked = NOT blocked WHERE code = '${pick(r, ['paid', 'open', 'void'])}'`;
       }
     };
-    const writer = async (w: number) => {
-      let state = seed * 7919 + w;
-      const r = () => {
-        state = (state * 1103515245 + 12345) % 2147483648;
-        return state / 2147483648;
-      };
-      for (let i = 0; i < 40; i += 1) {
-        const batch = Array.from({ length: 1 + Math.floor(r() * 3) }, (_, k) =>
-          statement(r, w, i * 4 + k),
-        );
-        const rollback = r() < 0.25;
-        try {
-          await live.db.sql.begin(async (tx) => {
-            for (const one of batch) await tx.unsafe(one);
-            if (rollback) throw new Error('rollback');
-          });
-        } catch (e) {
-          const code = (e as { code?: string }).code;
-          if (!(rollback && (e as Error).message === 'rollback') && code !== '40P01') throw e;
-        }
-      }
-    };
-    await Promise.all([1, 2, 3].map(writer));
+    await seededWriters(live.db.sql, seed, statement);
     await live.converged(shop);
   }, 240_000);
 
