@@ -211,6 +211,7 @@ describe.each(testSeeds([9], 5))('crashes under concurrent writes (seed %i)', (s
       await firstCuts;
       await server.restart('immediate');
       await cutter.cut(130);
+      await cutter.cutWhileConnecting(30_000);
       await cutter.end();
       const result = await writes;
       console.log(`[workload] crash ${seed} ${JSON.stringify(result)}`);
@@ -297,6 +298,26 @@ class Cutter {
       }
       // Pacing: the disruptions spread over the run at random, not a wait for anything.
       await new Promise((resolve) => setTimeout(resolve, Math.floor(this.random() * 60))); // pacing of the disruptions
+    }
+  }
+
+  /**
+   * Cuts backends of the app's that are still connecting, watching for them without
+   * pacing, until one was cut (or `ms` passed): the random cuts above catch one only now and
+   * then on a fast, idle machine, where a connection starts up in a millisecond.
+   */
+  async cutWhileConnecting(ms: number): Promise<void> {
+    const had = this.duringConnect;
+    const until = Date.now() + ms;
+    while (this.duringConnect === had && Date.now() < until) {
+      const [row] = await this.sql<{ n: number }[]>`
+        SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid))::int AS n
+          FROM pg_stat_activity a
+         WHERE a.datname = ${this.database} AND a.pid <> pg_backend_pid()
+           AND a.backend_type = 'client backend'
+           AND (a.state IS NULL OR a.application_name = '')`;
+      this.terminated += row!.n;
+      this.duringConnect += row!.n;
     }
   }
 
