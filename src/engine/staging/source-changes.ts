@@ -55,7 +55,7 @@ export async function checkSourceChanges(
         WHERE t.capture_failure IS NULL AND ts.read_attrs IS NOT NULL),
      problems AS (
        SELECT transform_id, ordinal, format('source table %s was dropped', display) AS error,
-              NULL::text AS col
+              NULL::text AS col, false AS followable
          FROM sources WHERE NOT present
        UNION ALL
        SELECT src.transform_id, src.ordinal,
@@ -66,7 +66,9 @@ export async function checkSourceChanges(
                    ELSE format('column %I of %s changed type from %s to %s', r->>'name', src.display,
                                r->>'type', format_type(a.atttypid, a.atttypmod))
               END,
-              src.display || '.' || quote_ident(r->>'name')
+              src.display || '.' || quote_ident(r->>'name'),
+              -- Renamed or retyped (the column is there): what _follow_source_columns follows.
+              NOT (a.attnum IS NULL OR a.attisdropped)
          FROM sources src
          CROSS JOIN LATERAL jsonb_array_elements(src.read_attrs) r
          LEFT JOIN pg_attribute a ON a.attrelid = src.source_oid AND a.attnum = (r->>'attnum')::int
@@ -77,7 +79,7 @@ export async function checkSourceChanges(
        SELECT src.transform_id, src.ordinal,
               format('column %I was added to %s, and the definition reads whole rows of it',
                      a.attname, src.display),
-              src.display || '.' || quote_ident(a.attname)
+              src.display || '.' || quote_ident(a.attname), false
          FROM sources src
          JOIN pg_attribute a ON a.attrelid = src.source_oid AND a.attnum > 0 AND NOT a.attisdropped
         WHERE src.present AND src.whole_row
@@ -89,7 +91,7 @@ export async function checkSourceChanges(
                    ELSE format('the primary key of %s changed from (%s) to (%s)', src.display,
                                array_to_string(src.key_columns, ', '), array_to_string(pk.cols, ', '))
               END,
-              NULL
+              NULL, false
          FROM sources src
          LEFT JOIN LATERAL (
            SELECT array_agg(a.attname ORDER BY k.i) AS cols
@@ -104,15 +106,24 @@ export async function checkSourceChanges(
        SELECT src.transform_id, src.ordinal,
               format('row level security was enabled on %s: define the transform WITHOUT ROW SECURITY (ALTER TRANSFORM … SET WITHOUT ROW SECURITY) to accept that its target holds every row Trellis''s role reads, then RESUME it',
                      src.display),
-              NULL
+              NULL, false
          FROM sources src
         WHERE src.present AND src.row_security AND NOT src.without_row_security),
+     -- Transforms this pass tried to follow and could not.
+     refused AS (
+       SELECT x.id FROM ${s}.transforms x
+         JOIN unnest($1::text[], $2::text[]) AS r(target, refused) ON r.target = x.target_name
+        WHERE r.refused IS NOT NULL),
      failures AS (
        SELECT transform_id,
               (array_agg(error ORDER BY ordinal, error))[1]
                 || CASE WHEN count(*) > 1 THEN format(' (and %s more changes)', count(*) - 1) ELSE '' END AS error,
               coalesce(array_agg(DISTINCT col) FILTER (WHERE col IS NOT NULL), '{}') AS columns
-         FROM problems GROUP BY transform_id)
+         FROM problems GROUP BY transform_id
+         -- A column renamed or retyped stops a transform only once following it was tried
+         -- and refused: one whose DDL committed after this pass's follow (a statement of
+         -- its own) is followed by the next pass, not stopped by this one.
+        HAVING bool_or(NOT followable) OR transform_id IN (SELECT id FROM refused))
      UPDATE ${s}.transforms t
         SET paused_at = coalesce(t.paused_at, now()),
             -- An operator's pause stays theirs; RESUME rebinds whatever the reason.
