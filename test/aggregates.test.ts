@@ -7,7 +7,7 @@ import {
   stopWorkerProcess,
 } from './support/processes.js';
 import { announceSeed, scaled, testSeeds, timeoutFor } from './support/seeds.js';
-import { awaitConvergedWithin, migratedTrellis } from './support/trellis.js';
+import { awaitConvergedWithin, migratedTrellis, waitFor } from './support/trellis.js';
 import { collectPrintedEvents, type WorkEvent } from './support/work-events.js';
 import { runWorkload } from './support/workload.js';
 import { ORDERS_DDL, ordersWorkload } from './support/workload-orders.js';
@@ -108,6 +108,14 @@ describe.each(testSeeds([101, 202]))(
         collectPrintedEvents(otherWork, 'second-process'),
       );
       try {
+        // Its drain connected before there is work: on an idle machine this process could
+        // otherwise build and drain everything while the other one is still starting.
+        await waitFor(async () => {
+          const [row] = await db.sql<{ n: number }[]>`
+            SELECT count(*)::int AS n FROM pg_stat_activity
+             WHERE datname = ${db.name} AND application_name LIKE 'second-process%'`;
+          return (row?.n ?? 0) > 0;
+        }, 'the second process to connect');
         for (const d of ALL) await trellis.apply(transformStatement(d));
         const truncates = seed % 2 === 0 ? 1 : 0;
         const result = await runWorkload(db.sql, ordersWorkload(), {
