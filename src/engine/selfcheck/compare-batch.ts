@@ -185,9 +185,16 @@ async function compareInSnapshot(
   only: Set<string> | null,
 ): Promise<Sorted> {
   const { session, schema } = ctx;
+  // Under WAL capture a comparison waits, inside its transaction, for the slot to decode
+  // (decodedSince): holding the locks meanwhile could wait on a drain that waits on them
+  // (its recompute's TRUNCATE) while the decoder waits on that drain. There, the locks are
+  // not taken (a finding lag explains stays possible while a recompute runs).
+  const [mode] = await session.query<{ wal: boolean }>(
+    `SELECT c.wal_slot IS NOT NULL AS wal FROM ${quoteIdent(schema)}.config c`,
+  );
   return session.transaction(async (): Promise<Sorted> => {
     // First, before the snapshot: see snapshotLocksSql.
-    await session.query(snapshotLocksSql(schema, shape));
+    if (!mode?.wal) await session.query(snapshotLocksSql(schema, shape));
     const state = await readState(session, schema, shape.plan.id);
     const wal = await walPosition(ctx);
     const viaWal = wal !== null;
