@@ -196,7 +196,7 @@ async function compareInSnapshot(
     // First, before the snapshot: see snapshotLocksSql.
     if (!mode?.wal) await session.query(snapshotLocksSql(schema, shape));
     const state = await readState(session, schema, shape.plan.id);
-    const wal = await walPosition(ctx);
+    const wal = mode?.wal ? await walPosition(ctx) : null;
     const viaWal = wal !== null;
     await enterTransformWork(session, schema, shape.plan);
     let scoped = scope;
@@ -275,15 +275,14 @@ const GIVEN_CHANGES_SQL = `SELECT (e->>0)::int AS source_id,
   FROM jsonb_array_elements($1::jsonb) e`;
 
 /**
- * The WAL insert position now, when the instance captures from a replication slot (null
- * under trigger capture: every change is in the ledger when its transaction commits).
+ * The WAL insert position now, for an instance that captures from a replication slot
+ * (the caller knows: under trigger capture every change is in the ledger at its commit).
  */
-async function walPosition(ctx: CheckContext): Promise<{ lsn: string } | null> {
-  const [row] = await ctx.session.query<{ lsn: string | null }>(
-    `SELECT CASE WHEN c.wal_slot IS NOT NULL THEN pg_current_wal_insert_lsn()::text END AS lsn
-       FROM ${quoteIdent(ctx.schema)}.config c`,
+async function walPosition(ctx: CheckContext): Promise<{ lsn: string }> {
+  const [row] = await ctx.session.query<{ lsn: string }>(
+    'SELECT pg_current_wal_insert_lsn()::text AS lsn',
   );
-  return row?.lsn ? { lsn: row.lsn } : null;
+  return { lsn: row!.lsn };
 }
 
 /**
