@@ -74,7 +74,7 @@ describe.each(testSeeds([11, 22, 33]))('convergence under concurrent writes (see
     await db.sql.unsafe(seedAccounts(30_000));
     await using trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
     // The second process must really share the work: the drain's records of its work
-    // (a page applied, a build chunk filled) that it prints, not a sample of its sessions.
+    // (a range or page applied, a build chunk filled) that it prints, not a sample of its sessions.
     const otherWork: WorkEvent[] = [];
     const other = await startWorkerProcess(
       db.url,

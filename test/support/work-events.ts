@@ -3,11 +3,11 @@ import { quietLogger } from './recent-logs.js';
 
 /**
  * The drain's records of its work (debug lines, src/engine/drain/): a build chunk filled,
- * a page applied, each with when it ran by the server's clock (`fromMs`, `toMs`) and the
+ * a page applied, a small range applied at once (ranges.ts), each with when it ran by the server's clock (`fromMs`, `toMs`) and the
  * backend that ran it. Tests prove that work ran side by side from these, not by sampling
  * pg_stat_activity (which misses what runs between two looks).
  */
-export const WORK_EVENTS = ['a build chunk filled', 'a page applied'] as const;
+export const WORK_EVENTS = ['a build chunk filled', 'a page applied', 'a range applied'] as const;
 
 export interface WorkEvent {
   msg: (typeof WORK_EVENTS)[number];

@@ -23,6 +23,9 @@ interface Candidate {
   source_ids: number[];
   /** One source table (a projection, filter or GROUP BY of one table). */
   single_table: boolean;
+  /** This session's backend and when it took the range, by the server's clock (work events). */
+  backend: number;
+  claimed_ms: number;
 }
 
 /**
@@ -54,6 +57,8 @@ export async function openRange(
                      WHERE ts.transform_id = pl.transform_id) AS source_ids,
               (SELECT count(*) FROM ${s}.transform_sources ts
                 WHERE ts.transform_id = pl.transform_id) = 1 AS single_table,
+              pg_backend_pid() AS backend,
+              (extract(epoch FROM clock_timestamp()) * 1000)::float8 AS claimed_ms,
               -- For the rest of this transaction: the range's bounds decide whether the
               -- ledger's BRIN index pays, so plan for them (a generic plan would read the
               -- whole ledger). Set here, not in a round trip of its own.
@@ -121,6 +126,18 @@ export async function openRange(
         choice.mode,
       );
       applied = appliedWork(plan.target, tally, started, failure !== null);
+      // Like a page's record (pages.ts): which backend applied which keys, and when. Its end
+      // is the server's start plus the time this process measured.
+      log.debug(
+        {
+          target: plan.target,
+          keys: tally.keys,
+          backend: c.backend,
+          fromMs: c.claimed_ms,
+          toMs: c.claimed_ms + applied.seconds * 1000,
+        },
+        'a range applied',
+      );
       // Paused at quarantineThreshold partway: the range becomes pages (below), applied
       // again after RESUME; what it held and applied so far is kept.
       if (failure === null && !paused) {
