@@ -236,11 +236,13 @@ describe.skipIf(!available)('through PgBouncer', () => {
     const [before] = await holders(LOCK_CLASS.staging);
     handles.splice(handles.indexOf(leader), 1);
     await leader.shutdown();
+    // The lock shows in pg_locks a moment before the standby reads its answer and logs
+    // the election (CI saw the lock first): both are waited for.
     await waitFor(async () => {
       const now = await holders(LOCK_CLASS.staging);
-      return now.length === 1 && now[0] !== before;
-    }, 'the standby elected after the leader shut down');
-    expect(standbyLog).toContain('staging worker elected');
+      return now.length === 1 && now[0] !== before && standbyLog.includes('staging worker elected');
+    }, 'the standby elected after the leader shut down, and saying so');
+    expect(await holders(LOCK_CLASS.staging)).toHaveLength(1);
   });
 
   it("shuts down through the pooler without crashing it or dropping the app's connections", async () => {
