@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
 import { type Definition, expectMatchesDefinition, transformStatement } from './support/oracle.js';
-import { waitForStatus } from './support/trellis.js';
+import { waitFor, waitForStatus } from './support/trellis.js';
 import { expectRefusedAs } from './support/view-sql-refusals.js';
 
 // CROSS JOIN LATERAL over a set-returning function of the row (issue #26, ADR 0071):
@@ -106,6 +106,15 @@ const cases: Case[] = [
       select: 'p.id, t.tag, t.n',
     },
   },
+  {
+    // LEFT JOIN LATERAL: a row with no elements (NULL or empty array) is one row, NULLs.
+    def: {
+      form: 'as',
+      target: 'tag_left',
+      from: 'posts p LEFT JOIN LATERAL unnest(p.tags) WITH ORDINALITY AS t(tag, n) ON true',
+      select: 'p.id, p.score, t.tag, t.n',
+    },
+  },
 ];
 
 const defs = cases.map((c) => c.def);
@@ -187,6 +196,29 @@ describe('CROSS JOIN LATERAL over unnest and jsonb_array_elements', () => {
     await converged();
   }, 120_000);
 
+  it('explains a GROUP BY over it as a join keyed per element', async () => {
+    const part = (await live.trellis.explain('tag_counts')).parts.at(-1);
+    // Kept by delta through a key map row per element; no index to add (the table of
+    // positions is read by its primary key).
+    expect(part?.mode).toBe('delta');
+    expect(part?.state.keyMap).toBe('groups');
+    expect(part?.needs).toEqual([]);
+    expect(part?.reads.map((r) => r.table)).toEqual(['public.posts', 'trellis.lateral_ordinals']);
+  }, 60_000);
+
+  it('quarantines a row whose array is longer than the table of positions, naming why', async () => {
+    await live.db
+      .sql`INSERT INTO posts (id, author, tags) SELECT 999, 'long', array_agg('x' || g) FROM generate_series(1, 100001) g`;
+    await waitFor(
+      async () => (await live.trellis.quarantineStatus('tag_rows')).count === 1,
+      'the long row quarantined',
+      60_000,
+    );
+    const held = await live.trellis.sampleQuarantined('tag_rows', { limit: 10 });
+    expect(held.samples.map((x) => [x.key, x.sqlstate])).toEqual([['999', '54000']]);
+    expect(held.samples[0]!.error).toContain('at most 100000 per row');
+  }, 120_000);
+
   it('refuses what it cannot keep, by name, leaving nothing behind', async () => {
     await expectRefusedAs(
       live,
@@ -196,12 +228,17 @@ describe('CROSS JOIN LATERAL over unnest and jsonb_array_elements', () => {
     await expectRefusedAs(
       live,
       'SELECT p.id, g FROM posts p CROSS JOIN LATERAL generate_series(1, p.score) AS g',
-      'LATERAL over generate_series is not supported',
+      'CROSS JOIN LATERAL over generate_series is not supported',
     );
     await expectRefusedAs(
       live,
       'SELECT p.id, u.a, u.b FROM posts p CROSS JOIN LATERAL unnest(p.tags, p.tags) AS u(a, b)',
       'unnest of several arguments',
+    );
+    await expectRefusedAs(
+      live,
+      'SELECT p.id, j.key FROM posts p, LATERAL jsonb_each(p.doc) AS j',
+      'LATERAL over jsonb_each is not supported',
     );
     await expectRefusedAs(
       live,

@@ -8,7 +8,7 @@
 -- function's rows are the rows of a fixed table of positions (lateral_ordinals: 1, 2, ...)
 -- joined to the row by a condition that is not an equality,
 --
---   ... JOIN @schema@.lateral_ordinals AS u ON (u.ordinality <= _lateral_count(cardinality(<array>)))
+--   ... JOIN @schema@.lateral_ordinals AS u ON (u.ordinality = ANY (_lateral_positions(cardinality(<array>))))
 --
 -- and every reference to the function's value column (u.x, or x) is the element at that
 -- position (_lateral_element(<array>, u.ordinality), <jsonb> -> (u.ordinality - 1), ->> for
@@ -37,8 +37,12 @@ ALTER FUNCTION @schema@._join_fans_out(jsonb) RENAME TO _join_fans_out_before_la
 CREATE TABLE @schema@.lateral_ordinals (ordinality bigint PRIMARY KEY);
 INSERT INTO @schema@.lateral_ordinals SELECT generate_series(1, 100000);
 
--- The number of a row's elements, refused beyond lateral_ordinals.
-CREATE FUNCTION @schema@._lateral_count(n int) RETURNS int
+-- The positions of a row's n elements (1 .. n; NULL for a NULL array), refused beyond
+-- lateral_ordinals. Joined as `ordinality = ANY (positions)`: an index lookup per element,
+-- which the planner estimates at a few rows per row (`ordinality <= n` it estimated at a
+-- third of the table per row, so a page's statement looked big enough to be JIT-compiled,
+-- seconds per statement).
+CREATE FUNCTION @schema@._lateral_positions(n int) RETURNS bigint[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
@@ -47,7 +51,7 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = '54000',
       MESSAGE = format('an array of %s elements is expanded by LATERAL: Trellis keeps at most 100000 per row', n);
   END IF;
-  RETURN n;
+  RETURN ARRAY(SELECT generate_series(1::bigint, n));
 END
 $fn$;
 
@@ -281,8 +285,11 @@ BEGIN
     IF NOT (toks[f].kind = 'word' AND toks[f].value IN ('unnest', 'jsonb_array_elements', 'jsonb_array_elements_text')
             AND toks[f + 1].kind = 'punct' AND toks[f + 1].text = '(') THEN
       PERFORM @schema@.grammar_refuse(format(
-        'LATERAL over %s is not supported yet: only unnest(...), jsonb_array_elements(...) and jsonb_array_elements_text(...) of the row are maintained',
-        toks[f].text), toks[f].pos);
+        '%s over %s is not supported yet: only unnest(...), jsonb_array_elements(...) and jsonb_array_elements_text(...) of the row are maintained',
+        CASE WHEN @schema@.grammar_kw(toks[s0], 'cross') THEN 'CROSS JOIN LATERAL'
+             WHEN @schema@.grammar_kw(toks[f - 1], 'join') OR @schema@.grammar_kw(toks[f - 2], 'join') THEN 'JOIN LATERAL'
+             ELSE 'LATERAL' END,
+        coalesce(toks[f].text, 'this')), toks[f].pos);
     END IF;
     fn := toks[f].value;
     -- Its one argument.
@@ -299,6 +306,9 @@ BEGIN
       END IF;
       c := c + 1;
     END LOOP;
+    IF toks[c].kind = 'eof' THEN
+      PERFORM @schema@.grammar_unexpected(toks, c, ')');
+    END IF;
     IF c = f + 2 THEN
       PERFORM @schema@.grammar_refuse(format('%s() needs an argument', fn), toks[c].pos);
     END IF;
@@ -404,7 +414,7 @@ BEGIN
     l := l || jsonb_build_object('join_sql',
       CASE WHEN l->>'jt' = 'left' THEN ' LEFT JOIN ' ELSE ' JOIN ' END
       || q || '.lateral_ordinals AS ' || quote_ident(l->>'alias') || ' ON ('
-      || quote_ident(l->>'alias') || '.ordinality <= ' || q || '._lateral_count(' || cnt || ')'
+      || quote_ident(l->>'alias') || '.ordinality = ANY (' || q || '._lateral_positions(' || cnt || '))'
       || CASE WHEN l->>'on_lo' IS NOT NULL
               THEN ' AND (' || rtrim(@schema@._lateral_emit(statement, toks, ctx, (l->>'on_lo')::int,
                                                             (l->>'on_hi')::int, lats)) || ')'
