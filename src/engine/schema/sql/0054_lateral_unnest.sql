@@ -280,7 +280,7 @@ BEGIN
     IF toks[f].kind = 'punct' AND toks[f].text = '(' THEN
       PERFORM @schema@.grammar_refuse(
         'a LATERAL subquery is not supported yet: only CROSS JOIN LATERAL over unnest(...), jsonb_array_elements(...) or jsonb_array_elements_text(...) of the row is maintained',
-        toks[f].pos);
+        toks[f - 1].pos);
     END IF;
     IF NOT (toks[f].kind = 'word' AND toks[f].value IN ('unnest', 'jsonb_array_elements', 'jsonb_array_elements_text')
             AND toks[f + 1].kind = 'punct' AND toks[f + 1].text = '(') THEN
@@ -289,7 +289,8 @@ BEGIN
         CASE WHEN @schema@.grammar_kw(toks[s0], 'cross') THEN 'CROSS JOIN LATERAL'
              WHEN @schema@.grammar_kw(toks[f - 1], 'join') OR @schema@.grammar_kw(toks[f - 2], 'join') THEN 'JOIN LATERAL'
              ELSE 'LATERAL' END,
-        coalesce(toks[f].text, 'this')), toks[f].pos);
+        coalesce(toks[f].text, 'this')),
+        CASE WHEN @schema@.grammar_kw(toks[f - 1], 'lateral') THEN toks[f - 1].pos ELSE toks[f].pos END);
     END IF;
     fn := toks[f].value;
     -- Its one argument.
