@@ -1,0 +1,288 @@
+-- Set operations and the indexes of joins on other conditions than equalities (issue #26,
+-- item 1; ADR 0072).
+--
+-- 1. Source indexes of joins on other conditions than equalities (`ON r.k BETWEEN l.k AND
+--    l.k + 2`, `ON l.k > r.k`): the drain finds the rows a change touches through the
+--    condition, run from the changed rows (a change to r looks l up by the columns of l the
+--    condition compares, and the other way round). source_index_gaps (0008) named indexes
+--    from equalities only; it now also names, for each join whose condition has no
+--    equality the engine routes by, the columns of each side its condition reads (role
+--    join_joined for the joined table, join_from for the tables before it), when no valid
+--    index of that table leads with one of them.
+--
+-- 2. INTERSECT and EXCEPT (distinct), compiled when the statement is parsed into what the
+--    engine keeps already: a GROUP BY of every column over a UNION ALL (ADR 0059) of the
+--    branches, each tagged with its place, filtered by HAVING:
+--
+--      A INTERSECT B INTERSECT C  is
+--        SELECT s."trellis#1" AS c1, ... FROM (A' UNION ALL B' UNION ALL C') AS "set#op"
+--               ("trellis#1", ..., "trellis#side")
+--         GROUP BY every column
+--        HAVING sum(CASE WHEN side = 1 THEN 1 ELSE 0 END) > 0 AND ... (every branch)
+--      A EXCEPT B EXCEPT C  is the same, HAVING max(side) = 1 (in A, in none of the others)
+--
+--    (X' is X with `<its place> AS "trellis#side"` added to its SELECT list.) A GROUP BY
+--    treats NULLs as equal, as INTERSECT and EXCEPT do. The columns are named as the first
+--    branch names them (an item's AS, or a column's own name; another expression must be
+--    named). The statement is shown as written: the compiled AST keeps the union the
+--    branches make, marked with the operator, under "written" (0046's mechanism), which
+--    _render_view_select renders with INTERSECT or EXCEPT. INTERSECT ALL and EXCEPT ALL,
+--    and set operators of different kinds in one statement, are refused by name.
+--
+-- Renamed and wrapped (statements without these go straight through): source_index_gaps
+-- (0008) -> source_index_gaps_before_setops, grammar_parse_view (four arguments, 0046) ->
+-- grammar_parse_view_before_setops, _render_view_select (0046) ->
+-- _render_view_select_before_setops. No body is replaced.
+
+ALTER FUNCTION @schema@.source_index_gaps(int) RENAME TO source_index_gaps_before_setops;
+
+-- The columns a join condition reads, per source: `alias.column` (a source at or before
+-- the join, by its alias), and a bare name that is a column of exactly one of them.
+CREATE FUNCTION @schema@._condition_columns(p_transform_id int, p_ordinal int, cond text)
+RETURNS TABLE (src int, attnum int)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  t @schema@.grammar_token[] := @schema@.grammar_tokenize(cond);
+  n int := coalesce(array_length(t, 1), 0);
+  k int;
+  s int;
+  a int;
+BEGIN
+  FOR k IN 1 .. n LOOP
+    CONTINUE WHEN t[k].kind NOT IN ('word', 'ident');
+    -- Part of a qualified name already read, or a function's name.
+    CONTINUE WHEN k > 1 AND t[k - 1].kind = 'punct' AND t[k - 1].text = '.';
+    CONTINUE WHEN k < n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '(';
+    IF k + 2 <= n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '.' AND t[k + 2].kind IN ('word', 'ident') THEN
+      SELECT ts.ordinal, att.attnum INTO s, a
+        FROM @schema@.transform_sources ts
+        JOIN pg_attribute att ON att.attrelid = ts.source_oid AND att.attname = t[k + 2].value
+                              AND att.attnum > 0 AND NOT att.attisdropped
+       WHERE ts.transform_id = p_transform_id AND ts.ordinal <= p_ordinal AND ts.alias = t[k].value;
+      IF s IS NOT NULL THEN
+        src := s; attnum := a;
+        RETURN NEXT;
+      END IF;
+    ELSE
+      IF (SELECT count(*) FROM @schema@.transform_sources ts
+            JOIN pg_attribute att ON att.attrelid = ts.source_oid AND att.attname = t[k].value
+                                  AND att.attnum > 0 AND NOT att.attisdropped
+           WHERE ts.transform_id = p_transform_id AND ts.ordinal <= p_ordinal) = 1 THEN
+        RETURN QUERY
+          SELECT ts.ordinal, att.attnum::int
+            FROM @schema@.transform_sources ts
+            JOIN pg_attribute att ON att.attrelid = ts.source_oid AND att.attname = t[k].value
+                                  AND att.attnum > 0 AND NOT att.attisdropped
+           WHERE ts.transform_id = p_transform_id AND ts.ordinal <= p_ordinal;
+      END IF;
+    END IF;
+  END LOOP;
+END
+$fn$;
+
+-- As before (0008), and the indexes joins on other conditions than equalities need: for a
+-- join with no equality the engine routes by (none in the spec's joins for it), the
+-- columns of each side its condition reads.
+CREATE FUNCTION @schema@.source_index_gaps(p_transform_id int)
+RETURNS jsonb LANGUAGE sql STABLE AS $fn$
+  WITH t AS (SELECT * FROM @schema@.transforms WHERE id = p_transform_id),
+  theta AS (
+    SELECT ts.ordinal AS j, ts.join_condition AS cond
+      FROM t JOIN @schema@.transform_sources ts ON ts.transform_id = t.id
+     WHERE ts.ordinal > 0 AND ts.join_condition IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(coalesce(t.spec->'joins', '[]')) e
+                        WHERE (e->>'join')::int = ts.ordinal)),
+  sides AS (
+    SELECT DISTINCT c.src, c.attnum, CASE WHEN c.src = th.j THEN 'join_joined' ELSE 'join_from' END AS role
+      FROM theta th CROSS JOIN LATERAL @schema@._condition_columns(p_transform_id, th.j, th.cond) c),
+  needs AS (
+    SELECT src, role, array_agg(attnum ORDER BY attnum) AS attnums FROM sides GROUP BY src, role),
+  extra AS (
+    SELECT ts.ordinal, n.role, jsonb_build_object(
+             'table', ts.source_schema || '.' || ts.source_name,
+             'columns', to_jsonb(cols.names),
+             'role', n.role,
+             'opted_out', t.without_source_index,
+             'fix', format('CREATE INDEX CONCURRENTLY ON %I.%I (%s)', ts.source_schema, ts.source_name,
+                           (SELECT string_agg(quote_ident(c), ', ') FROM unnest(cols.names) c))) AS gap
+      FROM needs n
+      CROSS JOIN t
+      JOIN @schema@.transform_sources ts ON ts.transform_id = t.id AND ts.ordinal = n.src
+      CROSS JOIN LATERAL (
+        SELECT array_agg(a.attname::text ORDER BY a.attnum) AS names
+          FROM pg_attribute a WHERE a.attrelid = ts.source_oid AND a.attnum = ANY (n.attnums)) cols
+     WHERE NOT EXISTS (
+       SELECT 1 FROM pg_index i
+        WHERE i.indrelid = ts.source_oid AND i.indisvalid AND i.indkey[0] = ANY (n.attnums))),
+  before AS (
+    SELECT g, o FROM jsonb_array_elements(@schema@.source_index_gaps_before_setops(p_transform_id))
+      WITH ORDINALITY AS y(g, o))
+  SELECT coalesce(jsonb_agg(g ORDER BY o1, o2, o3), '[]') FROM (
+    SELECT g, 0 AS o1, o AS o2, '' AS o3 FROM before
+    UNION ALL
+    SELECT x.gap, 1, x.ordinal, x.role FROM (SELECT DISTINCT ON (gap) ordinal, role, gap FROM extra) x
+     WHERE NOT EXISTS (SELECT 1 FROM before b WHERE b.g = x.gap)) all_gaps
+$fn$;
+
+ALTER FUNCTION @schema@.grammar_parse_view(@schema@.grammar_token[], int, jsonb, jsonb) RENAME TO grammar_parse_view_before_setops;
+ALTER FUNCTION @schema@._render_view_select(jsonb) RENAME TO _render_view_select_before_setops;
+
+-- A view's SELECT: with INTERSECT or EXCEPT at its top level, compiled as the header says;
+-- any other as before.
+CREATE FUNCTION @schema@.grammar_parse_view(
+  toks @schema@.grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  k int := i;
+  op text;
+  op_at int;
+  has_union boolean := false;
+  t2 @schema@.grammar_token[] := '{}';
+  u jsonb;
+  b jsonb;
+  nb int;
+  n int;
+  names text[] := '{}';
+  it jsonb;
+  et @schema@.grammar_token[];
+  nm text;
+  with_ text;
+  txt text;
+  res jsonb;
+  q text := quote_ident('set#op');
+BEGIN
+  WHILE toks[k].kind <> 'eof' LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND (@schema@.grammar_kw(toks[k], 'intersect') OR @schema@.grammar_kw(toks[k], 'except')) THEN
+      IF @schema@.grammar_kw(toks[k + 1], 'all') THEN
+        PERFORM @schema@.grammar_refuse(format(
+          '%s ALL is not supported yet: only %s (distinct) is maintained (count each row''s copies per branch with GROUP BY over a UNION ALL)',
+          upper(toks[k].value), upper(toks[k].value)), toks[k].pos);
+      END IF;
+      IF op IS NOT NULL AND op <> toks[k].value THEN
+        PERFORM @schema@.grammar_refuse(
+          'INTERSECT and EXCEPT mixed in one statement are not supported: put one of them in a subquery in FROM',
+          toks[k].pos);
+      END IF;
+      op := toks[k].value;
+      op_at := coalesce(op_at, k);
+    ELSIF d = 0 AND @schema@.grammar_kw(toks[k], 'union') THEN
+      has_union := true;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  IF op IS NULL THEN
+    RETURN @schema@.grammar_parse_view_before_setops(toks, i, target, ctes);
+  END IF;
+  IF has_union THEN
+    PERFORM @schema@.grammar_refuse(format(
+      'UNION and %s mixed in one statement are not supported: put one of them in a subquery in FROM',
+      upper(op)), toks[op_at].pos);
+  END IF;
+
+  -- The branches as a UNION ALL (each INTERSECT or EXCEPT [DISTINCT] read as UNION ALL).
+  k := 1;
+  WHILE k <= array_length(toks, 1) LOOP
+    IF k >= i AND @schema@.grammar_kw(toks[k], op) THEN
+      t2 := t2 || ROW('word', 'UNION', 'union', toks[k].pos)::@schema@.grammar_token
+               || ROW('word', 'ALL', 'all', toks[k].pos)::@schema@.grammar_token;
+      IF @schema@.grammar_kw(toks[k + 1], 'distinct') THEN
+        k := k + 1;
+      END IF;
+    ELSE
+      t2 := t2 || toks[k];
+    END IF;
+    k := k + 1;
+  END LOOP;
+  u := @schema@.grammar_parse_view_before_setops(t2, i, target, ctes);
+  IF NOT u ? 'union' THEN
+    PERFORM @schema@.grammar_refuse(format('%s could not be read here', upper(op)), toks[op_at].pos);
+  END IF;
+  nb := jsonb_array_length(u->'union'->'branches');
+
+  -- The columns, as the first branch names them.
+  FOR it IN SELECT x FROM jsonb_array_elements(u->'select') WITH ORDINALITY AS y(x, o) ORDER BY o LOOP
+    nm := it->>'name';
+    IF nm IS NULL THEN
+      et := @schema@.grammar_tokenize(it->>'expr');
+      n := array_length(et, 1);
+      -- ident [. ident [. ident]] then eof
+      IF et[n - 1].kind IN ('word', 'ident')
+         AND (n = 2 OR (et[n - 2].kind = 'punct' AND et[n - 2].text = '.'
+                        AND (n = 4 OR (n = 6 AND et[2].kind = 'punct' AND et[2].text = '.')))) THEN
+        nm := et[n - 1].value;
+      ELSE
+        PERFORM @schema@.grammar_refuse(format(
+          'a column of %s must be named in its first SELECT: write %s AS name', upper(op), it->>'expr'),
+          coalesce((it->>'position')::int, toks[i].pos));
+      END IF;
+    END IF;
+    names := names || nm;
+  END LOOP;
+  n := cardinality(names);
+
+  SELECT 'WITH ' || string_agg(quote_ident(p->>'name')
+           || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
+                                  FROM jsonb_array_elements_text(coalesce(p->'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
+           || ' AS (' || @schema@._render_view_select(p->'ast') || ')', ', ' ORDER BY o) || ' '
+    INTO with_
+    FROM jsonb_array_elements(coalesce(u->'parts', '[]')) WITH ORDINALITY AS x(p, o)
+   WHERE p->>'kind' = 'cte';
+
+  txt := coalesce(with_, '') || 'SELECT '
+    || (SELECT string_agg(format('%s.%I AS %I', q, 'trellis#' || o, nm2), ', ' ORDER BY o)
+          FROM unnest(names) WITH ORDINALITY AS x(nm2, o))
+    || ' FROM ('
+    || (SELECT string_agg(@schema@._render_view_select(br || jsonb_build_object('select',
+                 (br->'select') || jsonb_build_array(jsonb_build_object('expr', o::text, 'name', 'trellis#side',
+                   'position', NULL, 'bare_label', NULL, 'label_expr', NULL)))), ' UNION ALL ' ORDER BY o)
+          FROM jsonb_array_elements(u->'union'->'branches') WITH ORDINALITY AS x(br, o))
+    || ') AS ' || q || ' ('
+    || (SELECT string_agg(quote_ident('trellis#' || o), ', ' ORDER BY o) FROM generate_series(1, n) o)
+    || ', "trellis#side") GROUP BY '
+    || (SELECT string_agg(format('%s.%I', q, 'trellis#' || o), ', ' ORDER BY o) FROM generate_series(1, n) o)
+    || ' HAVING '
+    || CASE WHEN op = 'intersect'
+         THEN (SELECT string_agg(format('sum(CASE WHEN %s."trellis#side" = %s THEN 1 ELSE 0 END) > 0', q, o), ' AND ' ORDER BY o)
+                 FROM generate_series(1, nb) o)
+         ELSE format('max(%s."trellis#side") = 1', q) END
+    || CASE WHEN (u->>'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (u->>'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
+  res := @schema@.grammar_parse_view_before_setops(@schema@.grammar_tokenize(txt), 1, target, ctes);
+  RETURN res || jsonb_build_object('written', u || jsonb_build_object('union', (u->'union') || jsonb_build_object('setop', op)));
+END
+$fn$;
+
+-- A view's SELECT as text: a union marked with a set operator (the written form of an
+-- INTERSECT or EXCEPT) joined by it; any other as before.
+CREATE FUNCTION @schema@._render_view_select(ast jsonb)
+RETURNS text LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  with_ text;
+BEGIN
+  IF NOT (ast ? 'union' AND ast->'union' ? 'setop') THEN
+    RETURN @schema@._render_view_select_before_setops(ast);
+  END IF;
+  SELECT 'WITH ' || string_agg(quote_ident(p->>'name')
+           || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
+                                  FROM jsonb_array_elements_text(coalesce(p->'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
+           || ' AS (' || @schema@._render_view_select(p->'ast') || ')', ', ' ORDER BY o) || ' '
+    INTO with_
+    FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS x(p, o)
+   WHERE p->>'kind' = 'cte';
+  RETURN coalesce(with_, '') || (
+    SELECT string_agg(@schema@._render_view_select(b), ' ' || upper(ast->'union'->>'setop') || ' ' ORDER BY o)
+      FROM jsonb_array_elements(ast->'union'->'branches') WITH ORDINALITY AS x(b, o));
+END
+$fn$;
