@@ -296,15 +296,12 @@ describe('RIGHT and FULL joins', () => {
       'SELECT l.v FROM lefts l LEFT JOIN regions g ON g.code = l.v FULL JOIN rights r ON r.k = l.k',
       'a FULL JOIN after another join',
     );
+    // GROUP BY and aggregates directly over a FULL JOIN are kept as over a subquery (ADR
+    // 0072, test/view-sql-setops.test.ts); an item Postgres would name ?column? must be named.
     await expectRefusedAs(
       live,
-      'SELECT r.region, count(*) AS n FROM lefts l FULL JOIN rights r ON r.k = l.k GROUP BY r.region',
-      'GROUP BY or HAVING over a FULL JOIN',
-    );
-    await expectRefusedAs(
-      live,
-      'SELECT count(*) AS n, sum(l.n) AS total FROM lefts l FULL JOIN rights r ON r.k = l.k',
-      'aggregates over a FULL JOIN',
+      'SELECT r.region || l.v, count(*) AS n FROM lefts l FULL JOIN rights r ON r.k = l.k GROUP BY 1',
+      'GROUP BY over a FULL JOIN: name this column',
     );
     // A set-returning function of the row is not maintained yet.
     await expectRefusedAs(

@@ -8,8 +8,9 @@ import { expectRefusedAs } from './support/view-sql-refusals.js';
 // HAVING. Each target is compared with the statement as written (INTERSECT, EXCEPT),
 // recomputed by Postgres (the oracle), after writes to every branch's source: rows coming
 // into and leaving the other side, duplicates within a side (one of two deleted), key
-// changes, NULLs (equal to each other, as INTERSECT and EXCEPT treat them). Also: the source
-// indexes a join on other conditions than equalities needs, reported by status().
+// changes, NULLs (equal to each other, as INTERSECT and EXCEPT treat them). Also: GROUP BY,
+// HAVING and aggregates directly over a FULL JOIN, and the source indexes a join on other
+// conditions than equalities needs, reported by status().
 
 const live = livePipeline({
   drainThreads: 1,
@@ -57,6 +58,15 @@ const steps: string[] = [
   `DELETE FROM shop_b WHERE id = 10;
    UPDATE shop_a SET sku = NULL, size = NULL WHERE id = 6;
    TRUNCATE recalled;`,
+  // The band join's sides: rows start and stop matching, a key changes, NULL bounds.
+  `INSERT INTO readings VALUES (5, 12, 5), (6, 40, 6);
+   UPDATE lows SET hi = 30 WHERE id = 3;
+   UPDATE readings SET v = 3 WHERE id = 2;
+   UPDATE lows SET id = 10 WHERE id = 1;`,
+  `DELETE FROM lows WHERE id = 2;
+   UPDATE readings SET v = NULL WHERE id = 1;
+   UPDATE lows SET lo = NULL WHERE id = 10;
+   INSERT INTO lows VALUES (4, 35, 50, 'top');`,
 ];
 
 // INTERSECT: the rows in both, once each; NULLs equal.
@@ -107,7 +117,36 @@ const banded: Definition = {
   implicit: 'l.id AS id, r.id AS r_id',
 };
 
-const all = [both, onlyA, everywhere, notElsewhere, banded];
+// GROUP BY, HAVING and aggregates directly over a FULL JOIN: kept as the same GROUP BY over
+// a subquery holding the FULL JOIN (a FULL JOIN's rows are a UNION ALL's, ADR 0066).
+const fullGrouped: Definition = {
+  form: 'as',
+  target: 'full_grouped',
+  select:
+    'coalesce(a.sku, b.sku) AS sku, count(*) AS n, count(a.id) AS in_a, sum(b.size) AS b_size, max(a.id)',
+  from: 'shop_a AS a FULL JOIN shop_b AS b ON a.sku = b.sku',
+  groupBy: 'coalesce(a.sku, b.sku)',
+};
+const fullHaving: Definition = {
+  form: 'as',
+  target: 'full_having',
+  select: 'b.size, count(*) AS n, count(a.id) AS matched',
+  from: 'shop_a a FULL OUTER JOIN shop_b b ON a.sku = b.sku AND a.size = b.size',
+  where: 'a.id IS DISTINCT FROM 4',
+  groupBy: 'b.size',
+  having: 'count(a.id) > 0 OR b.size IS NULL',
+};
+// Aggregates without GROUP BY over a FULL JOIN, reading bare column names. (Postgres runs
+// a FULL JOIN only on conditions it can merge or hash: equalities.)
+const fullTotal: Definition = {
+  form: 'as',
+  target: 'full_total',
+  select:
+    'count(*) AS n, count(l.id) AS matched, count(r.id) AS readings, max(label) AS top, sum(v) AS vs',
+  from: 'lows AS l FULL JOIN readings AS r ON r.at = l.id',
+};
+
+const all = [both, onlyA, everywhere, notElsewhere, banded, fullGrouped, fullHaving, fullTotal];
 
 describe('INTERSECT and EXCEPT', () => {
   it('maintains them through writes on every branch, compared with the statement as written', async () => {
@@ -128,9 +167,12 @@ describe('INTERSECT and EXCEPT', () => {
     expect(shown).toBe(
       'TRANSFORM everywhere AS WITH r AS (SELECT sku, size FROM recalled) SELECT a.sku, a.size FROM shop_a AS a INTERSECT SELECT b.sku, b.size FROM shop_b AS b INTERSECT SELECT r.sku, r.size FROM r',
     );
-    for (const target of ['everywhere', 'only_a', 'not_elsewhere']) {
+    expect(defs.find((d) => d.target === 'full_having')?.statement).toBe(
+      'TRANSFORM full_having AS SELECT b.size, count(*) AS n, count(a.id) AS matched FROM shop_a AS a FULL JOIN shop_b AS b ON a.sku = b.sku AND a.size = b.size WHERE a.id IS DISTINCT FROM 4 GROUP BY b.size HAVING count(a.id) > 0 OR b.size IS NULL',
+    );
+    for (const target of ['everywhere', 'only_a', 'not_elsewhere', 'full_having', 'full_total']) {
       const d = defs.find((x) => x.target === target);
-      expect(d?.statement).toMatch(/ (INTERSECT|EXCEPT) /);
+      expect(d?.statement).toMatch(/ (INTERSECT|EXCEPT|FULL JOIN) /);
       await live.trellis.apply(`DROP TRANSFORM ${target}`);
       await live.trellis.apply(d!.statement);
       const again = (await live.trellis.definitions()).find((x) => x.target === target);
@@ -138,7 +180,7 @@ describe('INTERSECT and EXCEPT', () => {
     }
     await live.db.sql.unsafe(`INSERT INTO shop_a VALUES (11, 'tee', 1); INSERT INTO shop_b VALUES (11, 'tee', 1);
       INSERT INTO recalled VALUES (7, 'tee', 1)`);
-    await live.converged([everywhere, onlyA, notElsewhere]);
+    await live.converged([everywhere, onlyA, notElsewhere, fullHaving, fullTotal]);
   }, 120_000);
 
   it('reports the source indexes a join on other conditions than equalities needs', async () => {
@@ -186,6 +228,11 @@ describe('INTERSECT and EXCEPT', () => {
       live,
       'SELECT upper(sku) FROM shop_a INTERSECT SELECT sku FROM shop_b',
       'a column of INTERSECT must be named in its first SELECT',
+    );
+    await expectRefusedAs(
+      live,
+      'SELECT coalesce(a.size, 0) + 1, count(*) AS n FROM shop_a a FULL JOIN shop_b b ON a.id = b.id GROUP BY 1',
+      'GROUP BY over a FULL JOIN: name this column',
     );
     // Postgres's own check of the statement as written.
     await expectRefusedAs(

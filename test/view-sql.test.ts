@@ -247,8 +247,11 @@ describe('what the AS form refuses, by name', () => {
       'SELECT id FROM orders UNION ALL SELECT id FROM customers UNION SELECT id FROM orders',
       'UNION and UNION ALL mixed',
     ],
-    ['SELECT id FROM orders INTERSECT SELECT id FROM customers', 'INTERSECT is not supported'],
-    ['SELECT id FROM orders EXCEPT SELECT id FROM customers', 'EXCEPT is not supported'],
+    [
+      'SELECT id FROM orders INTERSECT ALL SELECT id FROM customers',
+      'INTERSECT ALL is not supported',
+    ],
+    ['SELECT id FROM orders EXCEPT ALL SELECT id FROM customers', 'EXCEPT ALL is not supported'],
     ['SELECT id, rank() OVER (ORDER BY amount) AS r FROM orders', 'a window function'],
     ['SELECT DISTINCT ON (customer_id) customer_id, amount FROM orders', 'DISTINCT ON'],
     [
@@ -256,8 +259,8 @@ describe('what the AS form refuses, by name', () => {
       'a RIGHT JOIN after another join',
     ],
     [
-      'SELECT c.tier, count(*) AS n FROM orders o FULL OUTER JOIN customers c ON c.id = o.customer_id GROUP BY c.tier',
-      'GROUP BY or HAVING over a FULL JOIN',
+      'SELECT c.tier || o.id, count(*) AS n FROM orders o FULL OUTER JOIN customers c ON c.id = o.customer_id GROUP BY 1',
+      'GROUP BY over a FULL JOIN: name this column',
     ],
     ['SELECT o.id FROM orders o CROSS JOIN customers c', 'CROSS JOIN'],
     ['SELECT o.id FROM orders o JOIN customers c USING (id)', 'JOIN ... USING'],

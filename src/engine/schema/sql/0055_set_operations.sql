@@ -29,10 +29,28 @@
 --    _render_view_select renders with INTERSECT or EXCEPT. INTERSECT ALL and EXCEPT ALL,
 --    and set operators of different kinds in one statement, are refused by name.
 --
+-- 3. GROUP BY, HAVING or aggregates directly over a FULL JOIN (the first join of FROM, ADR 0066), kept as
+--    the same GROUP BY over a subquery holding the FULL JOIN:
+--
+--      SELECT f(l.x), count(r.y) FROM l FULL JOIN r ON ... WHERE w GROUP BY f(l.x) HAVING h
+--    is
+--      SELECT f(j."l.x") AS f, count(j."r.y") AS count
+--        FROM (SELECT l.x AS "l.x", r.y AS "r.y" FROM l FULL JOIN r ON ... WHERE w) AS "full#join"
+--       GROUP BY f(j."l.x") HAVING h'
+--
+--    every column the SELECT list, GROUP BY and HAVING read (`alias.column`, or a bare name
+--    that is no word of SQL's syntax: the grammar runs before names are resolved, so a bare
+--    column named like one, `year`, needs its table's alias) selected by the subquery under a name
+--    of its own and read from it. The subquery is a FULL JOIN ADR 0066 keeps (a UNION ALL
+--    read by its never-NULL key), so the GROUP BY around it is kept as any GROUP BY over a
+--    part. Items are named as Postgres names them (AS, a column's name, a function's name);
+--    another unnamed expression is refused. Shown as written ("written", as 0046 does).
+--
 -- Renamed and wrapped (statements without these go straight through): source_index_gaps
 -- (0008) -> source_index_gaps_before_setops, grammar_parse_view (four arguments, 0046) ->
 -- grammar_parse_view_before_setops, _render_view_select (0046) ->
--- _render_view_select_before_setops. No body is replaced.
+-- _render_view_select_before_setops, grammar_parse_block (0046) ->
+-- grammar_parse_block_before_setops. No body is replaced.
 
 ALTER FUNCTION @schema@.source_index_gaps(int) RENAME TO source_index_gaps_before_setops;
 
@@ -284,5 +302,217 @@ BEGIN
   RETURN coalesce(with_, '') || (
     SELECT string_agg(@schema@._render_view_select(b), ' ' || upper(ast->'union'->>'setop') || ' ' ORDER BY o)
       FROM jsonb_array_elements(ast->'union'->'branches') WITH ORDINALITY AS x(b, o));
+END
+$fn$;
+
+ALTER FUNCTION @schema@.grammar_parse_block(@schema@.grammar_token[], int, jsonb, jsonb) RENAME TO grammar_parse_block_before_setops;
+
+-- An expression with every column it reads from `sources` (the aliases of FROM) replaced by the subquery's column ("full#join"."alias.column", or "full#join".
+-- "column" for a bare name): {expr, columns: {name: expression in the subquery}}.
+CREATE FUNCTION @schema@._full_join_refs(expr text, sources jsonb)
+RETURNS jsonb LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  t @schema@.grammar_token[] := @schema@.grammar_tokenize(expr);
+  n int := coalesce(array_length(t, 1), 0);
+  k int;
+  cols jsonb := '{}';
+  edits jsonb := '[]';
+  e jsonb;
+  nm text;
+  q text := quote_ident('full#join');
+BEGIN
+  FOR k IN 1 .. n LOOP
+    CONTINUE WHEN t[k].kind NOT IN ('word', 'ident');
+    CONTINUE WHEN k > 1 AND t[k - 1].kind = 'punct' AND t[k - 1].text IN ('.', '::');
+    CONTINUE WHEN k < n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '(';
+    IF k + 2 <= n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '.' THEN
+      CONTINUE WHEN NOT sources ? t[k].value;
+      IF t[k + 2].kind NOT IN ('word', 'ident') THEN
+        PERFORM @schema@._fail('TRV01', format(
+          'GROUP BY over a FULL JOIN reads %s.%s: name the columns (alias.column)', t[k].text, t[k + 2].text));
+      END IF;
+      nm := t[k].value || '.' || t[k + 2].value;
+      cols := cols || jsonb_build_object(nm, quote_ident(t[k].value) || '.' || quote_ident(t[k + 2].value));
+      edits := edits || jsonb_build_object('from', t[k].pos, 'to', t[k + 2].pos + length(t[k + 2].text),
+                                            'text', q || '.' || quote_ident(nm));
+    ELSE
+      -- A bare name: a column, unless it is a word of SQL's syntax (a keyword other than an
+      -- unreserved one, or one of the unreserved words expressions use), a typed literal's
+      -- type (date '…'), or a table's alias (a whole row).
+      CONTINUE WHEN k < n AND t[k + 1].kind = 'string';
+      CONTINUE WHEN sources ? t[k].value;
+      CONTINUE WHEN t[k].kind = 'word' AND (
+        EXISTS (SELECT 1 FROM pg_get_keywords() w WHERE w.word = t[k].value AND w.catcode <> 'U')
+        OR t[k].value IN ('at', 'zone', 'nulls', 'first', 'last', 'escape', 'within', 'over', 'filter',
+                          'ordinality', 'day', 'hour', 'minute', 'second', 'month', 'year', 'to'));
+      nm := t[k].value;
+      cols := cols || jsonb_build_object(nm, quote_ident(nm));
+      edits := edits || jsonb_build_object('from', t[k].pos, 'to', t[k].pos + length(t[k].text),
+                                            'text', q || '.' || quote_ident(nm));
+    END IF;
+  END LOOP;
+  FOR e IN SELECT x FROM jsonb_array_elements(edits) x ORDER BY (x->>'from')::int DESC LOOP
+    expr := overlay(expr PLACING e->>'text' FROM (e->>'from')::int FOR (e->>'to')::int - (e->>'from')::int);
+  END LOOP;
+  RETURN jsonb_build_object('expr', expr, 'columns', cols);
+END
+$fn$;
+
+-- The name Postgres gives a SELECT item written without AS: a column's own name, or a
+-- function call's name; NULL for anything else.
+CREATE FUNCTION @schema@._item_default_name(expr text)
+RETURNS text LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  t @schema@.grammar_token[] := @schema@.grammar_tokenize(expr);
+  n int := array_length(t, 1);
+  d int := 0;
+  k int;
+BEGIN
+  IF t[n - 1].kind IN ('word', 'ident')
+     AND (n = 2 OR (t[n - 2].kind = 'punct' AND t[n - 2].text = '.'
+                    AND (n = 4 OR (n = 6 AND t[2].kind = 'punct' AND t[2].text = '.')))) THEN
+    RETURN t[n - 1].value;
+  END IF;
+  -- f(...) and nothing after its closing bracket.
+  IF t[1].kind IN ('word', 'ident') AND t[2].kind = 'punct' AND t[2].text = '(' THEN
+    FOR k IN 2 .. n - 1 LOOP
+      IF t[k].kind = 'punct' AND t[k].text IN ('(', '[') THEN
+        d := d + 1;
+      ELSIF t[k].kind = 'punct' AND t[k].text IN (')', ']') THEN
+        d := d - 1;
+        IF d = 0 THEN
+          RETURN CASE WHEN k = n - 1 THEN t[1].value END;
+        END IF;
+      END IF;
+    END LOOP;
+  END IF;
+  RETURN NULL;
+END
+$fn$;
+
+-- A SELECT block with GROUP BY or HAVING over a FULL JOIN, compiled as the header says;
+-- any other as before.
+CREATE FUNCTION @schema@.grammar_parse_block(
+  toks @schema@.grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  k int := i;
+  f int;
+  full_at int;
+  grouped boolean := false;
+  t2 @schema@.grammar_token[];
+  ast jsonb;
+  written jsonb;
+  sources jsonb := '{}';
+  item jsonb;
+  r jsonb;
+  cols jsonb := '{}';
+  items text[] := '{}';
+  groups text[] := '{}';
+  having_ text;
+  nm text;
+  g text;
+  inner_ jsonb;
+  with_ text;
+  txt text;
+  q text := quote_ident('full#join');
+BEGIN
+  WHILE toks[k].kind <> 'eof' LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND f IS NULL AND @schema@.grammar_kw(toks[k], 'from') THEN
+      f := k;
+    ELSIF d = 0 AND f IS NOT NULL AND full_at IS NULL AND @schema@._outer_join_at(toks, k) = 'full' THEN
+      full_at := k;
+    ELSIF d = 0 AND f IS NOT NULL AND ((@schema@.grammar_kw(toks[k], 'group') AND @schema@.grammar_kw(toks[k + 1], 'by'))
+                                       OR @schema@.grammar_kw(toks[k], 'having')) THEN
+      grouped := true;
+    ELSIF f IS NULL AND toks[k].kind = 'word' AND toks[k + 1].kind = 'punct' AND toks[k + 1].text = '('
+          AND (k = 1 OR NOT (toks[k - 1].kind = 'punct' AND toks[k - 1].text = '.'))
+          AND toks[k].value IN ('count', 'sum', 'avg', 'min', 'max', 'bool_and', 'bool_or', 'every',
+                                'array_agg', 'string_agg', 'json_agg', 'jsonb_agg', 'json_object_agg',
+                                'jsonb_object_agg', 'stddev', 'stddev_pop', 'stddev_samp', 'variance',
+                                'var_pop', 'var_samp', 'bit_and', 'bit_or', 'bit_xor') THEN
+      -- An aggregate in the SELECT list (or one named as one): grouped, without GROUP BY.
+      grouped := true;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  IF full_at IS NULL OR NOT grouped THEN
+    RETURN @schema@.grammar_parse_block_before_setops(toks, i, target, ctes);
+  END IF;
+
+  -- Parsed as written (the FULL JOIN read as a LEFT JOIN, its word kept as 0046 keeps it).
+  t2 := toks;
+  t2[full_at] := ROW('word', 'LEFT', 'left', toks[full_at].pos)::@schema@.grammar_token;
+  ast := @schema@.grammar_parse_block_before_joins(t2, i, target, ctes);
+  IF ast->'joins'->0 IS NULL OR ast->'joins'->0->>'type' <> 'left' OR (ast->>'distinct')::boolean
+     OR ast ? 'window' OR ast ? 'distinct_on' THEN
+    -- Not the first join, or a form refused anyway: as before (refused by name there).
+    RETURN @schema@.grammar_parse_block_before_setops(toks, i, target, ctes);
+  END IF;
+  written := ast || jsonb_build_object('written_join', 'full');
+
+  -- The tables of FROM, by alias.
+  FOR item IN SELECT x FROM (SELECT ast->'from' AS x, 0 AS o
+                             UNION ALL SELECT j, o FROM jsonb_array_elements(ast->'joins') WITH ORDINALITY AS y(j, o)) z ORDER BY o LOOP
+    sources := sources || jsonb_build_object(coalesce(item->>'alias', item->>'part', item->>'name'), true);
+  END LOOP;
+
+  FOR item IN SELECT x FROM jsonb_array_elements(ast->'select') WITH ORDINALITY AS y(x, o) ORDER BY o LOOP
+    nm := coalesce(item->>'name', @schema@._item_default_name(item->>'expr'));
+    IF nm IS NULL THEN
+      PERFORM @schema@.grammar_refuse(format(
+        'GROUP BY over a FULL JOIN: name this column (%s AS name)', item->>'expr'),
+        coalesce((item->>'position')::int, toks[i].pos));
+    END IF;
+    r := @schema@._full_join_refs(item->>'expr', sources);
+    cols := cols || (r->'columns');
+    items := items || ((r->>'expr') || ' AS ' || quote_ident(nm));
+  END LOOP;
+  FOR g IN SELECT x FROM jsonb_array_elements_text(coalesce(ast->'group_by', '[]')) WITH ORDINALITY AS y(x, o) ORDER BY o LOOP
+    r := @schema@._full_join_refs(g, sources);
+    cols := cols || (r->'columns');
+    groups := groups || (r->>'expr');
+  END LOOP;
+  IF ast->>'having' IS NOT NULL THEN
+    r := @schema@._full_join_refs(ast->>'having', sources);
+    cols := cols || (r->'columns');
+    having_ := r->>'expr';
+  END IF;
+
+  -- The subquery: the FULL JOIN as written, selecting the columns read around it.
+  inner_ := (written - 'group_by' - 'having' - 'target' - 'without_source_index' - 'without_row_security')
+    || jsonb_build_object('group_by', '[]'::jsonb, 'having', NULL,
+         'parts', coalesce((SELECT jsonb_agg(x ORDER BY o) FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS y(x, o)
+                             WHERE x->>'kind' <> 'cte'), '[]'),
+         'select', CASE WHEN cols = '{}' THEN jsonb_build_array(jsonb_build_object('expr', '1', 'name', 'trellis#one'))
+                   ELSE (SELECT jsonb_agg(jsonb_build_object('expr', c.value #>> '{}', 'name', c.key) ORDER BY c.key)
+                           FROM jsonb_each(cols) c) END);
+  SELECT 'WITH ' || string_agg(quote_ident(p->>'name')
+           || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
+                                  FROM jsonb_array_elements_text(coalesce(p->'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
+           || ' AS (' || @schema@._render_view_select(p->'ast') || ')', ', ' ORDER BY o) || ' '
+    INTO with_
+    FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS x(p, o)
+   WHERE p->>'kind' = 'cte';
+  txt := coalesce(with_, '') || 'SELECT ' || array_to_string(items, ', ')
+    || ' FROM (' || @schema@._render_view_select(inner_) || ') AS ' || q
+    || CASE WHEN cardinality(groups) > 0 THEN ' GROUP BY ' || array_to_string(groups, ', ') ELSE '' END
+    || coalesce(' HAVING ' || having_, '')
+    || CASE WHEN (ast->>'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (ast->>'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
+  RETURN @schema@.grammar_parse_block_before_setops(@schema@.grammar_tokenize(txt), 1, target, ctes)
+    || jsonb_build_object('written', written);
 END
 $fn$;
