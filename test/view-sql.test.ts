@@ -255,8 +255,8 @@ describe('what the AS form refuses, by name', () => {
     ['SELECT id, rank() OVER (ORDER BY amount) AS r FROM orders', 'a window function'],
     ['SELECT DISTINCT ON (customer_id) customer_id, amount FROM orders', 'DISTINCT ON'],
     [
-      'SELECT o.id FROM orders o JOIN regions r ON true RIGHT JOIN customers c ON c.id = o.customer_id',
-      'a RIGHT JOIN after another join',
+      'SELECT id FROM orders o JOIN regions r ON true RIGHT JOIN customers c ON c.id = o.customer_id',
+      'a RIGHT JOIN after another join needs every column written with its table',
     ],
     [
       'SELECT c.tier || o.id, count(*) AS n FROM orders o FULL OUTER JOIN customers c ON c.id = o.customer_id GROUP BY 1',

@@ -46,11 +46,25 @@
 --    part. Items are named as Postgres names them (AS, a column's name, a function's name);
 --    another unnamed expression is refused. Shown as written ("written", as 0046 does).
 --
+-- 4. A RIGHT or FULL JOIN after other joins (`a JOIN b ON c1 FULL JOIN c ON c2 ...`): the
+--    joins before it made a subquery, which the RIGHT or FULL JOIN then joins as its first
+--    join (ADR 0066 keeps that):
+--
+--      SELECT ... FROM (SELECT a.x AS "a.x", b.y AS "b.y" FROM a JOIN b ON c1) AS "joined#"
+--        FULL JOIN c ON c2' ... WHERE w' [GROUP BY ...]
+--
+--    every column of a and b the rest reads (`alias.column`) selected by the subquery and
+--    read from it. The joins before it must be inner joins (the subquery is read by its
+--    key, its tables' keys, never NULL), and every column the rest reads must be written
+--    with its table's alias (the grammar cannot tell whose a bare name is): refused by name
+--    otherwise. Shown as written.
+--
 -- Renamed and wrapped (statements without these go straight through): source_index_gaps
 -- (0008) -> source_index_gaps_before_setops, grammar_parse_view (four arguments, 0046) ->
 -- grammar_parse_view_before_setops, _render_view_select (0046) ->
 -- _render_view_select_before_setops, grammar_parse_block (0046) ->
--- grammar_parse_block_before_setops. No body is replaced.
+-- grammar_parse_block_before_setops, render_statement (0046) -> render_statement_before_setops.
+-- No body is replaced.
 
 ALTER FUNCTION @schema@.source_index_gaps(int) RENAME TO source_index_gaps_before_setops;
 
@@ -281,14 +295,29 @@ END
 $fn$;
 
 -- A view's SELECT as text: a union marked with a set operator (the written form of an
--- INTERSECT or EXCEPT) joined by it; any other as before.
+-- INTERSECT or EXCEPT) joined by it; a block marked "written_outer" (a RIGHT or FULL JOIN
+-- after other joins, as written) with that join's word; any other as before.
 CREATE FUNCTION @schema@._render_view_select(ast jsonb)
 RETURNS text LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
   with_ text;
+  sentinel text := 'trellis#outer#join#item';
+  m int;
+  txt text;
+  marker text;
 BEGIN
+  IF ast ? 'written_outer' THEN
+    -- A RIGHT or FULL JOIN after other joins, as written: parsed as a LEFT JOIN, its word
+    -- put back (the join found by a name no statement holds, as 0046 finds the first).
+    m := (ast->'written_outer'->>'at')::int;
+    txt := @schema@._render_view_select(jsonb_set(ast - 'written_outer', ARRAY['joins', m::text],
+      jsonb_build_object('schema', NULL, 'name', sentinel, 'alias', NULL, 'type', 'left', 'on', ast->'joins'->m->>'on')));
+    marker := 'LEFT JOIN ' || quote_ident(sentinel);
+    RETURN overlay(txt PLACING upper(ast->'written_outer'->>'kind') || ' JOIN ' || @schema@._render_view_item(ast, ast->'joins'->m)
+                   FROM strpos(txt, marker) FOR length(marker));
+  END IF;
   IF NOT (ast ? 'union' AND ast->'union' ? 'setop') THEN
     RETURN @schema@._render_view_select_before_setops(ast);
   END IF;
@@ -394,6 +423,220 @@ BEGIN
 END
 $fn$;
 
+-- An expression with every `alias.column` of `sources` (aliases) replaced by the column of
+-- the subquery q ("alias.column"): {expr, columns: {name: expression in the subquery},
+-- bare: [the bare names that may be columns]}.
+CREATE FUNCTION @schema@._prefix_refs(expr text, sources jsonb, q text)
+RETURNS jsonb LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  t @schema@.grammar_token[] := @schema@.grammar_tokenize(expr);
+  n int := coalesce(array_length(t, 1), 0);
+  k int;
+  cols jsonb := '{}';
+  bare jsonb := '[]';
+  edits jsonb := '[]';
+  e jsonb;
+  nm text;
+BEGIN
+  FOR k IN 1 .. n LOOP
+    CONTINUE WHEN t[k].kind NOT IN ('word', 'ident');
+    CONTINUE WHEN k > 1 AND t[k - 1].kind = 'punct' AND t[k - 1].text IN ('.', '::');
+    CONTINUE WHEN k < n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '(';
+    IF k + 2 <= n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '.' THEN
+      CONTINUE WHEN NOT sources ? t[k].value;
+      IF t[k + 2].kind NOT IN ('word', 'ident') THEN
+        PERFORM @schema@._fail('TRV01', format(
+          'a RIGHT or FULL JOIN after another join reads %s.%s: name the columns (alias.column)', t[k].text, t[k + 2].text));
+      END IF;
+      nm := t[k].value || '.' || t[k + 2].value;
+      cols := cols || jsonb_build_object(nm, quote_ident(t[k].value) || '.' || quote_ident(t[k + 2].value));
+      edits := edits || jsonb_build_object('from', t[k].pos, 'to', t[k + 2].pos + length(t[k + 2].text),
+                                            'text', q || '.' || quote_ident(nm));
+    ELSIF NOT (k < n AND t[k + 1].kind = 'string')
+          AND NOT (k + 1 <= n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '.')
+          AND NOT (t[k].kind = 'word' AND (
+            EXISTS (SELECT 1 FROM pg_get_keywords() w WHERE w.word = t[k].value AND w.catcode <> 'U')
+            OR t[k].value IN ('at', 'zone', 'nulls', 'first', 'last', 'escape', 'within', 'over', 'filter',
+                              'ordinality', 'day', 'hour', 'minute', 'second', 'month', 'year', 'to'))) THEN
+      bare := bare || to_jsonb(t[k].text);
+    END IF;
+  END LOOP;
+  FOR e IN SELECT x FROM jsonb_array_elements(edits) x ORDER BY (x->>'from')::int DESC LOOP
+    expr := overlay(expr PLACING e->>'text' FROM (e->>'from')::int FOR (e->>'to')::int - (e->>'from')::int);
+  END LOOP;
+  RETURN jsonb_build_object('expr', expr, 'columns', cols, 'bare', bare);
+END
+$fn$;
+
+-- A SELECT block with a RIGHT or FULL JOIN after other joins, compiled as the header says
+-- (then read again, by grammar_parse_block); NULL for any other block.
+CREATE FUNCTION @schema@._outer_join_later(
+  toks @schema@.grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  k int := i;
+  f int;
+  first_join int;
+  outer_at int;
+  kind text;
+  m int := 0;
+  t2 @schema@.grammar_token[];
+  ast jsonb;
+  written jsonb;
+  sources jsonb := '{}';
+  item jsonb;
+  j jsonb;
+  r jsonb;
+  cols jsonb := '{}';
+  bare jsonb := '[]';
+  items text[] := '{}';
+  joins_txt text := '';
+  groups text[] := '{}';
+  on_ text;
+  where_ text;
+  having_ text;
+  nm text;
+  g text;
+  p_txt text;
+  with_ text;
+  txt text;
+  o int;
+  q text := quote_ident('joined#');
+BEGIN
+  IF NOT @schema@.grammar_kw(toks[i], 'select') THEN
+    RETURN NULL;
+  END IF;
+  WHILE toks[k].kind <> 'eof' LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND f IS NULL AND @schema@.grammar_kw(toks[k], 'from') THEN
+      f := k;
+    ELSIF d = 0 AND f IS NOT NULL THEN
+      IF (toks[k].kind = 'punct' AND toks[k].text = ',')
+         OR (toks[k].kind = 'word' AND toks[k].value IN ('join', 'inner', 'cross', 'natural'))
+         OR (@schema@.grammar_kw(toks[k], 'left') AND coalesce(toks[k + 1].text, '') <> '(')
+         OR @schema@._outer_join_at(toks, k) IS NOT NULL THEN
+        IF first_join IS NULL THEN
+          first_join := k;
+        END IF;
+        -- Count the joins before the outer one (a JOIN word after INNER or LEFT is its own).
+        IF outer_at IS NULL AND toks[k].kind = 'word' AND toks[k].value = 'join'
+           AND NOT (k > 1 AND toks[k - 1].kind = 'word' AND toks[k - 1].value IN ('inner', 'left', 'outer', 'cross', 'natural')) THEN
+          m := m + 1;
+        ELSIF outer_at IS NULL AND toks[k].kind = 'word' AND toks[k].value IN ('inner', 'left', 'cross', 'natural') THEN
+          m := m + 1;
+        END IF;
+      END IF;
+      IF outer_at IS NULL AND @schema@._outer_join_at(toks, k) IS NOT NULL AND k <> first_join THEN
+        outer_at := k;
+        kind := toks[k].value;
+      END IF;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  IF outer_at IS NULL THEN
+    RETURN NULL;
+  END IF;
+
+  -- Parsed with that join read as a LEFT JOIN; its word kept to be shown.
+  t2 := toks;
+  t2[outer_at] := ROW('word', 'LEFT', 'left', toks[outer_at].pos)::@schema@.grammar_token;
+  ast := @schema@.grammar_parse_block_before_joins(t2, i, target, ctes);
+  IF ast ? 'window' OR ast ? 'distinct_on'
+     OR jsonb_array_length(coalesce(ast->'joins', '[]')) <= m OR ast->'joins'->m->>'type' <> 'left' THEN
+    RETURN NULL;
+  END IF;
+  FOR o IN 0 .. m - 1 LOOP
+    IF ast->'joins'->o->>'type' <> 'inner' THEN
+      PERFORM @schema@.grammar_refuse(format(
+        'a %s JOIN after a %s JOIN is not supported yet: only after inner joins (the joins before it are kept as a subquery, read by its tables'' keys)',
+        upper(kind), upper(ast->'joins'->o->>'type')), toks[outer_at].pos);
+    END IF;
+  END LOOP;
+  written := ast || jsonb_build_object('written_outer', jsonb_build_object('at', m, 'kind', kind));
+
+  -- The joins before it, and their aliases.
+  p_txt := @schema@._render_view_item(ast, ast->'from');
+  sources := jsonb_build_object(coalesce(ast->'from'->>'alias', ast->'from'->>'part', ast->'from'->>'name'), true);
+  FOR o IN 0 .. m - 1 LOOP
+    j := ast->'joins'->o;
+    p_txt := p_txt || ' JOIN ' || @schema@._render_view_item(ast, j) || ' ON ' || (j->>'on');
+    sources := sources || jsonb_build_object(coalesce(j->>'alias', j->>'part', j->>'name'), true);
+  END LOOP;
+
+  FOR item IN SELECT x FROM jsonb_array_elements(ast->'select') WITH ORDINALITY AS y(x, o2) ORDER BY o2 LOOP
+    nm := coalesce(item->>'name', @schema@._item_default_name(item->>'expr'));
+    IF nm IS NULL THEN
+      PERFORM @schema@.grammar_refuse(format(
+        'a %s JOIN after another join: name this column (%s AS name)', upper(kind), item->>'expr'),
+        coalesce((item->>'position')::int, toks[i].pos));
+    END IF;
+    r := @schema@._prefix_refs(item->>'expr', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    items := items || ((r->>'expr') || ' AS ' || quote_ident(nm));
+  END LOOP;
+  FOR o IN m .. jsonb_array_length(ast->'joins') - 1 LOOP
+    j := ast->'joins'->o;
+    r := @schema@._prefix_refs(j->>'on', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    joins_txt := joins_txt || ' ' || CASE WHEN o = m THEN upper(kind) || ' JOIN '
+                                          WHEN j->>'type' = 'left' THEN 'LEFT JOIN ' ELSE 'JOIN ' END
+      || @schema@._render_view_item(ast, j) || ' ON ' || (r->>'expr');
+  END LOOP;
+  IF ast->>'where' IS NOT NULL THEN
+    r := @schema@._prefix_refs(ast->>'where', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    where_ := r->>'expr';
+  END IF;
+  FOR g IN SELECT x FROM jsonb_array_elements_text(coalesce(ast->'group_by', '[]')) WITH ORDINALITY AS y(x, o2) ORDER BY o2 LOOP
+    r := @schema@._prefix_refs(g, sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    groups := groups || (r->>'expr');
+  END LOOP;
+  IF ast->>'having' IS NOT NULL THEN
+    r := @schema@._prefix_refs(ast->>'having', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    having_ := r->>'expr';
+  END IF;
+  IF jsonb_array_length(bare) > 0 THEN
+    PERFORM @schema@.grammar_refuse(format(
+      'a %s JOIN after another join needs every column written with its table''s alias (alias.column): %s',
+      upper(kind), (SELECT string_agg(DISTINCT x, ', ') FROM jsonb_array_elements_text(bare) x)), toks[outer_at].pos);
+  END IF;
+
+  SELECT 'WITH ' || string_agg(quote_ident(p->>'name')
+           || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
+                                  FROM jsonb_array_elements_text(coalesce(p->'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
+           || ' AS (' || @schema@._render_view_select(p->'ast') || ')', ', ' ORDER BY o3) || ' '
+    INTO with_
+    FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS x(p, o3)
+   WHERE p->>'kind' = 'cte';
+  txt := coalesce(with_, '') || 'SELECT '
+    || CASE WHEN coalesce((ast->>'distinct')::boolean, false) THEN 'DISTINCT ' ELSE '' END
+    || array_to_string(items, ', ')
+    || ' FROM (SELECT '
+    || CASE WHEN cols = '{}' THEN '1 AS "trellis#one"'
+            ELSE (SELECT string_agg((c.value #>> '{}') || ' AS ' || quote_ident(c.key), ', ' ORDER BY c.key) FROM jsonb_each(cols) c) END
+    || ' FROM ' || p_txt || ') AS ' || q
+    || joins_txt
+    || coalesce(' WHERE ' || where_, '')
+    || CASE WHEN cardinality(groups) > 0 THEN ' GROUP BY ' || array_to_string(groups, ', ') ELSE '' END
+    || coalesce(' HAVING ' || having_, '')
+    || CASE WHEN (ast->>'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (ast->>'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
+  RETURN @schema@.grammar_parse_block(@schema@.grammar_tokenize(txt), 1, target, ctes)
+    || jsonb_build_object('written', written);
+END
+$fn$;
+
 -- A SELECT block with GROUP BY or HAVING over a FULL JOIN, compiled as the header says;
 -- any other as before.
 CREATE FUNCTION @schema@.grammar_parse_block(
@@ -425,6 +668,11 @@ DECLARE
   txt text;
   q text := quote_ident('full#join');
 BEGIN
+  -- A RIGHT or FULL JOIN after other joins first (its result may then group over a FULL JOIN).
+  ast := @schema@._outer_join_later(toks, i, target, ctes);
+  IF ast IS NOT NULL THEN
+    RETURN ast;
+  END IF;
   WHILE toks[k].kind <> 'eof' LOOP
     IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
       d := d + 1;
@@ -514,5 +762,31 @@ BEGIN
     || CASE WHEN (ast->>'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
   RETURN @schema@.grammar_parse_block_before_setops(@schema@.grammar_tokenize(txt), 1, target, ctes)
     || jsonb_build_object('written', written);
+END
+$fn$;
+
+ALTER FUNCTION @schema@.render_statement(jsonb) RENAME TO render_statement_before_setops;
+
+-- render_statement: a statement whose own FROM has a RIGHT or FULL JOIN after other joins,
+-- as written; every other as before.
+CREATE FUNCTION @schema@.render_statement(ast jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  w jsonb;
+BEGIN
+  IF ast ->> 'kind' IS DISTINCT FROM 'transform' OR NOT ast::text LIKE '%"written_outer"%'
+     OR starts_with(coalesce(ast->'target'->>'name', ''), 'trellis#') THEN
+    RETURN @schema@.render_statement_before_setops(ast);
+  END IF;
+  w := @schema@._joins_as_written(ast);
+  IF NOT w ? 'written_outer' THEN
+    RETURN @schema@.render_statement_before_setops(ast);
+  END IF;
+  RETURN 'TRANSFORM ' || @schema@.grammar_render_name(w -> 'target' ->> 'schema', w -> 'target' ->> 'name')
+    || ' AS ' || @schema@._render_view_select(w)
+    || CASE WHEN (w ->> 'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (w ->> 'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
 END
 $fn$;
