@@ -939,8 +939,8 @@ describe("the AS form: a view's SQL (ADR 0049)", () => {
         'WITH',
       ],
       [
-        'TRANSFORM t AS SELECT a FROM s INTERSECT SELECT a FROM u',
-        'INTERSECT is not supported',
+        'TRANSFORM t AS SELECT a FROM s INTERSECT ALL SELECT a FROM u',
+        'INTERSECT ALL is not supported',
         'INTERSECT',
       ],
       ['TRANSFORM t AS SELECT a FROM (VALUES (1)) x', 'VALUES in FROM', '('],

@@ -288,23 +288,20 @@ describe('RIGHT and FULL joins', () => {
   it('refuses what it cannot keep, by name, leaving nothing behind', async () => {
     await expectRefusedAs(
       live,
-      'SELECT l.v FROM lefts l JOIN regions g ON true RIGHT JOIN rights r ON r.k = l.k',
-      'a RIGHT JOIN after another join',
+      'SELECT v FROM lefts l JOIN regions g ON true RIGHT JOIN rights r ON r.k = l.k',
+      'a RIGHT JOIN after another join needs every column written with its table',
     );
     await expectRefusedAs(
       live,
       'SELECT l.v FROM lefts l LEFT JOIN regions g ON g.code = l.v FULL JOIN rights r ON r.k = l.k',
-      'a FULL JOIN after another join',
+      'a FULL JOIN after a LEFT JOIN is not supported yet',
     );
+    // GROUP BY and aggregates directly over a FULL JOIN are kept as over a subquery (ADR
+    // 0072, test/view-sql-setops.test.ts); an item Postgres would name ?column? must be named.
     await expectRefusedAs(
       live,
-      'SELECT r.region, count(*) AS n FROM lefts l FULL JOIN rights r ON r.k = l.k GROUP BY r.region',
-      'GROUP BY or HAVING over a FULL JOIN',
-    );
-    await expectRefusedAs(
-      live,
-      'SELECT count(*) AS n, sum(l.n) AS total FROM lefts l FULL JOIN rights r ON r.k = l.k',
-      'aggregates over a FULL JOIN',
+      'SELECT r.region || l.v, count(*) AS n FROM lefts l FULL JOIN rights r ON r.k = l.k GROUP BY 1',
+      'GROUP BY over a FULL JOIN: name this column',
     );
     // LATERAL over a set-returning function of the row is maintained for unnest and
     // jsonb_array_elements (ADR 0071, test/lateral.test.ts); a LATERAL subquery is not.

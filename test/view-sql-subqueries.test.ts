@@ -312,8 +312,8 @@ describe('subqueries in FROM and WITH', () => {
       'invalid reference to FROM-clause entry for table "c"',
     ],
     [
-      'SELECT x.id FROM (SELECT id FROM shop_orders INTERSECT SELECT id FROM shop_customers) x',
-      'INTERSECT is not supported',
+      'SELECT x.id FROM (SELECT id FROM shop_orders INTERSECT ALL SELECT id FROM shop_customers) x',
+      'INTERSECT ALL is not supported',
     ],
     [
       // An IN is a semi-join (ADR 0057), but not inside another expression.
