@@ -1,0 +1,73 @@
+-- Two engine bugs the differential tests' view SQL found (issue #24, item 4; test/
+-- view-sql-regressions.test.ts keeps each minimised):
+--
+-- 1. A top-N's rank filter in brackets was not seen. `WHERE (dt.rn <= 1) AND (…)`, as
+--    pg_get_viewdef() writes every condition, was refused ("the statement reading dt must
+--    filter it with WHERE rn <= k"): _topn_bound (0045) split the WHERE at its top-level
+--    ANDs and read each conjunct bare. It now reads the conjuncts as _semi_conjuncts (0048)
+--    splits them, brackets taken off, so `(rn <= 2)` and `((a) AND (rn = 1))` are read.
+--
+-- 2. A UNION branch other than the first selecting one column twice (`… UNION ALL SELECT
+--    b.id, b.id FROM b`) was refused: valid SQL (the union's columns take the first
+--    branch's names), but _define_union (0041) checks each branch alone, as a view, under
+--    its own output names, and a view cannot have two columns named `id`. The names a
+--    later branch gives its columns mean nothing to the union, and each branch's part is
+--    defined under the union's names anyway: the branches after the first are now checked
+--    with each unnamed item (but bare labels, which that check reads) named
+--    `trellis#c<n>`, and the union returned as written (for rendering).
+--
+-- Renamed here and wrapped:
+--   _topn_bound (0045)    -> _topn_bound_before_parens
+--   _define_union (0041)  -> _define_union_before_twice
+-- No other function is replaced.
+
+ALTER FUNCTION @schema@._topn_bound(text, text, text) RENAME TO _topn_bound_before_parens;
+
+CREATE FUNCTION @schema@._topn_bound(where_ text, alias text, rn text)
+RETURNS int LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  c text;
+  n int;
+  best int;
+BEGIN
+  IF where_ IS NULL THEN
+    RETURN NULL;
+  END IF;
+  FOREACH c IN ARRAY @schema@._semi_conjuncts(where_) LOOP
+    n := @schema@._topn_bound_before_parens(c, alias, rn);
+    IF n IS NOT NULL AND (best IS NULL OR n < best) THEN
+      best := n;
+    END IF;
+  END LOOP;
+  RETURN best;
+END
+$fn$;
+
+ALTER FUNCTION @schema@._define_union(jsonb, text, text, jsonb) RENAME TO _define_union_before_twice;
+
+CREATE FUNCTION @schema@._define_union(ast jsonb, root text, path text, scope jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  branches jsonb := '[]';
+  branch jsonb;
+  b bigint;
+  res jsonb;
+BEGIN
+  FOR branch, b IN SELECT x, o FROM jsonb_array_elements(ast->'union'->'branches') WITH ORDINALITY AS y(x, o) LOOP
+    IF b > 1 AND jsonb_typeof(branch->'select') = 'array' THEN
+      branch := branch || jsonb_build_object('select', (
+        SELECT jsonb_agg(CASE WHEN i->>'bare_label' IS NULL
+                              THEN i || jsonb_build_object('name', 'trellis#c' || n)
+                              ELSE i END ORDER BY n)
+          FROM jsonb_array_elements(branch->'select') WITH ORDINALITY AS z(i, n)));
+    END IF;
+    branches := branches || jsonb_build_array(branch);
+  END LOOP;
+  res := @schema@._define_union_before_twice(
+    jsonb_set(ast, '{union,branches}', branches), root, path, scope);
+  IF res->'ast' ? 'union' THEN
+    res := jsonb_set(res, '{ast,union}', ast->'union');
+  END IF;
+  RETURN res;
+END
+$fn$;
