@@ -133,4 +133,36 @@ describe('view SQL regressions found by the differential tests', () => {
       DELETE FROM vr_t WHERE id = 2;`);
     for (const d of defs) await convergedRows(d);
   }, 120_000);
+
+  // Found by seed 7: a semi- or anti-join as a term of an OR, in brackets (`((EXISTS (…)) OR
+  // (x > 1))`, as pg_get_viewdef() writes it), was refused as "inside an AND or another
+  // expression under an OR". Fixed by 0056_generator_findings.sql.
+  it('keeps subquery predicates that are bracketed terms of an OR', async () => {
+    const orExists: Definition = {
+      form: 'as',
+      target: 'vr_or_exists',
+      select: 'a.id AS o1, a.tag',
+      from: 'vr_a a',
+      where: '((EXISTS (SELECT 1 FROM vr_b sq WHERE sq.id = a.to_b AND sq.i1 > 15)) OR (a.i1 > 5))',
+    };
+    const orNotIn: Definition = {
+      form: 'as',
+      target: 'vr_or_not_in',
+      select: 'a.id AS o1',
+      from: 'vr_a a',
+      where: "(a.id > 0) AND (((a.i1 NOT IN (SELECT sq.i1 FROM vr_b sq))) OR ((a.tag = 'x')))",
+    };
+    const defs = [orExists, orNotIn];
+    await live.define(...defs);
+    for (const d of defs) await convergedRows(d);
+    await live.db.sql.unsafe(`
+      INSERT INTO vr_b VALUES (7, 7), (8, NULL);
+      UPDATE vr_a SET to_b = 3 WHERE id = 1;
+      UPDATE vr_a SET i1 = 6 WHERE id = 3;`);
+    for (const d of defs) await convergedRows(d);
+    await live.db.sql.unsafe(`
+      DELETE FROM vr_b WHERE i1 IS NULL;
+      UPDATE vr_a SET tag = NULL WHERE id = 4;`);
+    for (const d of defs) await convergedRows(d);
+  }, 120_000);
 });

@@ -16,9 +16,16 @@
 --    with each unnamed item (but bare labels, which that check reads) named
 --    `trellis#c<n>`, and the union returned as written (for rendering).
 --
+-- 3. A semi- or anti-join as a term of an OR, in brackets (`WHERE ((EXISTS (SELECT …)) OR
+--    (x > 1))`, pg_get_viewdef()'s form again) was refused as "inside an AND or another
+--    expression under an OR": _semi_or_terms (0044) gave each term with its brackets, and
+--    a term in brackets is no EXISTS, IN or NOT IN to the shape it is read by. Each term now
+--    comes without the brackets around the whole of it.
+--
 -- Renamed here and wrapped:
---   _topn_bound (0045)    -> _topn_bound_before_parens
---   _define_union (0041)  -> _define_union_before_twice
+--   _topn_bound (0045)     -> _topn_bound_before_parens
+--   _define_union (0041)   -> _define_union_before_twice
+--   _semi_or_terms (0044)  -> _semi_or_terms_before_parens
 -- No other function is replaced.
 
 ALTER FUNCTION @schema@._topn_bound(text, text, text) RENAME TO _topn_bound_before_parens;
@@ -68,6 +75,36 @@ BEGIN
   IF res->'ast' ? 'union' THEN
     res := jsonb_set(res, '{ast,union}', ast->'union');
   END IF;
+  RETURN res;
+END
+$fn$;
+
+ALTER FUNCTION @schema@._semi_or_terms(text) RENAME TO _semi_or_terms_before_parens;
+
+CREATE FUNCTION @schema@._semi_or_terms(cond text)
+RETURNS text[] LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  terms text[] := @schema@._semi_or_terms_before_parens(cond);
+  res text[] := '{}';
+  t text;
+  toks @schema@.grammar_token[];
+  n int;
+BEGIN
+  IF terms IS NULL THEN
+    RETURN NULL;
+  END IF;
+  FOREACH t IN ARRAY terms LOOP
+    LOOP
+      toks := @schema@.grammar_tokenize(t);
+      n := array_length(toks, 1) - 1;  -- the last token before eof
+      EXIT WHEN NOT (n >= 2 AND toks[1].kind = 'punct' AND toks[1].text = '('
+                     AND @schema@._closing_token(toks, 1) = n);
+      t := @schema@.grammar_text(toks, 2, n);
+    END LOOP;
+    res := res || t;
+  END LOOP;
   RETURN res;
 END
 $fn$;
