@@ -16,6 +16,8 @@ const live = livePipeline({
       CREATE TABLE vr_n (id int PRIMARY KEY, dec4 numeric(12,2));
       INSERT INTO vr_n VALUES (1, 1.5), (2, NULL);
       CREATE TABLE vr_t (id int PRIMARY KEY, grp int NOT NULL, v int);
+      CREATE TABLE vr_d (id int PRIMARY KEY, grp text NOT NULL, flag boolean NOT NULL, v int);
+      INSERT INTO vr_d VALUES (1, 'x', true, 1), (2, 'x', false, 2), (3, 'y', true, 3), (4, 'y', true, 4);
       INSERT INTO vr_t VALUES (1, 1, 5), (2, 1, 7), (3, 1, NULL), (4, 2, 7), (5, 2, 7), (6, 3, 1);`);
   },
 });
@@ -164,5 +166,34 @@ describe('view SQL regressions found by the differential tests', () => {
       DELETE FROM vr_b WHERE i1 IS NULL;
       UPDATE vr_a SET tag = NULL WHERE id = 4;`);
     for (const d of defs) await convergedRows(d);
+  }, 120_000);
+
+  // Found by a run drawing retypes and renames in every case: a source column renamed that
+  // a DISTINCT ON reads only in its ORDER BY (or DISTINCT ON) stopped the transform
+  // (capture_failure, "its definition no longer holds") instead of being followed. Fixed by
+  // 0056_generator_findings.sql.
+  it('follows a column renamed in a DISTINCT ON and its ORDER BY', async () => {
+    const before: Definition = {
+      form: 'as',
+      target: 'vr_distinct_on_renamed',
+      select: 'DISTINCT ON (d.grp) d.grp AS g1, d.id AS o1, d.v + 1 AS o2',
+      from: 'vr_d d ORDER BY d.grp, d.flag, d.id',
+    };
+    await live.define(before);
+    await convergedRows(before);
+    await live.db.sql.unsafe(`
+      ALTER TABLE vr_d RENAME COLUMN flag TO flag_r;
+      ALTER TABLE vr_d RENAME COLUMN grp TO grp_r;`);
+    await live.db.sql.unsafe(`
+      UPDATE vr_d SET flag_r = false WHERE id = 4;
+      INSERT INTO vr_d VALUES (5, 'x', false, 0), (6, 'z', true, 6);
+      DELETE FROM vr_d WHERE id = 2;`);
+    const after: Definition = {
+      ...before,
+      select: 'DISTINCT ON (d.grp_r) d.grp_r AS g1, d.id AS o1, d.v + 1 AS o2',
+      from: 'vr_d d ORDER BY d.grp_r, d.flag_r, d.id',
+    };
+    await convergedRows(after);
+    expect((await live.trellis.status(before.target)).status).toBe('live');
   }, 120_000);
 });

@@ -22,10 +22,17 @@
 --    a term in brackets is no EXISTS, IN or NOT IN to the shape it is read by. Each term now
 --    comes without the brackets around the whole of it.
 --
+-- 4. A source column renamed that a DISTINCT ON reads in its DISTINCT ON expressions or
+--    ORDER BY (and nowhere else) stopped the transform (`capture_failure`: "its definition
+--    no longer holds") instead of being followed: _rename_in_ast (0030) renames the
+--    SELECT list, WHERE, GROUP BY, HAVING and ON, and the stored AST of a DISTINCT ON
+--    keeps its DISTINCT ON and ORDER BY as written (0045), which it did not rename.
+--
 -- Renamed here and wrapped:
 --   _topn_bound (0045)     -> _topn_bound_before_parens
 --   _define_union (0041)   -> _define_union_before_twice
 --   _semi_or_terms (0044)  -> _semi_or_terms_before_parens
+--   _rename_in_ast (0030)  -> _rename_in_ast_before_distinct_on
 -- No other function is replaced.
 
 ALTER FUNCTION @schema@._topn_bound(text, text, text) RENAME TO _topn_bound_before_parens;
@@ -106,5 +113,24 @@ BEGIN
     res := res || t;
   END LOOP;
   RETURN res;
+END
+$fn$;
+
+ALTER FUNCTION @schema@._rename_in_ast(jsonb, int, text, text) RENAME TO _rename_in_ast_before_distinct_on;
+
+CREATE FUNCTION @schema@._rename_in_ast(ast jsonb, ordinal int, old_name text, new_name text)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  src jsonb := CASE WHEN ordinal = 0 THEN ast->'from' ELSE ast->'joins'->(ordinal - 1) END;
+  alias text := coalesce(src->>'alias', src->>'name');
+BEGIN
+  IF ast ? 'distinct_on' THEN
+    ast := ast || jsonb_build_object(
+      'distinct_on', (SELECT coalesce(jsonb_agg(to_jsonb(@schema@._rename_in_expression(e, alias, old_name, new_name)) ORDER BY n), '[]')
+                        FROM jsonb_array_elements_text(ast->'distinct_on') WITH ORDINALITY AS x(e, n)),
+      'order_by', (SELECT coalesce(jsonb_agg(o || jsonb_build_object('expr', @schema@._rename_in_expression(o->>'expr', alias, old_name, new_name)) ORDER BY n), '[]')
+                     FROM jsonb_array_elements(ast->'order_by') WITH ORDINALITY AS x(o, n)));
+  END IF;
+  RETURN @schema@._rename_in_ast_before_distinct_on(ast, ordinal, old_name, new_name);
 END
 $fn$;
