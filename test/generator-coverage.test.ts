@@ -68,6 +68,16 @@ const CONSTRUCTS = [
   'scalar subquery in SELECT',
   'scalar subquery in HAVING',
   'correlated scalar subquery',
+  // DISTINCT ON and top-N per partition (ADR 0065), RIGHT and FULL joins (ADR 0066), NOT
+  // IN or <> ALL over nullable values and subquery predicates under OR (ADR 0057's addendum).
+  'DISTINCT ON',
+  'top-N by row_number()',
+  'top-N by rank()',
+  'top-N by dense_rank()',
+  'RIGHT JOIN',
+  'FULL JOIN',
+  'NOT IN over NULLs',
+  'subquery predicate under OR',
   // Tables named with quotes, or in a schema of their own.
   'tables named quoted',
   'tables named schema',

@@ -51,7 +51,11 @@ interface Source {
   name: string;
   keys: ScopeColumn[];
   columns: ScopeColumn[];
-  join: { left: boolean; on: string } | null;
+  /**
+   * `outer`: the first join written as a RIGHT JOIN (this table first, the driving one
+   * RIGHT JOINed to it: the LEFT JOIN it is kept as, ADR 0066) or as a FULL JOIN.
+   */
+  join: { left: boolean; on: string; outer?: 'right' | 'full' } | null;
   /** What its join is made of, for the generator's coverage (`constructsOf`). */
   constructs?: string[];
   /**
@@ -94,6 +98,11 @@ export interface JoinChoice {
   cross: Pick | null;
   /** Joins a table already in FROM again (a self-join): which one; null for a new table. */
   again: number | null;
+  /**
+   * As the first join, where the form allows: 0 a RIGHT JOIN, 1 a FULL JOIN (ADR 0066);
+   * anything else as drawn.
+   */
+  outer: number;
 }
 
 interface QueryChoice {
@@ -515,6 +524,11 @@ export interface Transform {
   constructs: string[];
   /** The AS form's WITH queries (`w1 AS (SELECT …)`), tables named `«a»`. */
   with?: string;
+  /**
+   * `SELECT DISTINCT ON (on) … ORDER BY orderBy` (ADR 0065): `select` follows the DISTINCT
+   * ON, `where` and then the ORDER BY follow FROM.
+   */
+  distinctOn?: { on: string; orderBy: string };
   /** A UNION at the top: its second branch's SELECT list, FROM and WHERE (the first is this). */
   union?: {
     all: boolean;
@@ -573,7 +587,14 @@ function extraConditions(sources: Source[], source: Source, j: JoinChoice, condi
   source.join = { left: j.left, on: conditions.join(' AND ') };
 }
 
-function fromSources(schema: Schema, choice: TransformChoice): Source[] {
+/**
+ * Which outer joins a FROM may have as its first join: none, RIGHT only (a semi-join,
+ * scalar subquery or aggregate around it), or FULL too (a projection or SELECT DISTINCT:
+ * a FULL JOIN is a UNION ALL, ADR 0066).
+ */
+type Outer = 'none' | 'right' | 'full';
+
+function fromSources(schema: Schema, choice: TransformChoice, outer: Outer = 'none'): Source[] {
   const tables = schema.tables.map((_, i) => i);
   const driving = tables.splice(choice.driving % tables.length, 1)[0]!;
   const sources = [tableSource(schema, driving, null)];
@@ -611,7 +632,28 @@ function fromSources(schema: Schema, choice: TransformChoice): Source[] {
           ];
     if (byValues) source.constructs.push('join on values');
     const conditions = left.map((l, i) => `${l} = ${right[i]}`);
-    extraConditions(sources, source, j, conditions);
+    const kind =
+      sources.length > 1 || outer === 'none'
+        ? undefined
+        : j.outer === 0
+          ? 'right'
+          : j.outer === 1 && outer === 'full'
+            ? 'full'
+            : undefined;
+    extraConditions(sources, source, kind ? { ...j, left: true } : j, conditions);
+    if (kind) {
+      source.join = { ...source.join!, outer: kind };
+      source.constructs.push(kind === 'right' ? 'RIGHT JOIN' : 'FULL JOIN');
+      // A FULL JOIN's first table is NULL where only the second has a row.
+      if (kind === 'full') {
+        const first = sources[0]!;
+        sources[0] = {
+          ...first,
+          keys: first.keys.map((c) => ({ ...c, nullable: true })),
+          columns: first.columns.map((c) => ({ ...c, nullable: true })),
+        };
+      }
+    }
     sources.push(source);
     indexes.push(joined);
   }
@@ -768,13 +810,20 @@ export function readTransform(schema: Schema, choice: TransformChoice, index: nu
     const view = readView(schema, choice, choice.view, index);
     if (view) return [view];
   }
-  const sources = fromSources(schema, choice);
+  // A FULL JOIN only under a projection or SELECT DISTINCT (ADR 0066 refuses aggregates).
+  const outer = choice.kind === 'rows' || choice.kind === 'distinct' ? 'full' : 'right';
+  const sources = fromSources(schema, choice, outer);
   const last = sources[sources.length - 1]!;
   const anti = Boolean(choice.anti && sources.length > 1 && last.join?.left);
   const where = anti ? [`${col(last.keys[0]!)} IS NULL`] : [];
   const transform = readQuery(`x${index}`, sources, choice, where, anti);
   transform.withoutSourceIndex = choice.options % 10 === 1;
   transform.form = (['from', 'as', 'as-ordered'] as const)[choice.form % 6] ?? 'from';
+  // RIGHT and FULL joins are view SQL: the AS form.
+  if (sources[1]?.join?.outer) {
+    if (transform.form === 'from') transform.form = 'as';
+    if (sources[1].join.outer === 'full') fullJoinKey(transform);
+  }
   const read = [transform];
   for (const [depth, query] of [choice.chain, choice.chain2].entries()) {
     const upstream = read[read.length - 1]!;
@@ -809,6 +858,24 @@ export function readTransform(schema: Schema, choice: TransformChoice, index: nu
 }
 
 /**
+ * A projection over a FULL JOIN is keyed as the UNION ALL it is kept as (ADR 0066): its
+ * branch (1: a row of the first table, 2: a row of the second no row of the first
+ * matches) and the branch row's key as text, the first side's key first, then the other's
+ * and the further joins'. The oracle states both columns from the FULL JOIN as written.
+ */
+function fullJoinKey(t: Transform): void {
+  if (t.kind !== 'rows') return;
+  const [first, second, ...rest] = t.sources.map((s) => s.keys.map(col));
+  const matched = `${first![0]} IS NOT NULL`;
+  const row = (keys: string[][]) => `ROW(${keys.flat().join(', ')})::text`;
+  t.implicit = [
+    `CASE WHEN ${matched} THEN 1 ELSE 2 END AS "trellis#branch"`,
+    `CASE WHEN ${matched} THEN ${row([first!, second!, ...rest])} ELSE ${row([second!, first!, ...rest])} END AS "trellis#key"`,
+  ];
+  t.keys = [];
+}
+
+/**
  * A transform's target as a chain reads it (aliased q): its SELECT items (but arrays),
  * then the key columns the target added on its own; key columns are never NULL.
  */
@@ -838,12 +905,12 @@ function upstreamSource(transform: Transform): Source {
  */
 export function constructsOf(t: Transform): string[] {
   const found = new Set<string>(t.constructs);
-  if (!t.union) found.add(`${t.kind === 'distinct' ? 'SELECT DISTINCT' : t.kind}`);
+  if (!t.union && !t.distinctOn) found.add(`${t.kind === 'distinct' ? 'SELECT DISTINCT' : t.kind}`);
   const chain = t.sources[0]!.alias === 'q';
   if (chain) found.add('chain');
   for (const s of t.sources) {
     for (const c of s.constructs ?? []) found.add(c);
-    if (s.join) found.add(s.join.left ? 'LEFT JOIN' : 'JOIN');
+    if (s.join && !s.join.outer) found.add(s.join.left ? 'LEFT JOIN' : 'JOIN');
   }
   if (t.sources.length >= 3) found.add('three tables or more');
   if (t.sources.length >= 4) found.add('four tables or more');
@@ -865,12 +932,14 @@ export function constructsOf(t: Transform): string[] {
 
 /** What a transform is, in a few words (for the tests' progress lines): `x1: groups, left join of 3, having`. */
 export function transformShape(t: Transform): string {
-  const tags: string[] = t.union ? [] : [t.kind];
+  const tags: string[] = t.union || t.distinctOn ? [] : [t.kind];
   for (const c of t.constructs) if (VIEW_CONSTRUCTS.test(c)) tags.push(c);
   if (t.sources[0]!.alias === 'q') tags.push('chain');
   const joins = t.sources.filter((s) => s.join);
   if (joins.length) {
-    const kinds = [...new Set(joins.map((s) => (s.join!.left ? 'left' : 'inner')))].join('+');
+    const kinds = [
+      ...new Set(joins.map((s) => s.join!.outer ?? (s.join!.left ? 'left' : 'inner'))),
+    ].join('+');
     tags.push(`${kinds} join of ${t.sources.length}`);
   }
   if (t.anti) tags.push('anti-join');
@@ -884,18 +953,25 @@ export function transformShape(t: Transform): string {
 
 /** The Definition of a transform read against its schema, tables and targets named with `prefix`. */
 export function definitionOf(t: Transform, prefix: string, naming: Naming = 'plain'): Definition {
+  const items = t.sources.map((s) => {
+    // A base table named as the case names them; an upstream target, plainly.
+    const name = s.sql
+      ? null
+      : (TABLE_NAMES as readonly string[]).includes(s.name)
+        ? tableSql(prefix, s.name, naming)
+        : physical(prefix, s.name);
+    return s.sql ?? `${name} ${s.alias}`;
+  });
   const from = t.sources
-    .map((s) => {
-      // A base table named as the case names them; an upstream target, plainly.
-      const name = s.sql
-        ? null
-        : (TABLE_NAMES as readonly string[]).includes(s.name)
-          ? tableSql(prefix, s.name, naming)
-          : physical(prefix, s.name);
-      const table = s.sql ?? `${name} ${s.alias}`;
-      if (!s.join) return table;
+    .map((s, i) => {
+      const table = items[i]!;
+      if (!s.join) return i === 0 && t.sources[1]?.join?.outer ? '' : table;
+      // The first join written as RIGHT JOIN (its table first) or FULL JOIN.
+      if (s.join.outer === 'right') return `${table} RIGHT JOIN ${items[0]} ON ${s.join.on}`;
+      if (s.join.outer === 'full') return `${items[0]} FULL JOIN ${table} ON ${s.join.on}`;
       return `${s.join.left ? 'LEFT JOIN' : 'JOIN'} ${table} ON ${s.join.on}`;
     })
+    .filter(Boolean)
     .join(' ');
   // Subqueries name their tables `«a»`.
   const place = (text: string) => placeTables(text, (n) => tableSql(prefix, n, naming));
@@ -923,6 +999,17 @@ export function definitionOf(t: Transform, prefix: string, naming: Naming = 'pla
       from: place(u.from),
       ...(u.where ? { where: place(u.where) } : {}),
       ...(t.form === 'as-ordered' ? { orderBy: '1' } : {}),
+    };
+  }
+  if (t.distinctOn) {
+    // The oracle's SELECT puts WHERE after FROM: here FROM carries WHERE and ORDER BY.
+    const d = t.distinctOn;
+    return {
+      target: physical(prefix, t.name),
+      form: 'as',
+      select: place(`DISTINCT ON (${d.on}) ${select}`),
+      from: place(`${from}${where ? ` WHERE ${where}` : ''} ORDER BY ${d.orderBy}`),
+      ...(t.withoutSourceIndex ? { options: 'WITHOUT SOURCE INDEX' } : {}),
     };
   }
   return {
@@ -989,6 +1076,7 @@ const joinArb: fc.Arbitrary<JoinChoice> = fc.record({
   extra: fc.option(pickArb, { freq: 2 }),
   cross: sometimes(pickArb, 5),
   again: sometimes(fc.nat(3), 6),
+  outer: fc.nat(5),
 });
 
 /*
@@ -1017,12 +1105,28 @@ export interface ViewChoice {
   filter: Pick | null;
   /** Which variant: WITH or derived table, EXISTS or IN, correlated or not, where... */
   variant: number;
+  /**
+   * A semi- or anti-join: NOT IN and <> ALL left over nullable values (no `IS NOT NULL`
+   * added), and the predicate as a term of an OR with this one on the outer sources.
+   */
+  nulls: boolean;
+  or: Pick | null;
 }
 
 /** The constructs of view SQL, as the progress lines name them (`transformShape`). */
-const VIEW_CONSTRUCTS = /subquery|WITH|UNION|EXISTS|IN \(|ANY|ALL \(/;
+const VIEW_CONSTRUCTS = /subquery|WITH|UNION|EXISTS|IN \(|ANY|ALL \(|DISTINCT ON|top-N|NULLs|OR/;
 
-const VIEW_KINDS = ['derived', 'derived UNION ALL', 'derived UNION', 'semi', 'scalar', 'UNION'];
+const VIEW_KINDS = [
+  'derived',
+  'derived UNION ALL',
+  'derived UNION',
+  'semi',
+  'scalar',
+  'UNION',
+  'derived top-N',
+  'semi',
+  'DISTINCT ON',
+];
 
 /** Types whose equal values have one image: what a subquery may be keyed by here. */
 const KEYABLE: ReadonlySet<ColumnType> = new Set([
@@ -1043,14 +1147,11 @@ function innerSource(schema: Schema, index: number, alias: string): Source {
 const fromItem = (s: Source) => `«${s.name}» ${s.alias}`;
 
 /**
- * A UNION's second SELECT list: its columns bare, or all named (`u1`, `u2`) when one is
- * there twice, which the engine refuses bare (an engine bug, reported:
- * view-sql-regressions.test.ts).
+ * A UNION's second SELECT list: its columns bare, one perhaps there twice (the union's
+ * columns take the first branch's names; view-sql-regressions.test.ts).
  */
 function branchList(columns: ScopeColumn[]): string {
-  const names = columns.map(col);
-  if (new Set(names).size === names.length) return names.join(', ');
-  return names.map((n, i) => `${n} AS u${i + 1}`).join(', ');
+  return columns.map(col).join(', ');
 }
 
 /** Pairs of an inner column (kept by `keep`) and an outer one of its type. */
@@ -1084,8 +1185,15 @@ function derivedSource(
   v: ViewChoice,
   kind: string,
   delta: boolean,
-): { source: Source; with: string | null; constructs: string[] } | null {
+): {
+  source: Source;
+  with: string | null;
+  constructs: string[];
+  /** A top-N's filter on its rank, for the WHERE around it. */
+  rank: string | null;
+} | null {
   const inner = innerSource(schema, v.table, 'sq');
+  let rank: string | null = null;
   const where = v.filter ? ` WHERE ${predicate([inner], v.filter)}` : '';
   const items: string[] = [];
   const columns: ScopeColumn[] = [];
@@ -1122,6 +1230,42 @@ function derivedSource(
       body = `SELECT ${items.join(', ')} FROM ${fromItem(inner)}${where}`;
       constructs.push('subquery of a projection');
     }
+  } else if (kind === 'derived top-N') {
+    // Top-N per partition (ADR 0065): a ranking of the table's rows per NOT NULL column of
+    // one image, filtered by the statement around it (`rank` below). row_number's order
+    // ends with the key (so nothing ties); rank and dense_rank order by one column of one
+    // image (their ties are the statement's own).
+    // A column other than the key when there is one (a partition of one row ranks nothing).
+    const parts = inner.columns.filter((c) => !c.nullable && KEYABLE.has(c.type));
+    const others = parts.filter((c) => !inner.keys.includes(c));
+    if (parts.length === 0) return null;
+    const part = at(others.length ? others : parts, v.pick.column);
+    const ranking = at(['row_number', 'rank', 'dense_rank'], v.variant);
+    const orderable =
+      ranking === 'row_number' ? inner.columns : inner.columns.filter((c) => KEYABLE.has(c.type));
+    if (orderable.length === 0) return null;
+    const order = at(orderable, v.pick.template);
+    const desc = (v.variant >> 2) % 2 === 1 ? ' DESC' : '';
+    const tiebreak = ranking === 'row_number' ? `, ${inner.keys.map(col).join(', ')}` : '';
+    for (const k of inner.keys) {
+      items.push(`${col(k)} AS ${k.name}`);
+      keys.push(derivedColumn(k.name, k.type, false));
+    }
+    columns.push(...keys);
+    items.push(`${col(part)} AS p1`);
+    columns.push(derivedColumn('p1', part.type, false));
+    v.more.forEach((m, i) => {
+      const c = at(inner.columns, m);
+      items.push(`${col(c)} AS v${i + 1}`);
+      columns.push(derivedColumn(`v${i + 1}`, c.type, c.nullable));
+    });
+    items.push(
+      `${ranking}() OVER (PARTITION BY ${col(part)} ORDER BY ${col(order)}${desc}${tiebreak}) AS rn`,
+    );
+    columns.push(derivedColumn('rn', 'bigint', false));
+    body = `SELECT ${items.join(', ')} FROM ${fromItem(inner)}${where}`;
+    constructs.push(ranking === 'row_number' ? 'top-N by row_number()' : `top-N by ${ranking}()`);
+    rank = `dt.rn ${at(['<= 1', '<= 2', '<= 3', '= 1', '< 3'], v.variant >> 3)}`;
   } else {
     // A UNION: each column of the first branch with one of its type in the second (from
     // the first branch's table when the second's has none); UNION's NOT NULL and keyable.
@@ -1149,9 +1293,11 @@ function derivedSource(
       `UNION${distinct ? '' : ' ALL'} SELECT ${branchList(seconds)} FROM ${fromItem(second)}${where2}`;
     constructs.push(distinct ? 'UNION in a subquery' : 'UNION ALL in a subquery');
   }
-  const asWith = (v.variant >> 1) % 2 === 1;
+  // Not a top-N in a WITH query (ADR 0065 refuses it).
+  const asWith = (v.variant >> 1) % 2 === 1 && rank === null;
   constructs.push(asWith ? 'WITH query' : 'derived table');
   return {
+    rank,
     source: {
       alias: 'dt',
       name: 'dt',
@@ -1165,42 +1311,60 @@ function derivedSource(
   };
 }
 
-/** A semi- or anti-join on the picked columns, AND-ed into WHERE (with what NOT IN needs). */
+/**
+ * A semi- or anti-join on the picked columns, AND-ed into WHERE, or OR-ed with a predicate
+ * on the outer sources (`v.or`). NOT IN and <> ALL over nullable values either as they
+ * are (SQL's NULL answers, `v.nulls`) or with `IS NOT NULL` on each nullable side.
+ */
 function semiJoin(
   schema: Schema,
   sources: Source[],
   v: ViewChoice,
-): { where: string[]; construct: string } | null {
+): { where: string[]; constructs: string[] } | null {
   const inner = innerSource(schema, v.table, 'sq');
   const pairs = pairsOf(inner, sources, () => true);
   if (pairs.length === 0) return null;
   const [x, y] = at(pairs, v.pick.column);
   const p = v.filter ? predicate([inner], v.filter) : null;
   const from = fromItem(inner);
-  const form = v.variant % 6;
+  // NOT IN and <> ALL twice as often: their NULL answers are the hardest to keep.
+  const form = at([0, 1, 2, 3, 4, 5, 4, 5], v.variant);
+  const constructs: string[] = [];
+  const or = (condition: string): string => {
+    if (!v.or) return condition;
+    constructs.push('subquery predicate under OR');
+    return `(${condition}) OR (${predicate(sources, v.or)})`;
+  };
   if (form < 2) {
     const not = form === 1 ? 'NOT ' : '';
+    constructs.push(`${not}EXISTS`);
     return {
       where: [
-        `${not}EXISTS (SELECT 1 FROM ${from} WHERE ${col(x)} = ${col(y)}${p ? ` AND ${p}` : ''})`,
+        or(
+          `${not}EXISTS (SELECT 1 FROM ${from} WHERE ${col(x)} = ${col(y)}${p ? ` AND ${p}` : ''})`,
+        ),
       ],
-      construct: `${not}EXISTS`,
+      constructs,
     };
   }
   const spelling = ['IN', '= ANY', 'NOT IN', '<> ALL'][form - 2]!;
   const negated = form >= 4;
-  // NOT IN is exact only when neither side is NULL: the subquery and WHERE say so.
+  constructs.push(`${spelling} (SELECT …)`);
+  // NOT IN is TRUE, FALSE or NULL by SQL's rules over NULLs on either side (README); or,
+  // with `IS NOT NULL` on each nullable side, TRUE or FALSE only.
+  const guarded = negated && !v.nulls;
+  if (negated && !guarded && (x.nullable || y.nullable)) constructs.push('NOT IN over NULLs');
   const conditions = [
-    ...(negated && x.nullable ? [`${col(x)} IS NOT NULL`] : []),
+    ...(guarded && x.nullable ? [`${col(x)} IS NOT NULL`] : []),
     ...(p ? [p] : []),
   ];
   const list = `SELECT ${col(x)} FROM ${from}${conditions.length ? ` WHERE ${conditions.join(' AND ')}` : ''}`;
   return {
     where: [
-      ...(negated && y.nullable ? [`${col(y)} IS NOT NULL`] : []),
-      `${col(y)} ${spelling} (${list})`,
+      ...(guarded && y.nullable ? [`${col(y)} IS NOT NULL`] : []),
+      or(`${col(y)} ${spelling} (${list})`),
     ],
-    construct: `${spelling} (SELECT …)`,
+    constructs,
   };
 }
 
@@ -1317,6 +1481,56 @@ function topUnion(
 }
 
 /**
+ * `SELECT DISTINCT ON (p) p, items … ORDER BY p, o [DESC], <every source's key>` over the
+ * drawn FROM (ADR 0065): the first row of each partition, one by the order (the keys end
+ * it, so nothing ties). The partition is a GROUP BY expression (equal values have one
+ * image), selected first: the target's key. No item of an array type (ADR 0065 refuses it).
+ */
+function distinctOn(
+  schema: Schema,
+  choice: TransformChoice,
+  v: ViewChoice,
+  name: string,
+): Transform {
+  const sources = fromSources(schema, choice);
+  const part = groupExpr(sources, v.pick);
+  const used = new Set<string>(['g1']);
+  const select: Transform['select'] = [{ ...part, name: 'g1' }];
+  choice.items.forEach((item, i) => {
+    const e = valueExpr(sources, item.pick);
+    if (e.type === 'int_array') return;
+    select.push({ ...e, name: itemName(`o${i + 1}`, item.name, used) });
+  });
+  const order = column(sources, v.filter ?? { ...v.pick, column: v.pick.template });
+  const desc = v.variant % 2 === 1 ? ' DESC' : '';
+  const keys = sources.flatMap((s) => s.keys.map(col));
+  const where = choice.where ? [predicate(sources, choice.where)] : [];
+  return {
+    name,
+    kind: 'rows',
+    anti: false,
+    sources,
+    select,
+    where,
+    groupBy: [],
+    having: null,
+    delta: false,
+    implicit: [],
+    keys: [
+      { ...(part.bare ?? { alias: '', nullable: true }), type: part.type, alias: '', name: 'g1' },
+    ],
+    readable: false,
+    withoutSourceIndex: false,
+    form: 'as',
+    constructs: ['DISTINCT ON'],
+    distinctOn: {
+      on: part.sql,
+      orderBy: `${part.sql}, ${col(order)}${desc}, ${keys.join(', ')}`,
+    },
+  };
+}
+
+/**
  * A transform written as view SQL (`choice.view`), or null when the schema has nothing
  * the drawn form needs (the transform is then read as if none was drawn).
  */
@@ -1333,6 +1547,8 @@ function readView(
     const u = topUnion(schema, choice, v, name);
     if (!u) return null;
     t = u;
+  } else if (kind === 'DISTINCT ON') {
+    t = distinctOn(schema, choice, v, name);
   } else if (kind.startsWith('derived')) {
     const derived = derivedSource(schema, v, kind, choice.delta);
     if (!derived) return null;
@@ -1353,11 +1569,11 @@ function readView(
       kind === 'derived UNION ALL' && choice.kind === 'rows'
         ? { ...choice, kind: 'groups' }
         : choice;
-    t = readQuery(name, sources, query, []);
+    t = readQuery(name, sources, query, derived.rank ? [derived.rank] : []);
     if (derived.with) t.with = derived.with;
     t.constructs.push(...derived.constructs);
   } else {
-    const sources = fromSources(schema, choice);
+    const sources = fromSources(schema, choice, 'right');
     const last = sources[sources.length - 1]!;
     const anti = Boolean(choice.anti && sources.length > 1 && last.join?.left);
     t = readQuery(name, sources, choice, anti ? [`${col(last.keys[0]!)} IS NULL`] : [], anti);
@@ -1365,12 +1581,13 @@ function readView(
       const semi = semiJoin(schema, sources, v);
       if (!semi) return null;
       t.where.push(...semi.where);
-      t.constructs.push(semi.construct);
+      t.constructs.push(...semi.constructs);
     } else {
       scalarSubquery(schema, t, v);
     }
   }
-  t.form = choice.form % 2 ? 'as-ordered' : 'as';
+  // A DISTINCT ON's ORDER BY is its own.
+  t.form = choice.form % 2 && !t.distinctOn ? 'as-ordered' : 'as';
   t.readable = false;
   t.withoutSourceIndex = choice.options % 10 === 1;
   t.constructs.push('view SQL');
@@ -1387,6 +1604,8 @@ const viewChoiceArb: fc.Arbitrary<ViewChoice> = fc.record({
     freq: 2,
   }),
   variant: fc.nat(63),
+  nulls: fc.boolean(),
+  or: sometimes(pickArb, 3),
 });
 
 export const transformChoiceArb: fc.Arbitrary<TransformChoice> = fc
