@@ -229,17 +229,16 @@ describe('subqueries in FROM and WITH', () => {
   });
 
   // Redefinitions to and from statements with parts: test/redefine-parts.test.ts.
-  it('refuses to redefine a part in place, or to a statement with a UNION, changing nothing', async () => {
+  // (and to or from statements with UNION [ALL]).
+  it('refuses to redefine a part in place, changing nothing', async () => {
     const before = (await live.trellis.definitions()).find((d) => d.target === 'q13');
-    for (const statement of [
-      `ALTER TRANSFORM q13 AS SELECT u.c_custkey, u.n FROM (SELECT c_custkey, count(*) AS n FROM customer GROUP BY c_custkey
-         UNION ALL SELECT o_custkey, count(*) FROM orders GROUP BY o_custkey) u`,
-      'ALTER TRANSFORM "trellis#q13#c_orders" AS SELECT c_custkey, count(*) AS c_count FROM customer GROUP BY c_custkey',
-    ]) {
-      const refused = await live.trellis.apply(statement).catch((e: unknown) => e);
-      expect(refused).toBeInstanceOf(TrellisError);
-      expect((refused as TrellisError).message).toMatch(/with UNION yet|part of transform q13/);
-    }
+    const refused = await live.trellis
+      .apply(
+        'ALTER TRANSFORM "trellis#q13#c_orders" AS SELECT c_custkey, count(*) AS c_count FROM customer GROUP BY c_custkey',
+      )
+      .catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(TrellisError);
+    expect((refused as TrellisError).message).toMatch(/part of transform q13/);
     expect((await live.trellis.definitions()).find((d) => d.target === 'q13')).toEqual(before);
     await live.converged(q13);
   });

@@ -107,6 +107,90 @@ interface Shadow {
   reason: string | null;
 }
 
+/** A hidden part of a redefinition's new definition (ADR 0056's parts, defined by `ALTER … AS`). */
+interface NewPart {
+  id: number;
+  target: string;
+  name: string;
+  phase: string;
+  /** Why it stopped (the transform paused, or one of its columns): null while it is not. */
+  stopped: string | null;
+}
+
+/**
+ * Where each redefinition with parts stands in making sure its shadow has every row its
+ * parts' builds wrote (keyed `<schema>:<shadow id>`): a snapshot taken once every part was
+ * live, and the round (a part reading another part needs one round per level). Kept in
+ * memory: a worker that starts again starts the rounds again, which only delays a switch.
+ */
+const partRounds = new Map<string, { token: string; lsn: string; round: number }>();
+
+/**
+ * The parts of shadow `shadowId` (every transform whose `part_of` it is), and why each
+ * stopped, if it did: paused whole (quarantine, a capture failure, an operator), or a
+ * column of it paused (its values frozen: the new definition's contents would be wrong).
+ */
+async function newParts(session: Session, s: string, shadowId: number): Promise<NewPart[]> {
+  return session.query<NewPart>(
+    `SELECT x.id, x.target_name AS target, coalesce(x.part_name, x.target_name) AS name, p.phase,
+            CASE WHEN x.paused_at IS NOT NULL THEN
+                   coalesce(x.capture_failure->>'error', x.pause_reason, 'paused')
+                   || coalesce(' (' || (SELECT count(*) FROM ${s}.held_keys h WHERE h.transform_id = x.id)
+                                    || ' keys held, the last: '
+                                    || (SELECT h.error FROM ${s}.held_keys h WHERE h.transform_id = x.id
+                                         ORDER BY h.held_at DESC LIMIT 1) || ')', '')
+                 ELSE (SELECT format('its column %s paused: %s', c.name, coalesce(c.pause_reason, 'paused'))
+                         FROM ${s}.transform_columns c
+                        WHERE c.transform_id = x.id AND c.paused_at IS NOT NULL ORDER BY c.name LIMIT 1) END
+              AS stopped
+       FROM ${s}.transforms x JOIN ${s}.pipeline p ON p.transform_id = x.id
+      WHERE x.part_of = $1
+      ORDER BY x.id`,
+    [shadowId],
+  );
+}
+
+/**
+ * Whether the shadow of a redefinition with parts has what its parts' builds wrote. A
+ * shadow reading a part is built from the part's target as it is, and goes live as soon as
+ * its own build ends, while the part may still be building (its rows reach the shadow
+ * later, through the ledger, as a chain's do): switching then would show readers a
+ * half-built target (an empty one, when the shadow was built before any part's row). So:
+ * every part live, then every part and the shadow converged up to a snapshot taken after
+ * that, once per part (a part reading another needs a round per level).
+ */
+async function partsCaughtUp(
+  session: Session,
+  s: string,
+  key: string,
+  shadowId: number,
+  parts: NewPart[],
+): Promise<boolean> {
+  if (parts.some((p) => p.phase !== 'live')) {
+    partRounds.delete(key);
+    return false;
+  }
+  const now = async (round: number) => {
+    const [row] = await session.query<{ token: string; lsn: string }>(
+      'SELECT pg_current_snapshot()::text AS token, pg_current_wal_insert_lsn()::text AS lsn',
+    );
+    const at = { token: row!.token, lsn: row!.lsn, round };
+    partRounds.set(key, at);
+    return at;
+  };
+  const at = partRounds.get(key) ?? (await now(1));
+  // Under WAL capture, the ledger holds what was decoded: the snapshot's writes first.
+  const [row] = await session.query<{ ok: boolean }>(
+    `SELECT ${s}._wal_decoded($3::pg_lsn)
+            AND (SELECT bool_and(${s}._converged(m, $2::pg_snapshot)) FROM unnest($1::int[]) m) AS ok`,
+    [[shadowId, ...parts.map((p) => p.id)], at.token, at.lsn],
+  );
+  if (!row?.ok) return false;
+  if (at.round >= parts.length) return true;
+  await now(at.round + 1);
+  return false;
+}
+
 /**
  * The staging worker's step for redefinitions (`ALTER TRANSFORM t AS …`, ADR 0055): each
  * shadow that is live is switched to, in one transaction of its own
@@ -132,10 +216,29 @@ export async function switchRedefinitions(
       ORDER BY x.id`,
   );
   let pending = !(await dropOrphanParts(session, s, log));
+  for (const key of partRounds.keys()) {
+    if (key.startsWith(`${schema}:`) && !shadows.some((x) => `${schema}:${x.id}` === key)) {
+      partRounds.delete(key);
+    }
+  }
   for (const shadow of shadows) {
-    if (shadow.paused) {
-      const reason = `its new definition stopped while it was built: ${shadow.reason ?? 'paused'}`;
+    const parts = await newParts(session, s, shadow.id);
+    const stoppedPart = parts.find((p) => p.stopped !== null);
+    if (shadow.paused || stoppedPart) {
+      // A new part stopped (a quarantine, a capture failure) is the new definition stopped:
+      // its shadow would never have the part's rows. Given up, saying which part and why.
+      const reason = shadow.paused
+        ? `its new definition stopped while it was built: ${shadow.reason ?? 'paused'}`
+        : `its new definition's part ${stoppedPart!.name} stopped while it was built: ${stoppedPart!.stopped}`;
       if (!(await abandon(session, s, shadow.id, reason))) {
+        // Visible meanwhile (status().redefinition.error), while it waits for its lock.
+        await session.query(
+          `UPDATE ${s}.transforms t SET redefinition = t.redefinition || jsonb_build_object('error', $2::text)
+            WHERE t.id = (SELECT x.redefines FROM ${s}.transforms x WHERE x.id = $1)
+              AND t.redefinition->>'state' = 'building'
+              AND t.redefinition->>'error' IS DISTINCT FROM $2::text`,
+          [shadow.id, `being given up: ${reason}`],
+        );
         pending = true;
         continue;
       }
@@ -143,6 +246,13 @@ export async function switchRedefinitions(
       continue;
     }
     if (shadow.phase !== 'live') {
+      pending = true;
+      continue;
+    }
+    if (
+      parts.length > 0 &&
+      !(await partsCaughtUp(session, s, `${schema}:${shadow.id}`, shadow.id, parts))
+    ) {
       pending = true;
       continue;
     }
