@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
 import { seededWriters } from './support/seeded-writers.js';
+import { checked, corrupt } from './support/self-check.js';
 
 /**
  * Aggregates kept by delta over a LEFT JOIN that fans out, and a grand total over a join
@@ -37,6 +38,9 @@ const chainTables = `
   CREATE TABLE lj_line (l_id int PRIMARY KEY, l_order int, l_qty int, l_price numeric, l_flag boolean);
   CREATE INDEX ON lj_orders (o_cust);
   CREATE INDEX ON lj_line (l_order);
+  CREATE INDEX ON lj_cust (c_region);
+  CREATE INDEX ON lj_cust (c_tier);
+  CREATE INDEX ON lj_orders (o_status);
   INSERT INTO lj_cust SELECT i, 'r' || (i % 4), i % 3 FROM generate_series(1, 30) i;
   -- Customers 21..30 have no orders; orders 41..50 no line items.
   INSERT INTO lj_orders SELECT i, 1 + i % 20, CASE WHEN i % 3 = 0 THEN 'F' ELSE 'O' END, i % 5
@@ -260,6 +264,32 @@ describe('a grand total over a join that fans out', () => {
   }, 240_000);
 });
 
+describe('the self-check over these shapes', () => {
+  it('finds them consistent, repairs a corrupted group and grand total, and deltas go on exact', async () => {
+    const defs = [byRegion, byStatus, total];
+    for (const d of defs) {
+      expect((await checked(live.trellis, d.target)).report?.outcome).toBe('consistent');
+    }
+    await corrupt(
+      live.db,
+      'lj_by_region',
+      "UPDATE lj_by_region SET n = n + 1, revenue = 0 WHERE c_region = 'r0'",
+    );
+    await corrupt(live.db, 'lj_total', 'UPDATE lj_total SET lines = lines + 5');
+    for (const target of ['lj_by_region', 'lj_total']) {
+      const found = await checked(live.trellis, target);
+      expect(found.report?.outcome).toBe('diverged');
+      await checked(live.trellis, target, { repair: true });
+      expect((await checked(live.trellis, target)).report?.outcome).toBe('consistent');
+    }
+    await live.converged(defs);
+    await steps(defs, [
+      "UPDATE lj_line SET l_price = l_price * 2 WHERE l_order IN (SELECT o_id FROM lj_orders WHERE o_cust IN (SELECT c_id FROM lj_cust WHERE c_region = 'r0'))",
+      'DELETE FROM lj_orders WHERE o_id % 5 = 0',
+    ]);
+  }, 240_000);
+});
+
 describe('what a change costs, and the fallbacks', () => {
   it("applies one changed row from its FROM row's join rows, not its group's", async () => {
     // An aggregate input that counts its evaluations: a group recompute evaluates it for
@@ -285,7 +315,9 @@ describe('what a change costs, and the fallbacks', () => {
       INSERT INTO lc_orders2 SELECT * FROM lc_orders;
       INSERT INTO lc_line2 SELECT * FROM lc_line;
       CREATE TABLE lc_gt (LIKE lc_line INCLUDING ALL);
-      INSERT INTO lc_gt SELECT * FROM lc_line;`);
+      INSERT INTO lc_gt SELECT * FROM lc_line;
+      CREATE TABLE lc_gt2 (LIKE lc_line INCLUDING ALL);
+      INSERT INTO lc_gt2 SELECT * FROM lc_line;`);
     const byDelta: Definition = {
       target: 'lc_cheap',
       from: `lc_cust c LEFT JOIN lc_orders o ON o.cust = c.id LEFT JOIN lc_line l ON l.ord = o.id`,
@@ -299,14 +331,21 @@ describe('what a change costs, and the fallbacks', () => {
       select: 'c.region, count(DISTINCT l.qty) AS kinds, sum(lc_counted(l.qty)) AS qty',
       groupBy: 'c.region',
     };
-    // A grand total over a self-join (5 categories of 120 rows: 72,000 join rows).
+    // A grand total over a self-join (5 classes of 120 rows: 35,700 join rows), and the
+    // same with a DISTINCT aggregate: recomputed whole.
     const grand: Definition = {
       target: 'lc_grand',
       from: 'lc_gt a JOIN lc_gt b ON b.ord % 5 = a.ord % 5 AND b.id > a.id',
       select: 'count(*) AS n, sum(lc_counted(b.qty)) AS qty',
     };
-    await live.define(byDelta, byGroup, grand);
-    await live.converged([byDelta, byGroup, grand]);
+    const grandWhole: Definition = {
+      target: 'lc_grand_whole',
+      from: 'lc_gt2 a JOIN lc_gt2 b ON b.ord % 5 = a.ord % 5 AND b.id > a.id',
+      select: 'count(DISTINCT a.qty) AS kinds, sum(lc_counted(b.qty)) AS qty',
+    };
+    const all = [byDelta, byGroup, grand, grandWhole];
+    await live.define(...all);
+    await live.converged(all);
     expect((await maintenance('lc_cheap'))?.mode).toBe('delta');
     expect((await maintenance('lc_grand'))?.mode).toBe('delta');
     const dearKept = await maintenance('lc_dear');
@@ -333,17 +372,22 @@ describe('what a change costs, and the fallbacks', () => {
     const dear = await evaluations('lc_dear', 'UPDATE lc_line2 SET qty = qty + 100 WHERE id = 7');
     // One row of 600 changed in the grand total: 2 × its ~120 pairs, not the 72,000.
     const total = await evaluations('lc_grand', 'UPDATE lc_gt SET qty = qty + 100 WHERE id = 7');
-    await live.converged([byDelta, byGroup, grand]);
+    const whole = await evaluations(
+      'lc_grand_whole',
+      'UPDATE lc_gt2 SET qty = qty + 100 WHERE id = 7',
+    );
+    await live.converged(all);
     expect((await live.trellis.status('lc_cheap')).lastApply?.mode).toBe('delta');
     expect((await live.trellis.status('lc_grand')).lastApply?.mode).toBe('delta');
     console.log(
-      `[cost] one row changed: left join by delta ${cheap}, by group ${dear}; grand total by delta ${total}`,
+      `[cost] one row changed: left join by delta ${cheap}, by group ${dear}; grand total by delta ${total}, whole ${whole}`,
     );
     expect(cheap).toBeGreaterThan(0);
     expect(cheap).toBeLessThanOrEqual(2 * 2 * 15);
     expect(dear).toBeGreaterThanOrEqual(300);
     expect(total).toBeGreaterThan(0);
     expect(total).toBeLessThanOrEqual(2 * 2 * 120);
+    expect(whole).toBeGreaterThanOrEqual(35_700);
   }, 240_000);
 
   it('keeps a float sum over a LEFT JOIN that fans out by group recompute, exact, and says why', async () => {
