@@ -258,7 +258,7 @@ describe('aggregates kept by delta over a join that fans out', () => {
     expect(dear).toBeGreaterThanOrEqual(900);
   });
 
-  it('keeps a LEFT JOIN that fans out by group recompute, and says why', async () => {
+  it('keeps a LEFT JOIN that fans out by delta too (ADR 0067, addendum), and says how', async () => {
     await live.db.sql.unsafe(`
       CREATE TABLE f_l (id int PRIMARY KEY, cat int, v int);
       INSERT INTO f_l SELECT i, i % 3, i FROM generate_series(1, 30) i;`);
@@ -270,8 +270,20 @@ describe('aggregates kept by delta over a join that fans out', () => {
     };
     await live.define(left);
     const kept = await maintenance('f_left');
-    expect(kept?.mode).toBe('group');
-    expect(kept?.reason).toMatch(/LEFT JOIN, whose NULL-extended rows have no delta/);
-    await steps([left], ['UPDATE f_l SET v = 25 WHERE id = 2', 'DELETE FROM f_l WHERE v > 27']);
+    expect(kept?.mode).toBe('delta');
+    expect(kept?.reason).toMatch(
+      /has a LEFT JOIN, so a change's join rows are those of the FROM rows/,
+    );
+    // Every match of a category gone (NULL-extended rows), then back.
+    await steps(
+      [left],
+      [
+        'UPDATE f_l SET v = 25 WHERE id = 2',
+        'DELETE FROM f_l WHERE v > 27',
+        'UPDATE f_l SET v = 1 WHERE v > 20',
+        'UPDATE f_l SET v = 21 WHERE id % 4 = 0',
+      ],
+    );
+    expect((await live.trellis.status('f_left')).lastApply?.mode).toBe('delta');
   });
 });

@@ -86,14 +86,24 @@ describe('EXPLAIN TRANSFORM', () => {
     expect(pairs.parts[0]?.state.description).toMatch(
       /^a shadow of each joined table .*; group states/,
     );
-    // A LEFT JOIN that multiplies rows stays a group recompute, and says why.
+    // A LEFT JOIN that multiplies rows is kept by delta too (ADR 0067, addendum), and a
+    // float sum over it keeps it a group recompute.
     const left = await live.trellis.explain(`TRANSFORM ex_left_pairs AS
       SELECT o.customer_id, count(p.id) AS n FROM ex_orders o
         LEFT JOIN ex_orders p ON p.customer_id = o.customer_id GROUP BY o.customer_id`);
     expect(left.parts[0]).toMatchObject({
+      mode: 'delta',
+      state: { keyMap: 'shadow', groupStates: true },
+    });
+    expect(left.parts[0]?.aggregates.map((a) => a.how)).toEqual(['delta']);
+    const leftFloat = await live.trellis.explain(`TRANSFORM ex_left_floats AS
+      SELECT o.customer_id, sum(p.amount::float8) AS f FROM ex_orders o
+        LEFT JOIN ex_orders p ON p.customer_id = o.customer_id GROUP BY o.customer_id`);
+    expect(leftFloat.parts[0]).toMatchObject({
       mode: 'group recompute',
       state: { keyMap: 'shadow', groupStates: false },
     });
+    expect(leftFloat.parts[0]?.aggregates.map((a) => a.how)).toEqual(['recompute']);
   });
 
   it('explains parts and the state kept by delta, from SQL and through apply()', async () => {

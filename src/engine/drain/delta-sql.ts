@@ -13,7 +13,7 @@ import {
   shadowFillSql,
   shadowJoinRows,
   shadowReplacedCtes,
-  shadowSignedRows,
+  shadowSignedCtes,
   sourceJoinRows,
 } from './shadow-sql.js';
 import { list, own, q, requireSourceIds, tuple, upsert, writtenColumns } from './sql-parts.js';
@@ -495,9 +495,7 @@ final AS MATERIALIZED (SELECT * FROM merged),`;
     ? `WITH changed AS MATERIALIZED (
   ${changedSql}
 ),
-signed AS MATERIALIZED (
-  ${shadowSignedRows(plan, changed)}
-),${replaced.ctes}`
+${shadowSignedCtes(plan, changed)}${replaced.ctes}`
     : `WITH changed AS MATERIALIZED (
   ${changedSql}
 ),
@@ -698,7 +696,7 @@ refolded AS MATERIALIZED (
         plan.mapKind === 'shadow' ? null : 'm.passes',
       )})`,
     )} rows
-   ${groupBy(gcols)}${grandTotal ? '\n  HAVING EXISTS (SELECT 1 FROM rescan_groups)' : ''}
+   ${groupBy(gcols)}${grandTotal ? '\n  HAVING EXISTS (SELECT 1 FROM asked)' : ''}
 ),
 final AS MATERIALIZED (
   SELECT ${list(gcols.map((c) => `a.${c}`))}${gcols.length ? ',' : ''} ${list(

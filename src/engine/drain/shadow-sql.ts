@@ -111,15 +111,19 @@ function relation(
 
 /**
  * The definition's FROM over the sources in a state (the same aliases and conditions);
- * `only`, if given, the one occurrence read in state 'changed'.
+ * `only`, if given, the one occurrence read in state 'changed'; `upTo`, the occurrences
+ * joined (a prefix).
  */
 function fromIn(
   plan: TransformPlan,
   state: State,
   changed: ChangedSources = null,
   only: PlanSource | null = null,
+  /** How many occurrences, in FROM order (all unless given): a prefix of the join. */
+  upTo: number = plan.sources.length,
 ): string {
   return plan.sources
+    .slice(0, upTo)
     .map((s, i) => {
       const rel = `${relation(plan, s, s === only ? 'changed' : state, changed)} AS ${q(s.alias)}`;
       if (i === 0) return rel;
@@ -183,6 +187,7 @@ function signedRelation(plan: TransformPlan, source: PlanSource): string {
 export function shadowSignedRows(plan: TransformPlan, changed: ChangedSources): string {
   const occurrences = changedOccurrences(plan, changed);
   const where = plan.where ? `\n   WHERE (${plan.where})` : '';
+  if (hasLeftJoin(plan) && occurrences.length > 0) return leftSignedRows(plan, changed);
   if (occurrences.length === 0) {
     return `SELECT ${list(['1 AS sign', ...deltaColumns(plan)])}
     FROM ${fromIn(plan, 'before')} WHERE false`;
@@ -204,6 +209,43 @@ export function shadowSignedRows(plan: TransformPlan, changed: ChangedSources): 
     FROM ${from}${where}`;
     })
     .join('\n  UNION ALL\n  ');
+}
+
+/**
+ * Kept by delta over a join with a LEFT JOIN (ADR 0067, addendum): the signed join rows of
+ * the FROM rows the change touches (CTE `affected`, which the statement holds: see
+ * shadowSignedCtes), as they were (the shadow, -1) and as they are (+1). Only INNER and
+ * LEFT joins reach here, so a FROM row is never NULL-extended and the join is the disjoint
+ * union of its FROM rows' join rows: the difference over the touched FROM rows is the whole
+ * difference, a NULL-extended row included when its FROM row's matches empty or fill.
+ * Each branch costs the touched FROM rows' join rows (through the shadow's indexes), not
+ * their groups' other rows; where one changed row touches many FROM rows (a self-join on a
+ * category), those are all re-joined.
+ */
+function leftSignedRows(plan: TransformPlan, changed: ChangedSources): string {
+  const driving = plan.sources[0]!;
+  const names = driving.keyColumns.map((_, i) => `k${i + 1}`);
+  const touchedRows = `${tuple(sourceKeys(driving))} IN (SELECT ${list(names)} FROM affected)`;
+  return (['before', 'after'] as const)
+    .map(
+      (
+        state,
+      ) => `SELECT ${list([state === 'before' ? '-1 AS sign' : '1 AS sign', ...deltaColumns(plan)])}
+    FROM ${fromIn(plan, state, changed)}
+   WHERE ${restrictedWhere(touchedRows, plan.where)}`,
+    )
+    .join('\n  UNION ALL\n  ');
+}
+
+/**
+ * Kept by delta: the CTEs of the signed join rows a change makes (`signed`, and `affected`
+ * before it over a join with a LEFT JOIN), each ending with a comma.
+ */
+export function shadowSignedCtes(plan: TransformPlan, changed: ChangedSources): string {
+  const occurrences = changedOccurrences(plan, changed);
+  return `${hasLeftJoin(plan) && occurrences.length > 0 ? `${affectedCte(plan, changed)}\n` : ''}signed AS MATERIALIZED (
+  ${shadowSignedRows(plan, changed)}
+),`;
 }
 
 /**
@@ -245,9 +287,13 @@ const hasLeftJoin = (plan: TransformPlan) => plan.sources.some((s) => s.joinType
 
 /**
  * CTE `affected` (a join with a LEFT JOIN only): the FROM table's keys whose join rows the
- * changes touch, in either state, WHERE left aside. A LEFT JOIN's NULL-extended row holds
- * none of the rows whose coming or going made it: its FROM row is found through the join
- * row that did hold one, in the other state.
+ * changes may change, WHERE left aside. A LEFT JOIN's NULL-extended row holds none of the
+ * rows whose coming or going made it: its FROM row is found through the row that did hold
+ * one, in the other state. For each changed occurrence _i_ and state, the FROM rows of the
+ * join of the occurrences up to _i_ (FROM order) that hold a changed row of _i_: the first
+ * occurrence at which a FROM row's rows differ between the states holds a changed row in
+ * one of them, whatever the joins after it do with it (an inner join after a LEFT JOIN can
+ * drop the row that holds it, and keep the NULL-extended one).
  */
 function affectedCte(plan: TransformPlan, changed: ChangedSources): string {
   const driving = plan.sources[0]!;
@@ -255,7 +301,7 @@ function affectedCte(plan: TransformPlan, changed: ChangedSources): string {
   const branches = (['before', 'after'] as State[]).flatMap((state) =>
     changedOccurrences(plan, changed).map(
       (s) => `SELECT ${list(sourceKeys(driving).map((k, i) => `${k} AS ${names[i]}`))}
-    FROM ${fromIn(plan, state, changed)}
+    FROM ${fromIn(plan, state, changed, null, plan.sources.indexOf(s) + 1)}
    WHERE ${tuple(sourceKeys(s))} IN (${changedOf(s)})`,
     ),
   );
