@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { sqlClient } from './support/database.js';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
+import { waitFor } from './support/trellis.js';
 
 // A rebuild (after a source TRUNCATE, ALTER … ADD COLUMN, a settings change, RESUME of a
 // paused column) used to empty the target with TRUNCATE, which is not MVCC-safe: a
@@ -20,7 +21,7 @@ const live = livePipeline({
       INSERT INTO rr_other VALUES (1);
       CREATE TABLE rr_kinds (id int PRIMARY KEY, name text NOT NULL);
       INSERT INTO rr_kinds SELECT i, 'kind ' || i FROM generate_series(0, 9) i;`);
-    for (const t of ['rr_a', 'rr_b', 'rr_c', 'rr_d', 'rr_e']) {
+    for (const t of ['rr_a', 'rr_b', 'rr_c', 'rr_d', 'rr_e', 'rr_f']) {
       await db.sql.unsafe(`
         CREATE TABLE ${t} (id int PRIMARY KEY, g int NOT NULL, v int NOT NULL, ts timestamptz NOT NULL);
         CREATE INDEX ON ${t} (g);
@@ -178,5 +179,25 @@ describe('a rebuild under a repeatable-read reader', () => {
     // The paused column was stale before the rebuild, and is right after it.
     expect(after).toEqual(before);
     expect(await live.db.sql`SELECT g, n, total FROM rr_e_t ORDER BY g`).not.toEqual(before);
+  });
+
+  it('after RESUME of a target whose key was dropped (the reader opened its snapshot elsewhere: adding the key back takes ACCESS EXCLUSIVE, as any DDL)', {
+    timeout: 120_000,
+  }, async () => {
+    const d: Definition = { target: 'rr_f_t', from: 'rr_f', select: 'g, v', implicit: 'id' };
+    await live.define(d);
+    await live.converged(d);
+    await live.db.sql.unsafe('ALTER TABLE rr_f_t DROP CONSTRAINT rr_f_t_pkey');
+    await waitFor(
+      async () => (await live.trellis.status(d.target)).captureFailure?.kind === 'halt',
+      'rr_f_t to halt',
+    );
+    const { before, after } = await readAcross(d.target, 'id, g, v', 'id', 'other', async () => {
+      await live.trellis.apply('RESUME TRANSFORM rr_f_t');
+      await live.db.sql`UPDATE rr_f SET v = v + 1 WHERE id <= 5`;
+      await rebuilt(d);
+    });
+    expect(before).toHaveLength(3000);
+    expect(after).toEqual(before);
   });
 });

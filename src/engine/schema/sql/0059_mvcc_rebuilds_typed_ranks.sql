@@ -71,3 +71,41 @@ CREATE FUNCTION @schema@._json_inner(s text)
 RETURNS text LANGUAGE sql IMMUTABLE AS $fn$
   SELECT substr(to_jsonb(s)::text, 2, length(to_jsonb(s)::text) - 2)
 $fn$;
+
+-- RESUME of a target whose key was dropped by hand (0014's _repair_target): it TRUNCATEd
+-- the target before adding the key back, and TRUNCATE is not MVCC-safe (a repeatable-read
+-- reader whose snapshot came before read the target empty, ADR 0076). Wrapped (renamed
+-- `_repair_target_before_mvcc`): when the target is there without its key and every key
+-- column is there, it is emptied here with DELETE and the key added back, as 0014 does, so
+-- the delegate finds the key and does not TRUNCATE. (A key column dropped too: the delegate
+-- adds it and TRUNCATEs, as before.)
+ALTER FUNCTION @schema@._repair_target(@schema@.transforms) RENAME TO _repair_target_before_mvcc;
+
+CREATE FUNCTION @schema@._repair_target(t @schema@.transforms)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  qualified text := quote_ident(t.target_schema) || '.' || quote_ident(t.target_name);
+  keys text;
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = t.target_oid)
+     AND NOT EXISTS (SELECT 1 FROM pg_index x
+                      WHERE x.indrelid = t.target_oid AND (x.indisprimary OR x.indisunique))
+     AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(coalesce(t.spec->'key', '[]')) k
+                      WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a
+                                         WHERE a.attrelid = t.target_oid AND a.attname = k
+                                           AND a.attnum > 0 AND NOT a.attisdropped)) THEN
+    keys := (SELECT string_agg(quote_ident(k), ', ') FROM jsonb_array_elements_text(t.spec->'key') k);
+    -- As Trellis: the guard, if it is there, lets only Trellis write.
+    PERFORM set_config('trellis.maintaining', @schema_literal@, true);
+    EXECUTE 'DELETE FROM ' || qualified;
+    IF keys IS NULL THEN
+      EXECUTE 'CREATE UNIQUE INDEX ON ' || qualified || ' ((true))';
+    ELSIF (t.spec->>'key_nullable')::boolean THEN
+      EXECUTE 'ALTER TABLE ' || qualified || ' ADD UNIQUE NULLS NOT DISTINCT (' || keys || ')';
+    ELSE
+      EXECUTE 'ALTER TABLE ' || qualified || ' ADD PRIMARY KEY (' || keys || ')';
+    END IF;
+  END IF;
+  PERFORM @schema@._repair_target_before_mvcc(t);
+END
+$fn$;
