@@ -19,6 +19,7 @@ import {
 import { deltaFillStatements } from './delta-sql.js';
 import { loadPlan, type TransformPlan } from './plan.js';
 import type { PlanCache } from './plan-cache.js';
+import { emptyKeyState, rederiveWhole } from './rebuild-merge.js';
 import { backoffMs, isRowError } from './row-errors.js';
 import { typedParam } from './sql-parts.js';
 import { enterTransformWork } from './work-settings.js';
@@ -154,12 +155,24 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
       // A build an older version was filling chunk after chunk (its position set) starts
       // over: its chunks are planned from the start.
       const olderBuild = claim.backfill_position !== null && claim.backfill_stage === 'rows';
-      if ((starting && claim.rebuild) || olderBuild) {
-        await session.query(`TRUNCATE ${plan.targetSql}`);
-        if (plan.mapSql) await session.query(`TRUNCATE ${plan.mapSql}`);
-        if (plan.delta) await session.query(`TRUNCATE ${plan.delta.statesSql}`);
+      // A rebuild never empties the target with TRUNCATE, which is not MVCC-safe (a
+      // repeatable-read reader whose snapshot came before it would read the target empty),
+      // and never takes ACCESS EXCLUSIVE on it (ADR 0076): a target with rows is computed
+      // whole and merged in this one transaction (readers see the old rows, then the new);
+      // otherwise, or when that fails on a row, it is emptied with DELETE and built as
+      // usual (readers whose snapshot came before still read the old rows).
+      let merged: number | null = null;
+      const rebuilding = (starting && claim.rebuild) || olderBuild;
+      if (rebuilding) {
+        merged = olderBuild ? null : await rebuildByMerge(session, schema, plan, log);
+        if (merged === null) {
+          await session.query(`DELETE FROM ${plan.targetSql}`);
+          await emptyKeyState(session, plan);
+        }
       }
-      if (starting && Number(claim.backfill_done) === 0) {
+      // A target being rebuilt keeps its indexes (dropping them would take ACCESS EXCLUSIVE
+      // and wait for, then block, its readers).
+      if (starting && !rebuilding && Number(claim.backfill_done) === 0) {
         await deferIndexes(session, schema, claim.transform_id, plan);
       }
       let stage = claim.backfill_stage;
@@ -172,7 +185,12 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
       // where it was (RESUME takes the build up again), with the keys held so far.
       let stopped = false;
       let total: number | null = null;
-      if (stage === 'rows') {
+      if (merged !== null) {
+        log.debug({ target: plan.target, rows: merged }, 'a rebuild merged in one transaction');
+        total = merged;
+        step = { upto: null, rows: merged };
+        done = true;
+      } else if (stage === 'rows') {
         // Small enough: filled whole in this step, which then finishes the build (ADR 0060).
         const rows = await oneStatementRows(session, plan);
         if (rows !== null && (await fillInOneStatement(session, plan, log))) {
@@ -279,6 +297,44 @@ async function buildStep(session: Session, schema: string, log: Logger): Promise
     }
     return true;
   });
+}
+
+/**
+ * A rebuild of a target that has rows, in this transaction: the key map and group states
+ * emptied (DELETE) and filled again, the target computed whole and merged (rederiveWhole).
+ * Returns the rows the target holds, or null when the rebuild goes the usual way instead:
+ * the target is empty (nothing for a reader to lose; the build may defer its indexes),
+ * an earlier build's deferred indexes are not back yet (no key to merge on), or the
+ * computation failed on a row (the usual build holds such rows' keys one by one).
+ */
+async function rebuildByMerge(
+  session: Session,
+  schema: string,
+  plan: TransformPlan,
+  log: Logger,
+): Promise<number | null> {
+  const [row] = await session.query<{ rows: boolean; deferred: boolean }>(
+    `SELECT EXISTS (SELECT 1 FROM ${plan.targetSql}) AS rows,
+            (SELECT deferred_ddl IS NOT NULL FROM ${quoteIdent(schema)}.pipeline
+              WHERE transform_id = $1) AS deferred`,
+    [plan.id],
+  );
+  if (!row?.rows || row.deferred) return null;
+  await session.query('SAVEPOINT trellis_rebuild_merge');
+  try {
+    await emptyKeyState(session, plan);
+    const rows = await rederiveWhole(session, plan);
+    await session.query('RELEASE SAVEPOINT trellis_rebuild_merge');
+    return rows;
+  } catch (error) {
+    await session.query('ROLLBACK TO SAVEPOINT trellis_rebuild_merge');
+    if (!isRowError(error)) throw error;
+    log.warn(
+      { target: plan.target, error: (error as Error).message },
+      'a rebuild failed on a row in one transaction: the target is emptied (DELETE) and built by steps, holding the failing rows',
+    );
+    return null;
+  }
 }
 
 /**

@@ -10,6 +10,7 @@ import { advanceCursor } from './cursor.js';
 import { deltaRefillStatements } from './delta-sql.js';
 import type { TransformPlan } from './plan.js';
 import type { PlanCache } from './plan-cache.js';
+import { emptyKeyState } from './rebuild-merge.js';
 import { rederiveSql } from './rederive-sql.js';
 import { backoffMs, isRowError } from './row-errors.js';
 import type { ChangedSources } from './shadow-sql.js';
@@ -164,7 +165,9 @@ export async function applyChanged(
     if (mode === 'recompute' && plan.delta) {
       // Refilled whole (the key map, then the states, as a build does), then the target
       // merged (deltaRecomputeSql); rolled back with it on failure.
-      await session.query(`TRUNCATE ${plan.mapSql}, ${plan.delta.statesSql}`);
+      // DELETE, not TRUNCATE: MVCC-safe for a self-check's repeatable-read comparison, and
+      // no ACCESS EXCLUSIVE lock to wait for one (ADR 0076).
+      await emptyKeyState(session, plan);
       for (const fill of deltaRefillStatements(plan)) await session.query(fill);
     }
     const sources = await changedSources(session, plan, changed, params, mode);

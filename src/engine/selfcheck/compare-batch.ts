@@ -257,7 +257,10 @@ async function compareInSnapshot(
         ? 'all'
         : late.length === 0
           ? new Set<string>()
-          : await routed(session, shape, GIVEN_CHANGES_SQL, [JSON.stringify(late)], confirmed);
+          : // The array itself: the client serialises a jsonb parameter as JSON (a string
+            // given here was sent as a JSON string, a scalar: every such comparison failed
+            // with 22023, taken for a failing row, and was tried again until its time ran out).
+            await routed(session, shape, GIVEN_CHANGES_SQL, [late], confirmed);
     const isLate = (s: Suspect) => lateKeys === 'all' || lateKeys.has(routeKey(shape, s.k));
     return {
       snapshot: state.snap,

@@ -1,10 +1,7 @@
 import type { Session } from '../db/session.js';
-import { groupsFillSql } from '../drain/aggregate-sql.js';
-import { backfillChunkSql } from '../drain/backfill-sql.js';
-import { deltaFillStatements } from '../drain/delta-sql.js';
-import { loadPlan, type TransformPlan } from '../drain/plan.js';
+import { loadPlan } from '../drain/plan.js';
+import { rederiveWhole } from '../drain/rebuild-merge.js';
 import { isRowError } from '../drain/row-errors.js';
-import { keyMatch, q, upsert } from '../drain/sql-parts.js';
 import { enterTransformWork } from '../drain/work-settings.js';
 import { quoteIdent, quoteLiteral } from '../identifiers.js';
 import type { Logger } from '../logger.js';
@@ -100,30 +97,4 @@ async function clearPending(session: Session, schema: string, id: number): Promi
     `UPDATE ${quoteIdent(schema)}.pipeline SET follow_pending = false WHERE transform_id = $1`,
     [id],
   );
-}
-
-/**
- * The target computed whole into a scratch table (with the key map and group states, which
- * the build statements fill alongside), then merged into the target.
- */
-async function rederiveWhole(session: Session, plan: TransformPlan): Promise<void> {
-  const scratch = `pg_temp.${q('trellis#refill')}`;
-  await session.query(`DROP TABLE IF EXISTS ${scratch}`);
-  await session.query(
-    `CREATE TEMP TABLE ${q('trellis#refill')} (LIKE ${plan.targetSql}) ON COMMIT DROP`,
-  );
-  const into: TransformPlan = { ...plan, targetSql: scratch };
-  if (plan.delta) {
-    for (const statement of deltaFillStatements(into)) await session.query(statement);
-  } else if (plan.aggregates) {
-    await session.query(groupsFillSql(into));
-  } else {
-    await session.query(backfillChunkSql(into), [null, null]);
-  }
-  const gone =
-    plan.key.length === 0
-      ? `NOT EXISTS (SELECT 1 FROM ${scratch})`
-      : `NOT EXISTS (SELECT 1 FROM ${scratch} n WHERE ${keyMatch(plan, 'n', 't')})`;
-  await session.query(`DELETE FROM ${plan.targetSql} t WHERE ${gone}`);
-  await session.query(upsert(plan, scratch));
 }
