@@ -14,6 +14,7 @@ import {
   CONTAINER1,
   CONTAINER2,
   dateLiteral,
+  INSTRUCTIONS,
   loadTpch,
   ORDER_DAYS,
   orderingCustomer,
@@ -64,7 +65,8 @@ const Q: Definition[] = [
     orderBy: 's_acctbal desc, n_name, s_name, p_partkey',
     // The sources' keys p_partkey does not cover, and the subquery's group (its part's key,
     // p_partkey's value wherever a row passes: the subquery matched it).
-    implicit: 's_suppkey, ps_partkey, ps_suppkey, n_nationkey, r_regionkey, p_partkey AS "trellis#k1"',
+    implicit:
+      's_suppkey, ps_partkey, ps_suppkey, n_nationkey, r_regionkey, p_partkey AS "trellis#k1"',
   },
   {
     target: 'q3',
@@ -284,14 +286,22 @@ const Q: Definition[] = [
     groupBy: 'cntrycode',
     orderBy: 'cntrycode',
   },
-].map((d) => ({ ...d, form: 'as' as const }));
+]
+  .map((d) => ({ ...d, form: 'as' as const }))
+  // `TPCH_QUERIES=q5,q9` runs those alone (to study one).
+  .filter(
+    (d) => !process.env.TPCH_QUERIES || process.env.TPCH_QUERIES.split(',').includes(d.target),
+  );
 
 /** One write of the churn, drawn with `r` by writer `w` (its `i`-th). */
 function churnStatement(
   data: Awaited<ReturnType<typeof loadTpch>>,
+  round: number,
 ): (r: () => number, w: number, i: number) => string {
   const { scale } = data;
   return (r, w, i) => {
+    // A number no other write of any round uses (new orders' keys, moved lines' numbers).
+    const fresh = 100_000 * w + 10_000 * round + i;
     const int = (lo: number, hi: number) => lo + Math.floor(r() * (hi - lo + 1));
     const pick = <T>(xs: T[]): T => xs[Math.floor(r() * xs.length)]!;
     const order = () => int(1, scale.orders);
@@ -299,13 +309,13 @@ function churnStatement(
     const kind = r();
     if (kind < 0.15) {
       // RF1: a new order with its lines.
-      const key = 100_000 * w + i;
+      const key = fresh;
       const rows = orderRows(r, data, key, orderingCustomer(r, scale));
       return `INSERT INTO orders VALUES ${rows.order}; INSERT INTO lineitem VALUES ${rows.lines.join(', ')}`;
     }
     if (kind < 0.27) {
       // RF2: an order deleted with its lines (one of the first ones, or one RF1 added).
-      const key = r() < 0.7 ? order() : 100_000 * int(1, 4) + int(0, i);
+      const key = r() < 0.7 ? order() : 100_000 * int(1, 4) + 10_000 * int(0, round) + int(0, i);
       return `DELETE FROM lineitem WHERE l_orderkey = ${key}; DELETE FROM orders WHERE o_orderkey = ${key}`;
     }
     const o = order();
@@ -320,7 +330,7 @@ function churnStatement(
         // Dates: a line shipped, committed or received on other days (late or not).
         return `UPDATE lineitem SET l_shipdate = l_shipdate + ${int(-40, 40)},
           l_receiptdate = l_receiptdate + ${int(-20, 40)},
-          l_shipmode = '${pick(SHIPMODES)}', l_returnflag = '${pick(['R', 'A', 'N'])}'
+          l_shipmode = '${pick(SHIPMODES)}', l_shipinstruct = '${pick(INSTRUCTIONS)}', l_returnflag = '${pick(['R', 'A', 'N'])}'
           WHERE l_orderkey = ${o}`;
       case 3:
         // A join column: the line's supplier (another of its part's, or any) or its part.
@@ -330,8 +340,8 @@ function churnStatement(
       case 4:
         // A key change: a line moves to another order, or gets another number.
         return r() < 0.5
-          ? `UPDATE lineitem SET l_orderkey = ${order()} , l_linenumber = ${100 + i} WHERE l_orderkey = ${o} AND l_linenumber = 3`
-          : `UPDATE lineitem SET l_linenumber = l_linenumber + 10 WHERE l_orderkey = ${o} AND l_linenumber = 1`;
+          ? `UPDATE lineitem SET l_orderkey = ${order()}, l_linenumber = ${fresh} WHERE l_orderkey = ${o} AND l_linenumber = 3`
+          : `UPDATE lineitem SET l_linenumber = ${fresh} WHERE l_orderkey = ${o} AND l_linenumber = 1`;
       case 5:
         return `UPDATE orders SET o_orderdate = ${date()}, o_orderpriority = '${pick(PRIORITIES)}',
           o_orderstatus = '${pick(['F', 'O', 'P'])}' WHERE o_orderkey = ${o}`;
@@ -351,7 +361,8 @@ function churnStatement(
         return `UPDATE partsupp SET ps_supplycost = ${(int(100, 100000) / 100).toFixed(2)},
           ps_availqty = ${int(1, 9999)} WHERE ps_partkey = ${int(1, scale.parts)}`;
       case 11: {
-        const p = int(1, scale.parts);
+        // A third of these on the anchored parts (1 to 6: Q17's and Q19's brands).
+        const p = r() < 0.3 ? int(1, 6) : int(1, scale.parts);
         return `UPDATE part SET p_brand = 'Brand#${int(1, 5)}${int(1, 5)}',
           p_container = '${pick(CONTAINER1)} ${pick(CONTAINER2)}', p_size = ${int(1, 10)},
           p_type = '${pick(TYPE1)} ${pick(TYPE2)} ${pick(TYPE3)}', p_retailprice = p_retailprice + 1
@@ -383,12 +394,17 @@ describe('TPC-H, all 22 queries as the specification writes them', () => {
         const data = await loadTpch(db.sql, seed, TPCH_SMALL);
         const trellis = await migratedTrellis(db, { staging: true, drainThreads: 2 });
         try {
-          // Every query has rows on the data as generated (its parameters hit).
+          // Every query has rows on the data as generated, with values (its parameters hit).
+          const rowsOf = async (d: Definition) =>
+            (
+              await db.sql.unsafe<{ n: number }[]>(
+                `SELECT count(*)::int AS n FROM (${definitionQuery(d)}) x WHERE x IS NOT NULL`,
+              )
+            )[0]!.n;
+          const before = new Map<string, number>();
           for (const d of Q) {
-            const [row] = await db.sql.unsafe<{ n: number }[]>(
-              `SELECT count(*)::int AS n FROM (${definitionQuery(d)}) x WHERE x IS NOT NULL`,
-            );
-            expect(row?.n, `${d.target} has rows with values`).toBeGreaterThan(0);
+            before.set(d.target, await rowsOf(d));
+            expect(before.get(d.target), `${d.target} has rows with values`).toBeGreaterThan(0);
           }
           for (const d of Q) await trellis.apply(transformStatement(d));
           for (const d of Q) await waitForStatus(trellis, d.target, 'live', 120_000);
@@ -396,37 +412,45 @@ describe('TPC-H, all 22 queries as the specification writes them', () => {
           for (const d of Q) await awaitConvergedWithin(trellis, d.target, token0, 120_000);
           for (const d of Q) await expectMatchesDefinition(db.sql, d);
 
-          const started = Date.now();
-          await seededWriters(db.sql, seed, churnStatement(data), {
-            writers: 4,
-            rounds: scaled(40),
-          });
-          const churnMs = Date.now() - started;
-          const token = await trellis.watermarkToken();
-          const after = Date.now();
-          const converged = new Map<string, number>();
-          await Promise.all(
-            Q.map(async (d) => {
-              await awaitConvergedWithin(trellis, d.target, token, timeoutFor(150_000));
-              converged.set(d.target, Date.now() - after);
-            }),
-          );
-          const lines: string[] = [];
-          for (const d of Q) {
-            await expectMatchesDefinition(db.sql, d);
-            const t0 = Date.now();
-            await db.sql.unsafe(`SELECT count(*) FROM (${definitionQuery(d)}) x`);
-            const recomputeMs = Date.now() - t0;
-            lines.push(
-              `[tpch] ${d.target} converged ${converged.get(d.target)} ms after churn; recompute ${recomputeMs} ms; ${await howKept(trellis, d.target)}`,
+          // Two rounds of churn, each followed by convergence and the comparison.
+          for (const round of [1, 2]) {
+            const started = Date.now();
+            await seededWriters(db.sql, seed * 31 + round, churnStatement(data, round), {
+              writers: 4,
+              rounds: scaled(40),
+            });
+            const churnMs = Date.now() - started;
+            const token = await trellis.watermarkToken();
+            const after = Date.now();
+            const converged = new Map<string, number>();
+            await Promise.all(
+              Q.map(async (d) => {
+                // Q5 can take a minute and more here (the finding in the report / README).
+                await awaitConvergedWithin(trellis, d.target, token, timeoutFor(240_000));
+                converged.set(d.target, Date.now() - after);
+              }),
+            );
+            const lines: string[] = [];
+            for (const d of Q) {
+              await expectMatchesDefinition(db.sql, d);
+              const t0 = Date.now();
+              await db.sql.unsafe(`SELECT count(*) FROM (${definitionQuery(d)}) x`);
+              const recomputeMs = Date.now() - t0;
+              lines.push(
+                `[tpch] round ${round} ${d.target}: rows ${before.get(d.target)} -> ${await rowsOf(d)}; converged ${converged.get(d.target)} ms after churn; recompute ${recomputeMs} ms; ${await howKept(trellis, d.target)}`,
+              );
+            }
+            const [size] = await db.sql<{ orders: number; lines: number }[]>`
+              SELECT (SELECT count(*)::int FROM orders) AS orders, (SELECT count(*)::int FROM lineitem) AS lines`;
+            console.log(
+              `[tpch] round ${round}: churn ${churnMs} ms, then ${size?.orders} orders, ${size?.lines} lines\n${lines.join('\n')}`,
             );
           }
-          console.log(`[tpch] churn ${churnMs} ms\n${lines.join('\n')}`);
         } finally {
           await trellis.shutdown();
         }
       },
-      timeoutFor(400_000),
+      timeoutFor(600_000),
     );
   }
 });

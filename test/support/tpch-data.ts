@@ -244,7 +244,7 @@ export async function loadTpch(
     ['Brand#12', 'SM CASE', 3],
     ['Brand#12', 'SM PKG', 1],
     ['Brand#23', 'MED BOX', 7],
-    ['Brand#23', 'MED PACK', 4],
+    ['Brand#23', 'MED BOX', 4],
     ['Brand#34', 'LG BOX', 9],
     ['Brand#34', 'LG PKG', 2],
   ];
