@@ -1,5 +1,5 @@
 -- Written by `trellis generate upgrade` (trellis-pg 0.2.0).
--- trellis-pg: upgrade the Trellis catalog schema "trellis" from version 36 to version 52.
+-- trellis-pg: upgrade the Trellis catalog schema "trellis" from version 36 to version 58.
 -- Only the migrations after version 36, each version-guarded and locked: safe to run again,
 -- and beside Trellis.migrate(). A database below version 36 is refused with what to run.
 DO $trellis_upgrade$
@@ -13,13 +13,13 @@ BEGIN
     SELECT coalesce(max(version), 0) INTO installed FROM "trellis".migrations;
   END IF;
   IF installed < 36 THEN
-    RAISE EXCEPTION 'the Trellis schema % is at version %, and this migration upgrades it from version 36 to 52', 'trellis', installed
+    RAISE EXCEPTION 'the Trellis schema % is at version %, and this migration upgrades it from version 36 to 58', 'trellis', installed
       USING ERRCODE = 'TRI01',
             HINT = 'run the migrations that bring it to version 36 first, or the whole install SQL instead (trellis sql install prints it; Trellis.migrate() runs it)';
   END IF;
-  SELECT max(version) INTO newer FROM "trellis".migrations WHERE version > 52 AND breaking;
+  SELECT max(version) INTO newer FROM "trellis".migrations WHERE version > 58 AND breaking;
   IF newer IS NOT NULL THEN
-    RAISE EXCEPTION 'the Trellis schema % is at breaking version %, newer than this trellis-pg knows (52): upgrade trellis-pg',
+    RAISE EXCEPTION 'the Trellis schema % is at breaking version %, newer than this trellis-pg knows (58): upgrade trellis-pg',
       'trellis', newer USING ERRCODE = 'TRI01';
   END IF;
 
@@ -6129,6 +6129,1714 @@ $fn$;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
 $trellis_m52$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 53) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (53, 'lateral_unnest', false);
+    EXECUTE $trellis_m53$-- CROSS JOIN LATERAL over a set-returning function of the row (issue #26, item 1; ADR 0071):
+--
+--   ... FROM t [CROSS JOIN LATERAL | , [LATERAL] | [LEFT] JOIN LATERAL]
+--         unnest(<array>) [WITH ORDINALITY] [AS] u[(x[, n])] [ON cond] ...
+--   ... jsonb_array_elements(<jsonb>) / jsonb_array_elements_text(<jsonb>) likewise
+--
+-- is compiled, when the statement is parsed, into a join the engine already keeps: the
+-- function's rows are the rows of a fixed table of positions (lateral_ordinals: 1, 2, ...)
+-- joined to the row by a condition that is not an equality,
+--
+--   ... JOIN "trellis".lateral_ordinals AS u ON (u.ordinality = ANY (_lateral_positions(cardinality(<array>))))
+--
+-- and every reference to the function's value column (u.x, or x) is the element at that
+-- position (_lateral_element(<array>, u.ordinality), <jsonb> -> (u.ordinality - 1), ->> for
+-- _text), every reference to its ordinality column (u.n, or n) is u.ordinality. So a row's
+-- expanded rows are keyed by (the row's key, the position), a change to the row re-derives
+-- all of them (the join's driving key), and analysis, key maps, capture and the drain are
+-- those of a join (a GROUP BY over it keeps a key map row per expanded row: the join is
+-- not counted as fanning out, its rows being bounded by the row's own array). An array
+-- longer than lateral_ordinals fails that row's derivation (quarantined, named).
+--
+-- The statement is shown as written (the AST keeps its text under lateral_statement).
+--
+-- Renamed and wrapped (statements without such a LATERAL go straight through, so whichever
+-- migration wrote them last stays in force): parse_statement (0047) ->
+-- parse_statement_before_lateral, render_statement (0046) -> render_statement_before_lateral,
+-- _resolve_source (0009) -> _resolve_source_before_lateral (lateral_ordinals is the one
+-- table of the engine's own a statement may read), _join_fans_out (0033) ->
+-- _join_fans_out_before_lateral (lateral_ordinals left out). No body is replaced.
+
+ALTER FUNCTION "trellis".parse_statement(text) RENAME TO parse_statement_before_lateral;
+ALTER FUNCTION "trellis".render_statement(jsonb) RENAME TO render_statement_before_lateral;
+ALTER FUNCTION "trellis"._resolve_source(jsonb, text) RENAME TO _resolve_source_before_lateral;
+ALTER FUNCTION "trellis"._join_fans_out(jsonb) RENAME TO _join_fans_out_before_lateral;
+
+-- The positions an expanded row can have. Never written after this migration.
+CREATE TABLE "trellis".lateral_ordinals (ordinality bigint PRIMARY KEY);
+INSERT INTO "trellis".lateral_ordinals SELECT generate_series(1, 100000);
+
+-- The positions of a row's n elements (1 .. n; NULL for a NULL array), refused beyond
+-- lateral_ordinals. Joined as `ordinality = ANY (positions)`: an index lookup per element,
+-- which the planner estimates at a few rows per row (`ordinality <= n` it estimated at a
+-- third of the table per row, so a page's statement looked big enough to be JIT-compiled,
+-- seconds per statement).
+CREATE FUNCTION "trellis"._lateral_positions(n int) RETURNS bigint[]
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+  IF n > 100000 THEN
+    RAISE EXCEPTION USING ERRCODE = '54000',
+      MESSAGE = format('an array of %s elements is expanded by LATERAL: Trellis keeps at most 100000 per row', n);
+  END IF;
+  RETURN ARRAY(SELECT generate_series(1::bigint, n));
+END
+$fn$;
+
+-- Element i (1-based, in unnest's order) of an array of any dimensions and bounds.
+CREATE FUNCTION "trellis"._lateral_element(a anyarray, i bigint) RETURNS anyelement
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+  SELECT CASE WHEN array_ndims(a) = 1 THEN a[array_lower(a, 1) + i - 1]
+              ELSE (SELECT z.x FROM unnest(a) WITH ORDINALITY AS z(x, o) WHERE z.o = i) END
+$fn$;
+
+CREATE FUNCTION "trellis"._resolve_source(src jsonb, role text)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  rel oid := to_regclass(quote_ident('trellis') || '.lateral_ordinals');
+BEGIN
+  IF src->>'schema' = 'trellis' AND src->>'name' = 'lateral_ordinals' THEN
+    RETURN jsonb_build_object(
+      'oid', rel, 'schema', 'trellis', 'name', 'lateral_ordinals',
+      'alias', coalesce(src->>'alias', 'lateral_ordinals'),
+      'qualified', quote_ident('trellis') || '.lateral_ordinals',
+      'key_columns', jsonb_build_array('ordinality'),
+      'key_types', jsonb_build_array("trellis"._key_type(rel, 1::int2)));
+  END IF;
+  RETURN "trellis"._resolve_source_before_lateral(src, role);
+END
+$fn$;
+
+CREATE FUNCTION "trellis"._join_fans_out(spec jsonb)
+RETURNS boolean LANGUAGE sql STABLE AS $fn$
+  SELECT "trellis"._join_fans_out_before_lateral(jsonb_set(spec, '{sources}', (
+    SELECT coalesce(jsonb_agg(s ORDER BY (s->>'ordinal')::int), '[]')
+      FROM jsonb_array_elements(spec->'sources') s
+     WHERE NOT (s->>'schema' = 'trellis' AND s->>'name' = 'lateral_ordinals'))))
+$fn$;
+
+-- The clause token k is in, per depth: 'from', 'select' or 'other'.
+CREATE FUNCTION "trellis"._lateral_contexts(toks "trellis".grammar_token[]) RETURNS text[]
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  ctx text[] := ARRAY['other'];
+  d int := 1;
+  out text[] := '{}';
+  k int;
+BEGIN
+  FOR k IN 1 .. array_length(toks, 1) LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      out := out || ctx[d];
+      d := d + 1;
+      ctx[d] := 'other';
+      CONTINUE;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := greatest(d - 1, 1);
+    ELSIF toks[k].kind = 'word' THEN
+      IF toks[k].value = 'from' THEN
+        ctx[d] := 'from';
+      ELSIF toks[k].value = 'select' THEN
+        ctx[d] := 'select';
+      ELSIF toks[k].value IN ('where', 'group', 'having', 'order', 'union', 'intersect', 'except',
+                              'window', 'limit', 'offset', 'fetch', 'without') THEN
+        ctx[d] := 'other';
+      END IF;
+    END IF;
+    out := out || ctx[d];
+  END LOOP;
+  RETURN out;
+END
+$fn$;
+
+-- The text of tokens lo..hi of `statement`, with the LATERAL constructs of `lats` compiled
+-- and references to their columns replaced (see the header).
+CREATE FUNCTION "trellis"._lateral_emit(
+  statement text, toks "trellis".grammar_token[], ctx text[], lo int, hi int, lats jsonb
+) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  out text := '';
+  k int := lo;
+  l jsonb;
+  r text;
+  nxt int;
+  col text;
+  prev "trellis".grammar_token;
+  after "trellis".grammar_token;
+  start int := 1;
+BEGIN
+  -- Nothing before the first SELECT or FROM is a reference (TRANSFORM name AS).
+  WHILE start < array_length(toks, 1) AND NOT ("trellis".grammar_kw(toks[start], 'select')
+                                               OR "trellis".grammar_kw(toks[start], 'from')) LOOP
+    start := start + 1;
+  END LOOP;
+  WHILE k <= hi LOOP
+    SELECT x INTO l FROM jsonb_array_elements(lats) x WHERE (x->>'s0')::int = k AND x ? 'join_sql';
+    IF l IS NOT NULL THEN
+      out := out || (l->>'join_sql') || ' ';
+      k := (l->>'e0')::int + 1;
+      CONTINUE;
+    END IF;
+    r := NULL;
+    col := NULL;
+    nxt := k + 1;
+    prev := toks[k - 1];
+    IF k > start AND toks[k].kind IN ('word', 'ident') AND NOT (prev.kind = 'punct' AND prev.text = '.')
+       AND NOT (toks[k + 1].kind = 'punct' AND toks[k + 1].text = '(')
+       AND NOT "trellis".grammar_kw(prev, 'as') THEN
+      IF toks[k + 1].kind = 'punct' AND toks[k + 1].text = '.' THEN
+        -- alias.column
+        SELECT x INTO l FROM jsonb_array_elements(lats) x
+         WHERE x->>'alias' = toks[k].value AND x ? 'elem' LIMIT 1;
+        IF l IS NOT NULL THEN
+          IF toks[k + 2].text = '*' THEN
+            PERFORM "trellis".grammar_refuse(format('%s.* of a LATERAL function is not supported: name its columns', toks[k].text), toks[k].pos);
+          ELSIF toks[k + 2].value = l->>'valcol' THEN
+            r := l->>'elem'; col := l->>'valcol'; nxt := k + 3;
+          ELSIF toks[k + 2].value = l->>'ordcol' AND (l->>'ordinality')::boolean THEN
+            r := quote_ident(l->>'alias') || '.ordinality'; col := l->>'ordcol'; nxt := k + 3;
+          END IF;
+        END IF;
+      ELSE
+        SELECT x INTO l FROM jsonb_array_elements(lats) x
+         WHERE x ? 'elem' AND (x->>'valcol' = toks[k].value
+                OR (x->>'ordcol' = toks[k].value AND (x->>'ordinality')::boolean)) LIMIT 1;
+        IF l IS NOT NULL THEN
+          col := toks[k].value;
+          r := CASE WHEN l->>'valcol' = toks[k].value THEN l->>'elem'
+                    ELSE quote_ident(l->>'alias') || '.ordinality' END;
+        END IF;
+      END IF;
+    END IF;
+    IF r IS NULL THEN
+      out := out || substr(statement, toks[k].pos, toks[k + 1].pos - toks[k].pos);
+      k := k + 1;
+      CONTINUE;
+    END IF;
+    -- A bare reference as a SELECT item keeps its name.
+    after := toks[nxt];
+    IF ctx[k] = 'select' AND ((prev.kind = 'punct' AND prev.text = ',')
+          OR (prev.kind = 'word' AND prev.value IN ('select', 'distinct', 'all')))
+       AND (after.kind = 'eof' OR (after.kind = 'punct' AND after.text IN (',', ')'))
+            OR (after.kind = 'word' AND after.value IN ('from', 'where', 'group', 'having', 'order',
+                                                        'union', 'without', 'intersect', 'except'))) THEN
+      r := r || ' AS ' || quote_ident(col);
+    END IF;
+    out := out || r || ' ';
+    k := nxt;
+  END LOOP;
+  RETURN out;
+END
+$fn$;
+
+-- The statement with its LATERAL set-returning functions compiled (see the header), or
+-- NULL when it has none.
+CREATE FUNCTION "trellis"._lateral_rewrite(statement text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  toks "trellis".grammar_token[] := "trellis".grammar_tokenize(statement);
+  n int := array_length(toks, 1);
+  ctx text[] := "trellis"._lateral_contexts(toks);
+  lats jsonb := '[]';
+  l jsonb;
+  k int;
+  f int;
+  s0 int;
+  c int;
+  d int;
+  e int;
+  jt text;
+  fn text;
+  alias text;
+  cols text[];
+  ord boolean;
+  on_lo int;
+  on_hi int;
+  arg text;
+  cnt text;
+  elem text;
+  i int;
+  q text := '"trellis"';
+BEGIN
+  k := 1;
+  WHILE k < n LOOP
+    f := NULL;
+    IF ctx[k] = 'from' THEN
+      IF "trellis".grammar_kw(toks[k], 'lateral') THEN
+        f := k + 1;
+      ELSIF ((toks[k].kind = 'punct' AND toks[k].text = ',') OR "trellis".grammar_kw(toks[k], 'join'))
+            AND toks[k + 1].kind = 'word'
+            AND toks[k + 1].value IN ('unnest', 'jsonb_array_elements', 'jsonb_array_elements_text')
+            AND toks[k + 2].kind = 'punct' AND toks[k + 2].text = '(' THEN
+        f := k + 1;
+      END IF;
+    END IF;
+    IF f IS NULL THEN
+      k := k + 1;
+      CONTINUE;
+    END IF;
+    -- The separator before it: , | [CROSS | INNER | LEFT [OUTER]] JOIN [LATERAL]
+    s0 := CASE WHEN "trellis".grammar_kw(toks[f - 1], 'lateral') THEN f - 2 ELSE f - 1 END;
+    jt := 'cross';
+    IF toks[s0].kind = 'punct' AND toks[s0].text = ',' THEN
+      jt := 'cross';
+    ELSIF "trellis".grammar_kw(toks[s0], 'join') THEN
+      jt := 'inner';
+      IF "trellis".grammar_kw(toks[s0 - 1], 'cross') THEN
+        jt := 'cross'; s0 := s0 - 1;
+      ELSIF "trellis".grammar_kw(toks[s0 - 1], 'inner') THEN
+        s0 := s0 - 1;
+      ELSIF "trellis".grammar_kw(toks[s0 - 1], 'left') THEN
+        jt := 'left'; s0 := s0 - 1;
+      ELSIF "trellis".grammar_kw(toks[s0 - 1], 'outer') AND "trellis".grammar_kw(toks[s0 - 2], 'left') THEN
+        jt := 'left'; s0 := s0 - 2;
+      ELSIF "trellis".grammar_kw(toks[s0 - 1], 'outer') OR "trellis".grammar_kw(toks[s0 - 1], 'right')
+            OR "trellis".grammar_kw(toks[s0 - 1], 'full') THEN
+        PERFORM "trellis".grammar_refuse('a RIGHT or FULL JOIN LATERAL is not supported: write CROSS JOIN LATERAL or LEFT JOIN LATERAL', toks[s0].pos);
+      END IF;
+    ELSE
+      PERFORM "trellis".grammar_refuse('LATERAL is supported after a table only (FROM t CROSS JOIN LATERAL unnest(t.a) AS u(x))', toks[f - 1].pos);
+    END IF;
+    IF toks[f].kind = 'punct' AND toks[f].text = '(' THEN
+      PERFORM "trellis".grammar_refuse(
+        'a LATERAL subquery is not supported yet: only CROSS JOIN LATERAL over unnest(...), jsonb_array_elements(...) or jsonb_array_elements_text(...) of the row is maintained',
+        toks[f - 1].pos);
+    END IF;
+    IF NOT (toks[f].kind = 'word' AND toks[f].value IN ('unnest', 'jsonb_array_elements', 'jsonb_array_elements_text')
+            AND toks[f + 1].kind = 'punct' AND toks[f + 1].text = '(') THEN
+      PERFORM "trellis".grammar_refuse(format(
+        '%s over %s is not supported yet: only unnest(...), jsonb_array_elements(...) and jsonb_array_elements_text(...) of the row are maintained',
+        CASE WHEN "trellis".grammar_kw(toks[s0], 'cross') THEN 'CROSS JOIN LATERAL'
+             WHEN "trellis".grammar_kw(toks[f - 1], 'join') OR "trellis".grammar_kw(toks[f - 2], 'join') THEN 'JOIN LATERAL'
+             ELSE 'LATERAL' END,
+        coalesce(toks[f].text, 'this')),
+        CASE WHEN "trellis".grammar_kw(toks[f - 1], 'lateral') THEN toks[f - 1].pos ELSE toks[f].pos END);
+    END IF;
+    fn := toks[f].value;
+    -- Its one argument.
+    c := f + 2;
+    d := 0;
+    WHILE toks[c].kind <> 'eof' LOOP
+      IF toks[c].kind = 'punct' AND toks[c].text IN ('(', '[') THEN
+        d := d + 1;
+      ELSIF toks[c].kind = 'punct' AND toks[c].text IN (')', ']') THEN
+        EXIT WHEN d = 0;
+        d := d - 1;
+      ELSIF d = 0 AND toks[c].kind = 'punct' AND toks[c].text = ',' THEN
+        PERFORM "trellis".grammar_refuse(format('%s of several arguments in LATERAL is not supported yet: write one CROSS JOIN LATERAL per array', fn), toks[c].pos);
+      END IF;
+      c := c + 1;
+    END LOOP;
+    IF toks[c].kind = 'eof' THEN
+      PERFORM "trellis".grammar_unexpected(toks, c, ')');
+    END IF;
+    IF c = f + 2 THEN
+      PERFORM "trellis".grammar_refuse(format('%s() needs an argument', fn), toks[c].pos);
+    END IF;
+    e := c + 1;
+    ord := false;
+    IF "trellis".grammar_kw(toks[e], 'with') AND "trellis".grammar_kw(toks[e + 1], 'ordinality') THEN
+      ord := true;
+      e := e + 2;
+    END IF;
+    IF "trellis".grammar_kw(toks[e], 'as') THEN
+      e := e + 1;
+    END IF;
+    alias := NULL;
+    cols := '{}';
+    IF toks[e].kind = 'ident' OR (toks[e].kind = 'word' AND toks[e].value NOT IN (
+         'on', 'join', 'cross', 'inner', 'left', 'right', 'full', 'natural', 'where', 'group', 'having',
+         'order', 'select', 'union', 'without', 'window', 'limit', 'offset', 'fetch', 'for', 'intersect', 'except')) THEN
+      alias := toks[e].value;
+      e := e + 1;
+      IF toks[e].kind = 'punct' AND toks[e].text = '(' THEN
+        e := e + 1;
+        WHILE toks[e].kind IN ('word', 'ident') LOOP
+          cols := cols || toks[e].value;
+          e := e + 1;
+          EXIT WHEN NOT (toks[e].kind = 'punct' AND toks[e].text = ',');
+          e := e + 1;
+        END LOOP;
+        IF NOT (toks[e].kind = 'punct' AND toks[e].text = ')') THEN
+          PERFORM "trellis".grammar_unexpected(toks, e, ') after the column names');
+        END IF;
+        e := e + 1;
+        IF cardinality(cols) > (CASE WHEN ord THEN 2 ELSE 1 END) THEN
+          PERFORM "trellis".grammar_refuse(format('%s has %s columns, %s names given', fn,
+            CASE WHEN ord THEN 2 ELSE 1 END, cardinality(cols)), toks[e - 1].pos);
+        END IF;
+      END IF;
+    END IF;
+    IF alias IS NULL THEN
+      PERFORM "trellis".grammar_refuse(format('give %s in LATERAL an alias: %s(...) AS u(x)', fn, fn), toks[f].pos);
+    END IF;
+    -- [LEFT | INNER] JOIN LATERAL ... ON cond: the condition, to the next join or clause.
+    on_lo := NULL;
+    on_hi := NULL;
+    IF jt IN ('inner', 'left') THEN
+      IF NOT "trellis".grammar_kw(toks[e], 'on') THEN
+        PERFORM "trellis".grammar_unexpected(toks, e, 'ON');
+      END IF;
+      on_lo := e + 1;
+      c := on_lo;
+      d := 0;
+      WHILE toks[c].kind <> 'eof' LOOP
+        IF toks[c].kind = 'punct' AND toks[c].text IN ('(', '[') THEN
+          d := d + 1;
+        ELSIF toks[c].kind = 'punct' AND toks[c].text IN (')', ']') THEN
+          EXIT WHEN d = 0;
+          d := d - 1;
+        ELSIF d = 0 AND ((toks[c].kind = 'punct' AND toks[c].text = ',') OR (toks[c].kind = 'word' AND toks[c].value IN (
+             'join', 'cross', 'inner', 'left', 'right', 'full', 'natural', 'where', 'group', 'having',
+             'order', 'select', 'union', 'without', 'window', 'limit', 'offset', 'fetch', 'intersect', 'except'))) THEN
+          EXIT;
+        END IF;
+        c := c + 1;
+      END LOOP;
+      on_hi := c - 1;
+      e := c;
+    END IF;
+    IF jt = 'inner' THEN
+      jt := 'cross';
+    END IF;
+    l := jsonb_build_object('s0', s0, 'e0', e - 1, 'fn', fn, 'alias', alias, 'ordinality', ord,
+      'valcol', coalesce(cols[1], CASE WHEN fn = 'unnest' THEN alias ELSE 'value' END),
+      'ordcol', coalesce(cols[2], 'ordinality'), 'jt', jt,
+      'arg_lo', f + 2, 'on_lo', on_lo, 'on_hi', on_hi);
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(lats) x WHERE x->>'alias' = alias) THEN
+      PERFORM "trellis".grammar_refuse(format('the name %s stands for two LATERAL functions: give each its own alias', alias), toks[f].pos);
+    END IF;
+    lats := lats || jsonb_build_array(l);
+    k := e;
+  END LOOP;
+  IF jsonb_array_length(lats) = 0 THEN
+    RETURN NULL;
+  END IF;
+  -- Each one's element and join, in order (an argument may read an earlier one's column).
+  FOR i IN 0 .. jsonb_array_length(lats) - 1 LOOP
+    l := lats->i;
+    -- The argument's bounds were taken before the closing bracket was found: recompute.
+    c := (l->>'arg_lo')::int;
+    d := 0;
+    WHILE NOT (d = 0 AND toks[c].kind = 'punct' AND toks[c].text = ')') LOOP
+      IF toks[c].kind = 'punct' AND toks[c].text IN ('(', '[') THEN d := d + 1;
+      ELSIF toks[c].kind = 'punct' AND toks[c].text IN (')', ']') THEN d := d - 1; END IF;
+      c := c + 1;
+    END LOOP;
+    arg := '(' || rtrim("trellis"._lateral_emit(statement, toks, ctx, (l->>'arg_lo')::int, c - 1,
+                                               lats)) || ')';
+    elem := CASE l->>'fn'
+      WHEN 'unnest' THEN q || '._lateral_element(' || arg || ', ' || quote_ident(l->>'alias') || '.ordinality)'
+      WHEN 'jsonb_array_elements' THEN '(' || arg || ' -> (' || quote_ident(l->>'alias') || '.ordinality - 1)::int)'
+      ELSE '(' || arg || ' ->> (' || quote_ident(l->>'alias') || '.ordinality - 1)::int)' END;
+    cnt := CASE l->>'fn' WHEN 'unnest' THEN 'cardinality(' || arg || ')' ELSE 'jsonb_array_length(' || arg || ')' END;
+    l := l || jsonb_build_object('elem', elem);
+    lats := jsonb_set(lats, ARRAY[i::text], l);
+    l := l || jsonb_build_object('join_sql',
+      CASE WHEN l->>'jt' = 'left' THEN ' LEFT JOIN ' ELSE ' JOIN ' END
+      || q || '.lateral_ordinals AS ' || quote_ident(l->>'alias') || ' ON ('
+      || quote_ident(l->>'alias') || '.ordinality = ANY (' || q || '._lateral_positions(' || cnt || '))'
+      || CASE WHEN l->>'on_lo' IS NOT NULL
+              THEN ' AND (' || rtrim("trellis"._lateral_emit(statement, toks, ctx, (l->>'on_lo')::int,
+                                                            (l->>'on_hi')::int, lats)) || ')'
+              ELSE '' END || ')');
+    lats := jsonb_set(lats, ARRAY[i::text], l);
+  END LOOP;
+  RETURN "trellis"._lateral_emit(statement, toks, ctx, 1, n - 1, lats);
+END
+$fn$;
+
+-- A statement with a LATERAL set-returning function: parsed as compiled, shown as written.
+CREATE FUNCTION "trellis".parse_statement(statement text) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  compiled text := "trellis"._lateral_rewrite(statement);
+  ast jsonb;
+BEGIN
+  IF compiled IS NULL THEN
+    RETURN "trellis".parse_statement_before_lateral(statement);
+  END IF;
+  ast := "trellis".parse_statement_before_lateral(compiled);
+  IF ast->>'kind' = 'transform' THEN
+    ast := ast || jsonb_build_object('lateral_statement',
+      regexp_replace(btrim(statement, E' \t\r\n'), E'\\s*;\\s*$', ''));
+  END IF;
+  RETURN ast;
+END
+$fn$;
+
+CREATE FUNCTION "trellis".render_statement(ast jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+  IF ast->>'kind' = 'transform' AND ast ? 'lateral_statement' THEN
+    RETURN ast->>'lateral_statement';
+  END IF;
+  RETURN "trellis".render_statement_before_lateral(ast);
+END
+$fn$;
+$trellis_m53$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 54) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (54, 'set_operations', false);
+    EXECUTE $trellis_m54$-- Set operations and the indexes of joins on other conditions than equalities (issue #26,
+-- item 1; ADR 0072).
+--
+-- 1. Source indexes of joins on other conditions than equalities (`ON r.k BETWEEN l.k AND
+--    l.k + 2`, `ON l.k > r.k`): the drain finds the rows a change touches through the
+--    condition, run from the changed rows (a change to r looks l up by the columns of l the
+--    condition compares, and the other way round). source_index_gaps (0008) named indexes
+--    from equalities only; it now also names, for each join whose condition has no
+--    equality the engine routes by, the columns of each side its condition reads (role
+--    join_joined for the joined table, join_from for the tables before it), when no valid
+--    index of that table leads with one of them.
+--
+-- 2. INTERSECT and EXCEPT (distinct), compiled when the statement is parsed into what the
+--    engine keeps already: a GROUP BY of every column over a UNION ALL (ADR 0059) of the
+--    branches, each tagged with its place, filtered by HAVING:
+--
+--      A INTERSECT B INTERSECT C  is
+--        SELECT s."trellis#1" AS c1, ... FROM (A' UNION ALL B' UNION ALL C') AS "set#op"
+--               ("trellis#1", ..., "trellis#side")
+--         GROUP BY every column
+--        HAVING sum(CASE WHEN side = 1 THEN 1 ELSE 0 END) > 0 AND ... (every branch)
+--      A EXCEPT B EXCEPT C  is the same, HAVING max(side) = 1 (in A, in none of the others)
+--
+--    (X' is X with `<its place> AS "trellis#side"` added to its SELECT list.) A GROUP BY
+--    treats NULLs as equal, as INTERSECT and EXCEPT do. The columns are named as the first
+--    branch names them (an item's AS, or a column's own name; another expression must be
+--    named). The statement is shown as written: the compiled AST keeps the union the
+--    branches make, marked with the operator, under "written" (0046's mechanism), which
+--    _render_view_select renders with INTERSECT or EXCEPT. INTERSECT ALL and EXCEPT ALL,
+--    and set operators of different kinds in one statement, are refused by name.
+--
+-- 3. GROUP BY, HAVING or aggregates directly over a FULL JOIN (the first join of FROM, ADR 0066), kept as
+--    the same GROUP BY over a subquery holding the FULL JOIN:
+--
+--      SELECT f(l.x), count(r.y) FROM l FULL JOIN r ON ... WHERE w GROUP BY f(l.x) HAVING h
+--    is
+--      SELECT f(j."l.x") AS f, count(j."r.y") AS count
+--        FROM (SELECT l.x AS "l.x", r.y AS "r.y" FROM l FULL JOIN r ON ... WHERE w) AS "full#join"
+--       GROUP BY f(j."l.x") HAVING h'
+--
+--    every column the SELECT list, GROUP BY and HAVING read (`alias.column`, or a bare name
+--    that is no word of SQL's syntax: the grammar runs before names are resolved, so a bare
+--    column named like one, `year`, needs its table's alias) selected by the subquery under a name
+--    of its own and read from it. The subquery is a FULL JOIN ADR 0066 keeps (a UNION ALL
+--    read by its never-NULL key), so the GROUP BY around it is kept as any GROUP BY over a
+--    part. Items are named as Postgres names them (AS, a column's name, a function's name);
+--    another unnamed expression is refused. Shown as written ("written", as 0046 does).
+--
+-- 4. A RIGHT or FULL JOIN after other joins (`a JOIN b ON c1 FULL JOIN c ON c2 ...`): the
+--    joins before it made a subquery, which the RIGHT or FULL JOIN then joins as its first
+--    join (ADR 0066 keeps that):
+--
+--      SELECT ... FROM (SELECT a.x AS "a.x", b.y AS "b.y" FROM a JOIN b ON c1) AS "joined#"
+--        FULL JOIN c ON c2' ... WHERE w' [GROUP BY ...]
+--
+--    every column of a and b the rest reads (`alias.column`) selected by the subquery and
+--    read from it. The joins before it must be inner joins (the subquery is read by its
+--    key, its tables' keys, never NULL), and every column the rest reads must be written
+--    with its table's alias (the grammar cannot tell whose a bare name is): refused by name
+--    otherwise. Shown as written.
+--
+-- Renamed and wrapped (statements without these go straight through): source_index_gaps
+-- (0008) -> source_index_gaps_before_setops, grammar_parse_view (four arguments, 0046) ->
+-- grammar_parse_view_before_setops, _render_view_select (0046) ->
+-- _render_view_select_before_setops, grammar_parse_block (0046) ->
+-- grammar_parse_block_before_setops, render_statement (0046) -> render_statement_before_setops.
+-- No body is replaced.
+
+ALTER FUNCTION "trellis".source_index_gaps(int) RENAME TO source_index_gaps_before_setops;
+
+-- The columns a join condition reads, per source: `alias.column` (a source at or before
+-- the join, by its alias), and a bare name that is a column of exactly one of them.
+CREATE FUNCTION "trellis"._condition_columns(p_transform_id int, p_ordinal int, cond text)
+RETURNS TABLE (src int, attnum int)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  t "trellis".grammar_token[] := "trellis".grammar_tokenize(cond);
+  n int := coalesce(array_length(t, 1), 0);
+  k int;
+  s int;
+  a int;
+BEGIN
+  FOR k IN 1 .. n LOOP
+    CONTINUE WHEN t[k].kind NOT IN ('word', 'ident');
+    -- Part of a qualified name already read, or a function's name.
+    CONTINUE WHEN k > 1 AND t[k - 1].kind = 'punct' AND t[k - 1].text = '.';
+    CONTINUE WHEN k < n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '(';
+    IF k + 2 <= n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '.' AND t[k + 2].kind IN ('word', 'ident') THEN
+      SELECT ts.ordinal, att.attnum INTO s, a
+        FROM "trellis".transform_sources ts
+        JOIN pg_attribute att ON att.attrelid = ts.source_oid AND att.attname = t[k + 2].value
+                              AND att.attnum > 0 AND NOT att.attisdropped
+       WHERE ts.transform_id = p_transform_id AND ts.ordinal <= p_ordinal AND ts.alias = t[k].value;
+      IF s IS NOT NULL THEN
+        src := s; attnum := a;
+        RETURN NEXT;
+      END IF;
+    ELSE
+      IF (SELECT count(*) FROM "trellis".transform_sources ts
+            JOIN pg_attribute att ON att.attrelid = ts.source_oid AND att.attname = t[k].value
+                                  AND att.attnum > 0 AND NOT att.attisdropped
+           WHERE ts.transform_id = p_transform_id AND ts.ordinal <= p_ordinal) = 1 THEN
+        RETURN QUERY
+          SELECT ts.ordinal, att.attnum::int
+            FROM "trellis".transform_sources ts
+            JOIN pg_attribute att ON att.attrelid = ts.source_oid AND att.attname = t[k].value
+                                  AND att.attnum > 0 AND NOT att.attisdropped
+           WHERE ts.transform_id = p_transform_id AND ts.ordinal <= p_ordinal;
+      END IF;
+    END IF;
+  END LOOP;
+END
+$fn$;
+
+-- As before (0008), and the indexes joins on other conditions than equalities need: for a
+-- join with no equality the engine routes by (none in the spec's joins for it), the
+-- columns of each side its condition reads.
+CREATE FUNCTION "trellis".source_index_gaps(p_transform_id int)
+RETURNS jsonb LANGUAGE sql STABLE AS $fn$
+  WITH t AS (SELECT * FROM "trellis".transforms WHERE id = p_transform_id),
+  theta AS (
+    SELECT ts.ordinal AS j, ts.join_condition AS cond
+      FROM t JOIN "trellis".transform_sources ts ON ts.transform_id = t.id
+     WHERE ts.ordinal > 0 AND ts.join_condition IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(coalesce(t.spec->'joins', '[]')) e
+                        WHERE (e->>'join')::int = ts.ordinal)
+       -- LATERAL's table of positions (0053) is joined by its key from each row of the
+       -- table before it (`ordinality = ANY (...)`): nothing to index on either side.
+       AND NOT (ts.source_schema = 'trellis' AND ts.source_name = 'lateral_ordinals')),
+  sides AS (
+    SELECT DISTINCT c.src, c.attnum, CASE WHEN c.src = th.j THEN 'join_joined' ELSE 'join_from' END AS role
+      FROM theta th CROSS JOIN LATERAL "trellis"._condition_columns(p_transform_id, th.j, th.cond) c),
+  needs AS (
+    SELECT src, role, array_agg(attnum ORDER BY attnum) AS attnums FROM sides GROUP BY src, role),
+  extra AS (
+    SELECT ts.ordinal, n.role, jsonb_build_object(
+             'table', ts.source_schema || '.' || ts.source_name,
+             'columns', to_jsonb(cols.names),
+             'role', n.role,
+             'opted_out', t.without_source_index,
+             'fix', format('CREATE INDEX CONCURRENTLY ON %I.%I (%s)', ts.source_schema, ts.source_name,
+                           (SELECT string_agg(quote_ident(c), ', ') FROM unnest(cols.names) c))) AS gap
+      FROM needs n
+      CROSS JOIN t
+      JOIN "trellis".transform_sources ts ON ts.transform_id = t.id AND ts.ordinal = n.src
+      CROSS JOIN LATERAL (
+        SELECT array_agg(a.attname::text ORDER BY a.attnum) AS names
+          FROM pg_attribute a WHERE a.attrelid = ts.source_oid AND a.attnum = ANY (n.attnums)) cols
+     WHERE NOT EXISTS (
+       SELECT 1 FROM pg_index i
+        WHERE i.indrelid = ts.source_oid AND i.indisvalid AND i.indkey[0] = ANY (n.attnums))),
+  before AS (
+    SELECT g, o FROM jsonb_array_elements("trellis".source_index_gaps_before_setops(p_transform_id))
+      WITH ORDINALITY AS y(g, o))
+  SELECT coalesce(jsonb_agg(g ORDER BY o1, o2, o3), '[]') FROM (
+    SELECT g, 0 AS o1, o AS o2, '' AS o3 FROM before
+    UNION ALL
+    SELECT x.gap, 1, x.ordinal, x.role FROM (SELECT DISTINCT ON (gap) ordinal, role, gap FROM extra) x
+     WHERE NOT EXISTS (SELECT 1 FROM before b WHERE b.g = x.gap)) all_gaps
+$fn$;
+
+ALTER FUNCTION "trellis".grammar_parse_view("trellis".grammar_token[], int, jsonb, jsonb) RENAME TO grammar_parse_view_before_setops;
+ALTER FUNCTION "trellis"._render_view_select(jsonb) RENAME TO _render_view_select_before_setops;
+
+-- A view's SELECT: with INTERSECT or EXCEPT at its top level, compiled as the header says;
+-- any other as before.
+CREATE FUNCTION "trellis".grammar_parse_view(
+  toks "trellis".grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  k int := i;
+  op text;
+  op_at int;
+  has_union boolean := false;
+  t2 "trellis".grammar_token[] := '{}';
+  u jsonb;
+  b jsonb;
+  nb int;
+  n int;
+  names text[] := '{}';
+  it jsonb;
+  et "trellis".grammar_token[];
+  nm text;
+  with_ text;
+  txt text;
+  res jsonb;
+  q text := quote_ident('set#op');
+BEGIN
+  WHILE toks[k].kind <> 'eof' LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND ("trellis".grammar_kw(toks[k], 'intersect') OR "trellis".grammar_kw(toks[k], 'except')) THEN
+      IF "trellis".grammar_kw(toks[k + 1], 'all') THEN
+        PERFORM "trellis".grammar_refuse(format(
+          '%s ALL is not supported yet: only %s (distinct) is maintained (count each row''s copies per branch with GROUP BY over a UNION ALL)',
+          upper(toks[k].value), upper(toks[k].value)), toks[k].pos);
+      END IF;
+      IF op IS NOT NULL AND op <> toks[k].value THEN
+        PERFORM "trellis".grammar_refuse(
+          'INTERSECT and EXCEPT mixed in one statement are not supported: put one of them in a subquery in FROM',
+          toks[k].pos);
+      END IF;
+      op := toks[k].value;
+      op_at := coalesce(op_at, k);
+    ELSIF d = 0 AND "trellis".grammar_kw(toks[k], 'union') THEN
+      has_union := true;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  IF op IS NULL THEN
+    RETURN "trellis".grammar_parse_view_before_setops(toks, i, target, ctes);
+  END IF;
+  IF has_union THEN
+    PERFORM "trellis".grammar_refuse(format(
+      'UNION and %s mixed in one statement are not supported: put one of them in a subquery in FROM',
+      upper(op)), toks[op_at].pos);
+  END IF;
+
+  -- The branches as a UNION ALL (each INTERSECT or EXCEPT [DISTINCT] read as UNION ALL).
+  k := 1;
+  WHILE k <= array_length(toks, 1) LOOP
+    IF k >= i AND "trellis".grammar_kw(toks[k], op) THEN
+      t2 := t2 || ROW('word', 'UNION', 'union', toks[k].pos)::"trellis".grammar_token
+               || ROW('word', 'ALL', 'all', toks[k].pos)::"trellis".grammar_token;
+      IF "trellis".grammar_kw(toks[k + 1], 'distinct') THEN
+        k := k + 1;
+      END IF;
+    ELSE
+      t2 := t2 || toks[k];
+    END IF;
+    k := k + 1;
+  END LOOP;
+  u := "trellis".grammar_parse_view_before_setops(t2, i, target, ctes);
+  IF NOT u ? 'union' THEN
+    PERFORM "trellis".grammar_refuse(format('%s could not be read here', upper(op)), toks[op_at].pos);
+  END IF;
+  nb := jsonb_array_length(u->'union'->'branches');
+
+  -- The columns, as the first branch names them.
+  FOR it IN SELECT x FROM jsonb_array_elements(u->'select') WITH ORDINALITY AS y(x, o) ORDER BY o LOOP
+    nm := it->>'name';
+    IF nm IS NULL THEN
+      et := "trellis".grammar_tokenize(it->>'expr');
+      n := array_length(et, 1);
+      -- ident [. ident [. ident]] then eof
+      IF et[n - 1].kind IN ('word', 'ident')
+         AND (n = 2 OR (et[n - 2].kind = 'punct' AND et[n - 2].text = '.'
+                        AND (n = 4 OR (n = 6 AND et[2].kind = 'punct' AND et[2].text = '.')))) THEN
+        nm := et[n - 1].value;
+      ELSE
+        PERFORM "trellis".grammar_refuse(format(
+          'a column of %s must be named in its first SELECT: write %s AS name', upper(op), it->>'expr'),
+          coalesce((it->>'position')::int, toks[i].pos));
+      END IF;
+    END IF;
+    names := names || nm;
+  END LOOP;
+  n := cardinality(names);
+
+  SELECT 'WITH ' || string_agg(quote_ident(p->>'name')
+           || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
+                                  FROM jsonb_array_elements_text(coalesce(p->'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
+           || ' AS (' || "trellis"._render_view_select(p->'ast') || ')', ', ' ORDER BY o) || ' '
+    INTO with_
+    FROM jsonb_array_elements(coalesce(u->'parts', '[]')) WITH ORDINALITY AS x(p, o)
+   WHERE p->>'kind' = 'cte';
+
+  txt := coalesce(with_, '') || 'SELECT '
+    || (SELECT string_agg(format('%s.%I AS %I', q, 'trellis#' || o, nm2), ', ' ORDER BY o)
+          FROM unnest(names) WITH ORDINALITY AS x(nm2, o))
+    || ' FROM ('
+    || (SELECT string_agg("trellis"._render_view_select(br || jsonb_build_object('select',
+                 (br->'select') || jsonb_build_array(jsonb_build_object('expr', o::text, 'name', 'trellis#side',
+                   'position', NULL, 'bare_label', NULL, 'label_expr', NULL)))), ' UNION ALL ' ORDER BY o)
+          FROM jsonb_array_elements(u->'union'->'branches') WITH ORDINALITY AS x(br, o))
+    || ') AS ' || q || ' ('
+    || (SELECT string_agg(quote_ident('trellis#' || o), ', ' ORDER BY o) FROM generate_series(1, n) o)
+    || ', "trellis#side") GROUP BY '
+    || (SELECT string_agg(format('%s.%I', q, 'trellis#' || o), ', ' ORDER BY o) FROM generate_series(1, n) o)
+    || ' HAVING '
+    || CASE WHEN op = 'intersect'
+         THEN (SELECT string_agg(format('sum(CASE WHEN %s."trellis#side" = %s THEN 1 ELSE 0 END) > 0', q, o), ' AND ' ORDER BY o)
+                 FROM generate_series(1, nb) o)
+         ELSE format('max(%s."trellis#side") = 1', q) END
+    || CASE WHEN (u->>'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (u->>'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
+  res := "trellis".grammar_parse_view_before_setops("trellis".grammar_tokenize(txt), 1, target, ctes);
+  RETURN res || jsonb_build_object('written', u || jsonb_build_object('union', (u->'union') || jsonb_build_object('setop', op)));
+END
+$fn$;
+
+-- A view's SELECT as text: a union marked with a set operator (the written form of an
+-- INTERSECT or EXCEPT) joined by it; a block marked "written_outer" (a RIGHT or FULL JOIN
+-- after other joins, as written) with that join's word; any other as before.
+CREATE FUNCTION "trellis"._render_view_select(ast jsonb)
+RETURNS text LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  with_ text;
+  sentinel text := 'trellis#outer#join#item';
+  m int;
+  txt text;
+  marker text;
+BEGIN
+  IF ast ? 'written_outer' THEN
+    -- A RIGHT or FULL JOIN after other joins, as written: parsed as a LEFT JOIN, its word
+    -- put back (the join found by a name no statement holds, as 0046 finds the first).
+    m := (ast->'written_outer'->>'at')::int;
+    txt := "trellis"._render_view_select(jsonb_set(ast - 'written_outer', ARRAY['joins', m::text],
+      jsonb_build_object('schema', NULL, 'name', sentinel, 'alias', NULL, 'type', 'left', 'on', ast->'joins'->m->>'on')));
+    marker := 'LEFT JOIN ' || quote_ident(sentinel);
+    RETURN overlay(txt PLACING upper(ast->'written_outer'->>'kind') || ' JOIN ' || "trellis"._render_view_item(ast, ast->'joins'->m)
+                   FROM strpos(txt, marker) FOR length(marker));
+  END IF;
+  IF NOT (ast ? 'union' AND ast->'union' ? 'setop') THEN
+    RETURN "trellis"._render_view_select_before_setops(ast);
+  END IF;
+  SELECT 'WITH ' || string_agg(quote_ident(p->>'name')
+           || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
+                                  FROM jsonb_array_elements_text(coalesce(p->'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
+           || ' AS (' || "trellis"._render_view_select(p->'ast') || ')', ', ' ORDER BY o) || ' '
+    INTO with_
+    FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS x(p, o)
+   WHERE p->>'kind' = 'cte';
+  RETURN coalesce(with_, '') || (
+    SELECT string_agg("trellis"._render_view_select(b), ' ' || upper(ast->'union'->>'setop') || ' ' ORDER BY o)
+      FROM jsonb_array_elements(ast->'union'->'branches') WITH ORDINALITY AS x(b, o));
+END
+$fn$;
+
+ALTER FUNCTION "trellis".grammar_parse_block("trellis".grammar_token[], int, jsonb, jsonb) RENAME TO grammar_parse_block_before_setops;
+
+-- An expression with every column it reads from `sources` (the aliases of FROM) replaced by the subquery's column ("full#join"."alias.column", or "full#join".
+-- "column" for a bare name): {expr, columns: {name: expression in the subquery}}.
+CREATE FUNCTION "trellis"._full_join_refs(expr text, sources jsonb)
+RETURNS jsonb LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  t "trellis".grammar_token[] := "trellis".grammar_tokenize(expr);
+  n int := coalesce(array_length(t, 1), 0);
+  k int;
+  cols jsonb := '{}';
+  edits jsonb := '[]';
+  e jsonb;
+  nm text;
+  q text := quote_ident('full#join');
+BEGIN
+  FOR k IN 1 .. n LOOP
+    CONTINUE WHEN t[k].kind NOT IN ('word', 'ident');
+    CONTINUE WHEN k > 1 AND t[k - 1].kind = 'punct' AND t[k - 1].text IN ('.', '::');
+    CONTINUE WHEN k < n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '(';
+    IF k + 2 <= n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '.' THEN
+      CONTINUE WHEN NOT sources ? t[k].value;
+      IF t[k + 2].kind NOT IN ('word', 'ident') THEN
+        PERFORM "trellis"._fail('TRV01', format(
+          'GROUP BY over a FULL JOIN reads %s.%s: name the columns (alias.column)', t[k].text, t[k + 2].text));
+      END IF;
+      nm := t[k].value || '.' || t[k + 2].value;
+      cols := cols || jsonb_build_object(nm, quote_ident(t[k].value) || '.' || quote_ident(t[k + 2].value));
+      edits := edits || jsonb_build_object('from', t[k].pos, 'to', t[k + 2].pos + length(t[k + 2].text),
+                                            'text', q || '.' || quote_ident(nm));
+    ELSE
+      -- A bare name: a column, unless it is a word of SQL's syntax (a keyword other than an
+      -- unreserved one, or one of the unreserved words expressions use), a typed literal's
+      -- type (date '…'), or a table's alias (a whole row).
+      CONTINUE WHEN k < n AND t[k + 1].kind = 'string';
+      CONTINUE WHEN sources ? t[k].value;
+      CONTINUE WHEN t[k].kind = 'word' AND (
+        EXISTS (SELECT 1 FROM pg_get_keywords() w WHERE w.word = t[k].value AND w.catcode <> 'U')
+        OR t[k].value IN ('at', 'zone', 'nulls', 'first', 'last', 'escape', 'within', 'over', 'filter',
+                          'ordinality', 'day', 'hour', 'minute', 'second', 'month', 'year', 'to'));
+      nm := t[k].value;
+      cols := cols || jsonb_build_object(nm, quote_ident(nm));
+      edits := edits || jsonb_build_object('from', t[k].pos, 'to', t[k].pos + length(t[k].text),
+                                            'text', q || '.' || quote_ident(nm));
+    END IF;
+  END LOOP;
+  FOR e IN SELECT x FROM jsonb_array_elements(edits) x ORDER BY (x->>'from')::int DESC LOOP
+    expr := overlay(expr PLACING e->>'text' FROM (e->>'from')::int FOR (e->>'to')::int - (e->>'from')::int);
+  END LOOP;
+  RETURN jsonb_build_object('expr', expr, 'columns', cols);
+END
+$fn$;
+
+-- The name Postgres gives a SELECT item written without AS: a column's own name, or a
+-- function call's name; NULL for anything else.
+CREATE FUNCTION "trellis"._item_default_name(expr text)
+RETURNS text LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  t "trellis".grammar_token[] := "trellis".grammar_tokenize(expr);
+  n int := array_length(t, 1);
+  d int := 0;
+  k int;
+BEGIN
+  IF t[n - 1].kind IN ('word', 'ident')
+     AND (n = 2 OR (t[n - 2].kind = 'punct' AND t[n - 2].text = '.'
+                    AND (n = 4 OR (n = 6 AND t[2].kind = 'punct' AND t[2].text = '.')))) THEN
+    RETURN t[n - 1].value;
+  END IF;
+  -- f(...) and nothing after its closing bracket.
+  IF t[1].kind IN ('word', 'ident') AND t[2].kind = 'punct' AND t[2].text = '(' THEN
+    FOR k IN 2 .. n - 1 LOOP
+      IF t[k].kind = 'punct' AND t[k].text IN ('(', '[') THEN
+        d := d + 1;
+      ELSIF t[k].kind = 'punct' AND t[k].text IN (')', ']') THEN
+        d := d - 1;
+        IF d = 0 THEN
+          RETURN CASE WHEN k = n - 1 THEN t[1].value END;
+        END IF;
+      END IF;
+    END LOOP;
+  END IF;
+  RETURN NULL;
+END
+$fn$;
+
+-- An expression with every `alias.column` of `sources` (aliases) replaced by the column of
+-- the subquery q ("alias.column"): {expr, columns: {name: expression in the subquery},
+-- bare: [the bare names that may be columns]}.
+CREATE FUNCTION "trellis"._prefix_refs(expr text, sources jsonb, q text)
+RETURNS jsonb LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  t "trellis".grammar_token[] := "trellis".grammar_tokenize(expr);
+  n int := coalesce(array_length(t, 1), 0);
+  k int;
+  cols jsonb := '{}';
+  bare jsonb := '[]';
+  edits jsonb := '[]';
+  e jsonb;
+  nm text;
+BEGIN
+  FOR k IN 1 .. n LOOP
+    CONTINUE WHEN t[k].kind NOT IN ('word', 'ident');
+    CONTINUE WHEN k > 1 AND t[k - 1].kind = 'punct' AND t[k - 1].text IN ('.', '::');
+    CONTINUE WHEN k < n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '(';
+    IF k + 2 <= n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '.' THEN
+      CONTINUE WHEN NOT sources ? t[k].value;
+      IF t[k + 2].kind NOT IN ('word', 'ident') THEN
+        PERFORM "trellis"._fail('TRV01', format(
+          'a RIGHT or FULL JOIN after another join reads %s.%s: name the columns (alias.column)', t[k].text, t[k + 2].text));
+      END IF;
+      nm := t[k].value || '.' || t[k + 2].value;
+      cols := cols || jsonb_build_object(nm, quote_ident(t[k].value) || '.' || quote_ident(t[k + 2].value));
+      edits := edits || jsonb_build_object('from', t[k].pos, 'to', t[k + 2].pos + length(t[k + 2].text),
+                                            'text', q || '.' || quote_ident(nm));
+    ELSIF NOT (k < n AND t[k + 1].kind = 'string')
+          AND NOT (k + 1 <= n AND t[k + 1].kind = 'punct' AND t[k + 1].text = '.')
+          AND NOT (t[k].kind = 'word' AND (
+            EXISTS (SELECT 1 FROM pg_get_keywords() w WHERE w.word = t[k].value AND w.catcode <> 'U')
+            OR t[k].value IN ('at', 'zone', 'nulls', 'first', 'last', 'escape', 'within', 'over', 'filter',
+                              'ordinality', 'day', 'hour', 'minute', 'second', 'month', 'year', 'to'))) THEN
+      bare := bare || to_jsonb(t[k].text);
+    END IF;
+  END LOOP;
+  FOR e IN SELECT x FROM jsonb_array_elements(edits) x ORDER BY (x->>'from')::int DESC LOOP
+    expr := overlay(expr PLACING e->>'text' FROM (e->>'from')::int FOR (e->>'to')::int - (e->>'from')::int);
+  END LOOP;
+  RETURN jsonb_build_object('expr', expr, 'columns', cols, 'bare', bare);
+END
+$fn$;
+
+-- A SELECT block with a RIGHT or FULL JOIN after other joins, compiled as the header says
+-- (then read again, by grammar_parse_block); NULL for any other block.
+CREATE FUNCTION "trellis"._outer_join_later(
+  toks "trellis".grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  k int := i;
+  f int;
+  first_join int;
+  outer_at int;
+  kind text;
+  m int := 0;
+  t2 "trellis".grammar_token[];
+  ast jsonb;
+  written jsonb;
+  sources jsonb := '{}';
+  item jsonb;
+  j jsonb;
+  r jsonb;
+  cols jsonb := '{}';
+  bare jsonb := '[]';
+  items text[] := '{}';
+  joins_txt text := '';
+  groups text[] := '{}';
+  on_ text;
+  where_ text;
+  having_ text;
+  nm text;
+  g text;
+  p_txt text;
+  with_ text;
+  txt text;
+  o int;
+  q text := quote_ident('joined#');
+BEGIN
+  IF NOT "trellis".grammar_kw(toks[i], 'select') THEN
+    RETURN NULL;
+  END IF;
+  WHILE toks[k].kind <> 'eof' LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND f IS NULL AND "trellis".grammar_kw(toks[k], 'from') THEN
+      f := k;
+    ELSIF d = 0 AND f IS NOT NULL THEN
+      IF (toks[k].kind = 'punct' AND toks[k].text = ',')
+         OR (toks[k].kind = 'word' AND toks[k].value IN ('join', 'inner', 'cross', 'natural'))
+         OR ("trellis".grammar_kw(toks[k], 'left') AND coalesce(toks[k + 1].text, '') <> '(')
+         OR "trellis"._outer_join_at(toks, k) IS NOT NULL THEN
+        IF first_join IS NULL THEN
+          first_join := k;
+        END IF;
+        -- Count the joins before the outer one (a JOIN word after INNER or LEFT is its own).
+        IF outer_at IS NULL AND toks[k].kind = 'word' AND toks[k].value = 'join'
+           AND NOT (k > 1 AND toks[k - 1].kind = 'word' AND toks[k - 1].value IN ('inner', 'left', 'outer', 'cross', 'natural')) THEN
+          m := m + 1;
+        ELSIF outer_at IS NULL AND toks[k].kind = 'word' AND toks[k].value IN ('inner', 'left', 'cross', 'natural') THEN
+          m := m + 1;
+        END IF;
+      END IF;
+      IF outer_at IS NULL AND "trellis"._outer_join_at(toks, k) IS NOT NULL AND k <> first_join THEN
+        outer_at := k;
+        kind := toks[k].value;
+      END IF;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  IF outer_at IS NULL THEN
+    RETURN NULL;
+  END IF;
+
+  -- Parsed with that join read as a LEFT JOIN; its word kept to be shown.
+  t2 := toks;
+  t2[outer_at] := ROW('word', 'LEFT', 'left', toks[outer_at].pos)::"trellis".grammar_token;
+  ast := "trellis".grammar_parse_block_before_joins(t2, i, target, ctes);
+  IF ast ? 'window' OR ast ? 'distinct_on'
+     OR jsonb_array_length(coalesce(ast->'joins', '[]')) <= m OR ast->'joins'->m->>'type' <> 'left' THEN
+    RETURN NULL;
+  END IF;
+  FOR o IN 0 .. m - 1 LOOP
+    IF ast->'joins'->o->>'type' <> 'inner' THEN
+      PERFORM "trellis".grammar_refuse(format(
+        'a %s JOIN after a %s JOIN is not supported yet: only after inner joins (the joins before it are kept as a subquery, read by its tables'' keys)',
+        upper(kind), upper(ast->'joins'->o->>'type')), toks[outer_at].pos);
+    END IF;
+  END LOOP;
+  written := ast || jsonb_build_object('written_outer', jsonb_build_object('at', m, 'kind', kind));
+
+  -- The joins before it, and their aliases.
+  p_txt := "trellis"._render_view_item(ast, ast->'from');
+  sources := jsonb_build_object(coalesce(ast->'from'->>'alias', ast->'from'->>'part', ast->'from'->>'name'), true);
+  FOR o IN 0 .. m - 1 LOOP
+    j := ast->'joins'->o;
+    p_txt := p_txt || ' JOIN ' || "trellis"._render_view_item(ast, j) || ' ON ' || (j->>'on');
+    sources := sources || jsonb_build_object(coalesce(j->>'alias', j->>'part', j->>'name'), true);
+  END LOOP;
+
+  FOR item IN SELECT x FROM jsonb_array_elements(ast->'select') WITH ORDINALITY AS y(x, o2) ORDER BY o2 LOOP
+    nm := coalesce(item->>'name', "trellis"._item_default_name(item->>'expr'));
+    IF nm IS NULL THEN
+      PERFORM "trellis".grammar_refuse(format(
+        'a %s JOIN after another join: name this column (%s AS name)', upper(kind), item->>'expr'),
+        coalesce((item->>'position')::int, toks[i].pos));
+    END IF;
+    r := "trellis"._prefix_refs(item->>'expr', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    items := items || ((r->>'expr') || ' AS ' || quote_ident(nm));
+  END LOOP;
+  FOR o IN m .. jsonb_array_length(ast->'joins') - 1 LOOP
+    j := ast->'joins'->o;
+    r := "trellis"._prefix_refs(j->>'on', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    joins_txt := joins_txt || ' ' || CASE WHEN o = m THEN upper(kind) || ' JOIN '
+                                          WHEN j->>'type' = 'left' THEN 'LEFT JOIN ' ELSE 'JOIN ' END
+      || "trellis"._render_view_item(ast, j) || ' ON ' || (r->>'expr');
+  END LOOP;
+  IF ast->>'where' IS NOT NULL THEN
+    r := "trellis"._prefix_refs(ast->>'where', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    where_ := r->>'expr';
+  END IF;
+  FOR g IN SELECT x FROM jsonb_array_elements_text(coalesce(ast->'group_by', '[]')) WITH ORDINALITY AS y(x, o2) ORDER BY o2 LOOP
+    r := "trellis"._prefix_refs(g, sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    groups := groups || (r->>'expr');
+  END LOOP;
+  IF ast->>'having' IS NOT NULL THEN
+    r := "trellis"._prefix_refs(ast->>'having', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    having_ := r->>'expr';
+  END IF;
+  IF jsonb_array_length(bare) > 0 THEN
+    PERFORM "trellis".grammar_refuse(format(
+      'a %s JOIN after another join needs every column written with its table''s alias (alias.column): %s',
+      upper(kind), (SELECT string_agg(DISTINCT x, ', ') FROM jsonb_array_elements_text(bare) x)), toks[outer_at].pos);
+  END IF;
+
+  SELECT 'WITH ' || string_agg(quote_ident(p->>'name')
+           || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
+                                  FROM jsonb_array_elements_text(coalesce(p->'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
+           || ' AS (' || "trellis"._render_view_select(p->'ast') || ')', ', ' ORDER BY o3) || ' '
+    INTO with_
+    FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS x(p, o3)
+   WHERE p->>'kind' = 'cte';
+  txt := coalesce(with_, '') || 'SELECT '
+    || CASE WHEN coalesce((ast->>'distinct')::boolean, false) THEN 'DISTINCT ' ELSE '' END
+    || array_to_string(items, ', ')
+    || ' FROM (SELECT '
+    || CASE WHEN cols = '{}' THEN '1 AS "trellis#one"'
+            ELSE (SELECT string_agg((c.value #>> '{}') || ' AS ' || quote_ident(c.key), ', ' ORDER BY c.key) FROM jsonb_each(cols) c) END
+    || ' FROM ' || p_txt || ') AS ' || q
+    || joins_txt
+    || coalesce(' WHERE ' || where_, '')
+    || CASE WHEN cardinality(groups) > 0 THEN ' GROUP BY ' || array_to_string(groups, ', ') ELSE '' END
+    || coalesce(' HAVING ' || having_, '')
+    || CASE WHEN (ast->>'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (ast->>'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
+  RETURN "trellis".grammar_parse_block("trellis".grammar_tokenize(txt), 1, target, ctes)
+    || jsonb_build_object('written', written);
+END
+$fn$;
+
+-- A SELECT block with GROUP BY or HAVING over a FULL JOIN, compiled as the header says;
+-- any other as before.
+CREATE FUNCTION "trellis".grammar_parse_block(
+  toks "trellis".grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  k int := i;
+  f int;
+  full_at int;
+  grouped boolean := false;
+  t2 "trellis".grammar_token[];
+  ast jsonb;
+  written jsonb;
+  sources jsonb := '{}';
+  item jsonb;
+  r jsonb;
+  cols jsonb := '{}';
+  items text[] := '{}';
+  groups text[] := '{}';
+  having_ text;
+  nm text;
+  g text;
+  inner_ jsonb;
+  with_ text;
+  txt text;
+  q text := quote_ident('full#join');
+BEGIN
+  -- A RIGHT or FULL JOIN after other joins first (its result may then group over a FULL JOIN).
+  ast := "trellis"._outer_join_later(toks, i, target, ctes);
+  IF ast IS NOT NULL THEN
+    RETURN ast;
+  END IF;
+  WHILE toks[k].kind <> 'eof' LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND f IS NULL AND "trellis".grammar_kw(toks[k], 'from') THEN
+      f := k;
+    ELSIF d = 0 AND f IS NOT NULL AND full_at IS NULL AND "trellis"._outer_join_at(toks, k) = 'full' THEN
+      full_at := k;
+    ELSIF d = 0 AND f IS NOT NULL AND (("trellis".grammar_kw(toks[k], 'group') AND "trellis".grammar_kw(toks[k + 1], 'by'))
+                                       OR "trellis".grammar_kw(toks[k], 'having')) THEN
+      grouped := true;
+    ELSIF f IS NULL AND toks[k].kind = 'word' AND toks[k + 1].kind = 'punct' AND toks[k + 1].text = '('
+          AND (k = 1 OR NOT (toks[k - 1].kind = 'punct' AND toks[k - 1].text = '.'))
+          AND toks[k].value IN ('count', 'sum', 'avg', 'min', 'max', 'bool_and', 'bool_or', 'every',
+                                'array_agg', 'string_agg', 'json_agg', 'jsonb_agg', 'json_object_agg',
+                                'jsonb_object_agg', 'stddev', 'stddev_pop', 'stddev_samp', 'variance',
+                                'var_pop', 'var_samp', 'bit_and', 'bit_or', 'bit_xor') THEN
+      -- An aggregate in the SELECT list (or one named as one): grouped, without GROUP BY.
+      grouped := true;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  IF full_at IS NULL OR NOT grouped THEN
+    RETURN "trellis".grammar_parse_block_before_setops(toks, i, target, ctes);
+  END IF;
+
+  -- Parsed as written (the FULL JOIN read as a LEFT JOIN, its word kept as 0046 keeps it).
+  t2 := toks;
+  t2[full_at] := ROW('word', 'LEFT', 'left', toks[full_at].pos)::"trellis".grammar_token;
+  ast := "trellis".grammar_parse_block_before_joins(t2, i, target, ctes);
+  IF ast->'joins'->0 IS NULL OR ast->'joins'->0->>'type' <> 'left' OR (ast->>'distinct')::boolean
+     OR ast ? 'window' OR ast ? 'distinct_on' THEN
+    -- Not the first join, or a form refused anyway: as before (refused by name there).
+    RETURN "trellis".grammar_parse_block_before_setops(toks, i, target, ctes);
+  END IF;
+  written := ast || jsonb_build_object('written_join', 'full');
+
+  -- The tables of FROM, by alias.
+  FOR item IN SELECT x FROM (SELECT ast->'from' AS x, 0 AS o
+                             UNION ALL SELECT j, o FROM jsonb_array_elements(ast->'joins') WITH ORDINALITY AS y(j, o)) z ORDER BY o LOOP
+    sources := sources || jsonb_build_object(coalesce(item->>'alias', item->>'part', item->>'name'), true);
+  END LOOP;
+
+  FOR item IN SELECT x FROM jsonb_array_elements(ast->'select') WITH ORDINALITY AS y(x, o) ORDER BY o LOOP
+    nm := coalesce(item->>'name', "trellis"._item_default_name(item->>'expr'));
+    IF nm IS NULL THEN
+      PERFORM "trellis".grammar_refuse(format(
+        'GROUP BY over a FULL JOIN: name this column (%s AS name)', item->>'expr'),
+        coalesce((item->>'position')::int, toks[i].pos));
+    END IF;
+    r := "trellis"._full_join_refs(item->>'expr', sources);
+    cols := cols || (r->'columns');
+    items := items || ((r->>'expr') || ' AS ' || quote_ident(nm));
+  END LOOP;
+  FOR g IN SELECT x FROM jsonb_array_elements_text(coalesce(ast->'group_by', '[]')) WITH ORDINALITY AS y(x, o) ORDER BY o LOOP
+    r := "trellis"._full_join_refs(g, sources);
+    cols := cols || (r->'columns');
+    groups := groups || (r->>'expr');
+  END LOOP;
+  IF ast->>'having' IS NOT NULL THEN
+    r := "trellis"._full_join_refs(ast->>'having', sources);
+    cols := cols || (r->'columns');
+    having_ := r->>'expr';
+  END IF;
+
+  -- The subquery: the FULL JOIN as written, selecting the columns read around it.
+  inner_ := (written - 'group_by' - 'having' - 'target' - 'without_source_index' - 'without_row_security')
+    || jsonb_build_object('group_by', '[]'::jsonb, 'having', NULL,
+         'parts', coalesce((SELECT jsonb_agg(x ORDER BY o) FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS y(x, o)
+                             WHERE x->>'kind' <> 'cte'), '[]'),
+         'select', CASE WHEN cols = '{}' THEN jsonb_build_array(jsonb_build_object('expr', '1', 'name', 'trellis#one'))
+                   ELSE (SELECT jsonb_agg(jsonb_build_object('expr', c.value #>> '{}', 'name', c.key) ORDER BY c.key)
+                           FROM jsonb_each(cols) c) END);
+  SELECT 'WITH ' || string_agg(quote_ident(p->>'name')
+           || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
+                                  FROM jsonb_array_elements_text(coalesce(p->'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
+           || ' AS (' || "trellis"._render_view_select(p->'ast') || ')', ', ' ORDER BY o) || ' '
+    INTO with_
+    FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS x(p, o)
+   WHERE p->>'kind' = 'cte';
+  txt := coalesce(with_, '') || 'SELECT ' || array_to_string(items, ', ')
+    || ' FROM (' || "trellis"._render_view_select(inner_) || ') AS ' || q
+    || CASE WHEN cardinality(groups) > 0 THEN ' GROUP BY ' || array_to_string(groups, ', ') ELSE '' END
+    || coalesce(' HAVING ' || having_, '')
+    || CASE WHEN (ast->>'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (ast->>'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
+  RETURN "trellis".grammar_parse_block_before_setops("trellis".grammar_tokenize(txt), 1, target, ctes)
+    || jsonb_build_object('written', written);
+END
+$fn$;
+
+ALTER FUNCTION "trellis".render_statement(jsonb) RENAME TO render_statement_before_setops;
+
+-- render_statement: a statement whose own FROM has a RIGHT or FULL JOIN after other joins,
+-- as written; every other as before.
+CREATE FUNCTION "trellis".render_statement(ast jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  w jsonb;
+BEGIN
+  IF ast ->> 'kind' IS DISTINCT FROM 'transform' OR NOT ast::text LIKE '%"written_outer"%'
+     OR starts_with(coalesce(ast->'target'->>'name', ''), 'trellis#') THEN
+    RETURN "trellis".render_statement_before_setops(ast);
+  END IF;
+  w := "trellis"._joins_as_written(ast);
+  IF NOT w ? 'written_outer' THEN
+    RETURN "trellis".render_statement_before_setops(ast);
+  END IF;
+  RETURN 'TRANSFORM ' || "trellis".grammar_render_name(w -> 'target' ->> 'schema', w -> 'target' ->> 'name')
+    || ' AS ' || "trellis"._render_view_select(w)
+    || CASE WHEN (w ->> 'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (w ->> 'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
+END
+$fn$;
+$trellis_m54$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 55) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (55, 'generator_findings', false);
+    EXECUTE $trellis_m55$-- Two engine bugs the differential tests' view SQL found (issue #24, item 4; test/
+-- view-sql-regressions.test.ts keeps each minimised):
+--
+-- 1. A top-N's rank filter in brackets was not seen. `WHERE (dt.rn <= 1) AND (…)`, as
+--    pg_get_viewdef() writes every condition, was refused ("the statement reading dt must
+--    filter it with WHERE rn <= k"): _topn_bound (0045) split the WHERE at its top-level
+--    ANDs and read each conjunct bare. It now reads the conjuncts as _semi_conjuncts (0048)
+--    splits them, brackets taken off, so `(rn <= 2)` and `((a) AND (rn = 1))` are read.
+--
+-- 2. A UNION branch other than the first selecting one column twice (`… UNION ALL SELECT
+--    b.id, b.id FROM b`) was refused: valid SQL (the union's columns take the first
+--    branch's names), but _define_union (0041) checks each branch alone, as a view, under
+--    its own output names, and a view cannot have two columns named `id`. The names a
+--    later branch gives its columns mean nothing to the union, and each branch's part is
+--    defined under the union's names anyway: the branches after the first are now checked
+--    with each unnamed item (but bare labels, which that check reads) named
+--    `trellis#c<n>`, and the union returned as written (for rendering).
+--
+-- 3. A semi- or anti-join as a term of an OR, in brackets (`WHERE ((EXISTS (SELECT …)) OR
+--    (x > 1))`, pg_get_viewdef()'s form again) was refused as "inside an AND or another
+--    expression under an OR": _semi_or_terms (0044) gave each term with its brackets, and
+--    a term in brackets is no EXISTS, IN or NOT IN to the shape it is read by. Each term now
+--    comes without the brackets around the whole of it.
+--
+-- 4. A source column renamed that a DISTINCT ON reads in its DISTINCT ON expressions or
+--    ORDER BY (and nowhere else) stopped the transform (`capture_failure`: "its definition
+--    no longer holds") instead of being followed: _rename_in_ast (0030) renames the
+--    SELECT list, WHERE, GROUP BY, HAVING and ON, and the stored AST of a DISTINCT ON
+--    keeps its DISTINCT ON and ORDER BY as written (0045), which it did not rename.
+--
+-- Renamed here and wrapped:
+--   _topn_bound (0045)     -> _topn_bound_before_parens
+--   _define_union (0041)   -> _define_union_before_twice
+--   _semi_or_terms (0044)  -> _semi_or_terms_before_parens
+--   _rename_in_ast (0030)  -> _rename_in_ast_before_distinct_on
+-- No other function is replaced.
+
+ALTER FUNCTION "trellis"._topn_bound(text, text, text) RENAME TO _topn_bound_before_parens;
+
+CREATE FUNCTION "trellis"._topn_bound(where_ text, alias text, rn text)
+RETURNS int LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  c text;
+  n int;
+  best int;
+BEGIN
+  IF where_ IS NULL THEN
+    RETURN NULL;
+  END IF;
+  FOREACH c IN ARRAY "trellis"._semi_conjuncts(where_) LOOP
+    n := "trellis"._topn_bound_before_parens(c, alias, rn);
+    IF n IS NOT NULL AND (best IS NULL OR n < best) THEN
+      best := n;
+    END IF;
+  END LOOP;
+  RETURN best;
+END
+$fn$;
+
+ALTER FUNCTION "trellis"._define_union(jsonb, text, text, jsonb) RENAME TO _define_union_before_twice;
+
+CREATE FUNCTION "trellis"._define_union(ast jsonb, root text, path text, scope jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  branches jsonb := '[]';
+  branch jsonb;
+  b bigint;
+  res jsonb;
+BEGIN
+  FOR branch, b IN SELECT x, o FROM jsonb_array_elements(ast->'union'->'branches') WITH ORDINALITY AS y(x, o) LOOP
+    IF b > 1 AND jsonb_typeof(branch->'select') = 'array' THEN
+      branch := branch || jsonb_build_object('select', (
+        SELECT jsonb_agg(CASE WHEN i->>'bare_label' IS NULL
+                              THEN i || jsonb_build_object('name', 'trellis#c' || n)
+                              ELSE i END ORDER BY n)
+          FROM jsonb_array_elements(branch->'select') WITH ORDINALITY AS z(i, n)));
+    END IF;
+    branches := branches || jsonb_build_array(branch);
+  END LOOP;
+  res := "trellis"._define_union_before_twice(
+    jsonb_set(ast, '{union,branches}', branches), root, path, scope);
+  IF res->'ast' ? 'union' THEN
+    res := jsonb_set(res, '{ast,union}', ast->'union');
+  END IF;
+  RETURN res;
+END
+$fn$;
+
+ALTER FUNCTION "trellis"._semi_or_terms(text) RENAME TO _semi_or_terms_before_parens;
+
+CREATE FUNCTION "trellis"._semi_or_terms(cond text)
+RETURNS text[] LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  terms text[] := "trellis"._semi_or_terms_before_parens(cond);
+  res text[] := '{}';
+  t text;
+  toks "trellis".grammar_token[];
+  n int;
+BEGIN
+  IF terms IS NULL THEN
+    RETURN NULL;
+  END IF;
+  FOREACH t IN ARRAY terms LOOP
+    LOOP
+      toks := "trellis".grammar_tokenize(t);
+      n := array_length(toks, 1) - 1;  -- the last token before eof
+      EXIT WHEN NOT (n >= 2 AND toks[1].kind = 'punct' AND toks[1].text = '('
+                     AND "trellis"._closing_token(toks, 1) = n);
+      t := "trellis".grammar_text(toks, 2, n);
+    END LOOP;
+    res := res || t;
+  END LOOP;
+  RETURN res;
+END
+$fn$;
+
+ALTER FUNCTION "trellis"._rename_in_ast(jsonb, int, text, text) RENAME TO _rename_in_ast_before_distinct_on;
+
+CREATE FUNCTION "trellis"._rename_in_ast(ast jsonb, ordinal int, old_name text, new_name text)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  src jsonb := CASE WHEN ordinal = 0 THEN ast->'from' ELSE ast->'joins'->(ordinal - 1) END;
+  alias text := coalesce(src->>'alias', src->>'name');
+BEGIN
+  IF ast ? 'distinct_on' THEN
+    ast := ast || jsonb_build_object(
+      'distinct_on', (SELECT coalesce(jsonb_agg(to_jsonb("trellis"._rename_in_expression(e, alias, old_name, new_name)) ORDER BY n), '[]')
+                        FROM jsonb_array_elements_text(ast->'distinct_on') WITH ORDINALITY AS x(e, n)),
+      'order_by', (SELECT coalesce(jsonb_agg(o || jsonb_build_object('expr', "trellis"._rename_in_expression(o->>'expr', alias, old_name, new_name)) ORDER BY n), '[]')
+                     FROM jsonb_array_elements(ast->'order_by') WITH ORDINALITY AS x(o, n)));
+  END IF;
+  RETURN "trellis"._rename_in_ast_before_distinct_on(ast, ordinal, old_name, new_name);
+END
+$fn$;
+$trellis_m55$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 56) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (56, 'redefine_unions', false);
+    EXECUTE $trellis_m56$-- Redefinitions in place to, from and between statements with UNION [ALL] (issue #25
+-- follow-up; ADR 0055's third addendum). 0047 refused a UNION anywhere in the new
+-- statement by name; 0047's parts machinery already covers it: _define_parts (0041's
+-- wrapper) defines a union's branches and its table like any part, under the root name
+-- it is given ("trellis#<t>~<id>#…", so the branches and the union's table
+-- "trellis#<t>~<id>#union" never meet the ones in force), and _drop_parts_of (0047) drops
+-- the union tables the dropped parts fed. What 0047 lacked: a union at the top of the new
+-- statement (no WITH queries, no derived table) was not seen as a statement with parts.
+--
+-- Renamed here and wrapped: _redefine (0047's) -> _redefine_before_unions. Statements
+-- without a UNION in the new definition go straight through to it; a union's goes the
+-- same way as 0047's parts (its body copied, the refusal lifted, "has parts" including a
+-- union at the top; changes marked "0056").
+
+ALTER FUNCTION "trellis"._redefine(jsonb) RENAME TO _redefine_before_unions;
+
+CREATE FUNCTION "trellis"._redefine(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  t "trellis".transforms := "trellis"._transform_named(ast);
+  def jsonb := ast->'definition';
+  res jsonb;
+  result jsonb;
+  shadow_id int;
+BEGIN
+  IF t.part_of IS NOT NULL OR t.redefines IS NOT NULL OR NOT "trellis"._has_union(def) THEN
+    RETURN "trellis"._redefine_before_unions(ast);
+  END IF;
+  -- A switch to a redefinition being replaced finishes first (as _redefine_one waits).
+  PERFORM 1 FROM "trellis".pipeline px
+   WHERE px.transform_id = t.id
+      OR px.transform_id IN (SELECT y.id FROM "trellis".transforms y WHERE y.redefines = t.id)
+   ORDER BY px.transform_id FOR UPDATE;
+  IF NOT EXISTS (SELECT 1 FROM "trellis".transforms y WHERE y.id = t.id) THEN
+    PERFORM "trellis"._fail('TRT01', format(
+      'transform %I was switched to another definition while this statement waited: apply it again', t.target_name));
+  END IF;
+  -- A redefinition being built is replaced: its shadow, its parts and its union tables go
+  -- first (their names are this one's).
+  DELETE FROM "trellis".transforms s WHERE s.redefines = t.id;
+  def := jsonb_set(def, '{target}', jsonb_build_object('schema', NULL, 'name', t.target_name));
+  -- Postgres reads the statement as written first: names, column aliases, scopes, the
+  -- union's column count and types.
+  PERFORM "trellis"._analyze_query("trellis"._render_view_select(def), 'in the definition');
+  PERFORM "trellis"._refuse_view_sublinks(def);
+  -- 0056: a union at the top too (_define_parts is 0041's wrapper): its branches and its
+  -- table, under the shadow's root name; the shadow reads the union's table.
+  res := "trellis"._define_parts(def, t.target_name || '~' || t.id, '', '{}');
+  ast := jsonb_set(ast, '{definition}', res->'ast');
+  result := "trellis"._redefine_one(ast);
+  SELECT s.id INTO shadow_id FROM "trellis".transforms s WHERE s.redefines = t.id;
+  IF shadow_id IS NULL THEN
+    -- The definition in force, written again: nothing to build, the parts just made (and
+    -- the union tables they feed) go.
+    PERFORM "trellis"._drop_new_parts(ARRAY(SELECT (i)::int FROM jsonb_array_elements_text(res->'ids') i));
+    RETURN result;
+  END IF;
+  UPDATE "trellis".transforms p SET part_of = shadow_id
+   WHERE p.id IN (SELECT (i)::int FROM jsonb_array_elements_text(res->'ids') i);
+  RETURN result;
+END
+$fn$;
+
+-- Transforms `ids` (parts just defined, belonging to no statement yet) dropped, the last
+-- defined first, and the union tables they fed.
+CREATE FUNCTION "trellis"._drop_new_parts(ids int[])
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  tables oid[];
+  rel oid;
+  p record;
+BEGIN
+  tables := ARRAY(SELECT DISTINCT f.table_oid FROM "trellis".union_feeds f WHERE f.transform_id = ANY (ids));
+  FOR p IN SELECT y.target_name FROM "trellis".transforms y WHERE y.id = ANY (ids) ORDER BY y.id DESC LOOP
+    PERFORM "trellis"._drop_one(jsonb_build_object('kind', 'drop', 'transform', p.target_name));
+  END LOOP;
+  FOREACH rel IN ARRAY tables LOOP
+    IF EXISTS (SELECT 1 FROM pg_class WHERE oid = rel) THEN
+      EXECUTE format('DROP TABLE %s', rel::regclass);
+    END IF;
+  END LOOP;
+END
+$fn$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
+$trellis_m56$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 57) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (57, 'left_join_deltas', false);
+    EXECUTE $trellis_m57$-- Aggregates kept by delta over a LEFT JOIN that fans out, and a grand total over a join
+-- that fans out (issue #22 item 1; ADR 0067, addendum).
+--
+-- 0049 kept by delta a GROUP BY over an inner join that fans out, its join rows signed from
+-- the sources' shadow by the delta rule of an inner join. Two shapes were left to recompute:
+--
+-- - a GROUP BY over a join with a LEFT JOIN that fans out (group recompute): a
+--   NULL-extended row is not a sum of its sources' rows. Its signed rows are now the join
+--   rows of each FROM row the change touches (drain/shadow-sql.ts, shadowSignedRows), as
+--   they are after the change (+1) less as they were (-1): a FROM row is never
+--   NULL-extended (only INNER and LEFT joins reach here), so the join is the disjoint union
+--   of its FROM rows' join rows, and a FROM row whose match set empties or fills has its
+--   NULL-extended row counted in exactly one of the two states;
+-- - a grand total (no GROUP BY) over a join that fans out (recomputed whole: 0033 keeps a
+--   shadow only for a GROUP BY). It now keeps the shadow (made as for a GROUP BY, with no
+--   GROUP BY index) and one group state row.
+--
+-- Both only when every aggregate has an exact delta (0026's classification); otherwise, as
+-- before. Renamed here and wrapped: _make_key_map -> _make_key_map_before_left_deltas
+-- (0049's; every other case goes straight through to it).
+
+ALTER FUNCTION "trellis"._make_key_map(int, jsonb, jsonb) RENAME TO _make_key_map_before_left_deltas;
+
+CREATE FUNCTION "trellis"._make_key_map(transform_id int, spec jsonb, classified jsonb)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  whole_row boolean;
+  left_join boolean;
+  grand_total boolean;
+  shadow_spec jsonb := spec;
+  why text;
+BEGIN
+  whole_row := coalesce((spec->>'whole_row')::boolean, false)
+    OR coalesce((SELECT (t.spec->>'whole_row')::boolean FROM "trellis".transforms t WHERE t.id = transform_id), false);
+  left_join := EXISTS (SELECT 1 FROM jsonb_array_elements(spec->'sources') s WHERE s->>'join_type' = 'left');
+  grand_total := jsonb_array_length(coalesce(spec->'groups', '[]')) = 0;
+  IF classified->>'mode' IS DISTINCT FROM 'delta'
+     OR NOT (left_join OR grand_total)
+     OR jsonb_array_length(spec->'sources') < 2
+     OR whole_row
+     OR EXISTS (SELECT 1 FROM jsonb_array_elements(spec->'sources') s
+                 WHERE (s->>'ordinal')::int > 0 AND coalesce(s->>'join_type', 'inner') NOT IN ('inner', 'left'))
+     OR NOT "trellis"._join_fans_out(spec)
+     OR "trellis"._shadow_columns(spec) IS NULL THEN
+    PERFORM "trellis"._make_key_map_before_left_deltas(transform_id, spec, classified);
+    RETURN;
+  END IF;
+  -- The shadow, as 0033 makes it for a GROUP BY kept by group recompute (0033 keeps one
+  -- only for a GROUP BY: a grand total is given a group it indexes nothing for).
+  IF grand_total THEN
+    shadow_spec := spec || '{"groups": [{"grand_total": true}]}';
+  END IF;
+  PERFORM "trellis"._make_key_map_before_fanout(transform_id, shadow_spec,
+    classified || '{"mode": "group", "reason": "made by _make_key_map"}');
+  why := CASE WHEN left_join
+    THEN '; the join can multiply rows and has a LEFT JOIN, so a change''s join rows are those of the FROM rows it touches, re-joined from the sources'' shadow as they were and as they are (ADR 0067, addendum)'
+    ELSE '; the join can multiply rows, so a change''s join rows are signed from the sources'' shadow (ADR 0067)' END;
+  UPDATE "trellis".transforms
+     SET delta = (classified - 'remap') || jsonb_build_object('fan_out', true,
+           'left_join', left_join, 'reason', (classified->>'reason') || why)
+   WHERE id = transform_id;
+  PERFORM "trellis"._create_group_states(transform_id, spec, classified);
+END
+$fn$;
+
+-- Transforms defined before this migration over a LEFT JOIN that fans out (0049 recorded
+-- them as kept by group recompute), or a grand total over a join that fans out (0033's
+-- reason), whose aggregates all have an exact delta: recorded as pending, so that their next
+-- build (_switch_to_delta) gives them their shadow and group states and keeps them by delta.
+UPDATE "trellis".transforms t
+   SET delta = t.delta || jsonb_build_object(
+         'mode', 'delta', 'reason', 'every aggregate has an exact delta', 'pending', true)
+ WHERE t.aggregates
+   AND t.delta->>'mode' = 'group'
+   AND (t.delta->>'reason' LIKE '%has a LEFT JOIN, whose NULL-extended rows have no delta%'
+        OR (t.delta->>'reason' LIKE 'the join can multiply rows (%'
+            AND jsonb_array_length(coalesce(t.spec->'groups', '[]')) = 0))
+   AND NOT coalesce((t.delta->>'remap')::boolean, false)
+   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(t.delta->'aggs') a WHERE NOT (a->>'delta')::boolean);
+$trellis_m57$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 58) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (58, 'mvcc_rebuilds_typed_ranks', false);
+    EXECUTE $trellis_m58$-- rank() and dense_rank() top-N compare ORDER BY values with their own type's equality
+-- (ADR 0076), as Postgres ranks them: numeric 1.0 and 1.00 share a rank. Until now the
+-- partition's top k held the values as text (`ROW(o)::text`, ADR 0065), so values equal in
+-- order but not in text counted as different ranks.
+--
+-- Wrapped (the pattern of 0039-0041): `_topn_rewrite_window` is renamed
+-- `_topn_rewrite_window_before_mvcc`, and the new function of the old name rewrites its
+-- result for rank and dense_rank over ONE order expression: the top k is an array of the
+-- expression's own type (`array_agg(o ORDER BY o …, (o)::text)`, the text only breaking
+-- ties between equal values so the stored array is one function of the rows), and a row's
+-- rank is `array_position(top, o)` (the type's equality). Over several order expressions
+-- the values are still compared as text (a record[] column cannot be stored): left, and
+-- said in README. Transforms defined before keep the text comparison until defined again
+-- (or redefined with ALTER TRANSFORM … AS).
+
+ALTER FUNCTION "trellis"._topn_rewrite_window(jsonb, int) RENAME TO _topn_rewrite_window_before_mvcc;
+
+-- The first k distinct values of `a` (in its order), for an array of any type: equality is
+-- the element type's (array_position).
+CREATE FUNCTION "trellis"._topn_distinct_prefix(a anyarray, k int)
+RETURNS anyarray LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fn$
+DECLARE
+  res ALIAS FOR $0;
+BEGIN
+  IF a IS NULL THEN
+    RETURN a;
+  END IF;
+  res := a[1:0];
+  FOR i IN 1 .. coalesce(cardinality(a), 0) LOOP
+    IF array_position(res, a[i]) IS NULL THEN
+      EXIT WHEN cardinality(res) >= k;
+      res := array_append(res, a[i]);
+    END IF;
+  END LOOP;
+  RETURN res;
+END
+$fn$;
+
+CREATE FUNCTION "trellis"._topn_rewrite_window(pa jsonb, k int)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+  win jsonb := pa -> 'window';
+  res jsonb := "trellis"._topn_rewrite_window_before_mvcc(pa, k);
+  expr text;
+  ord text;
+  old_probe text;
+  old_top text;
+  new_top text;
+  txt text;
+BEGIN
+  IF win ->> 'fn' NOT IN ('rank', 'dense_rank') OR jsonb_array_length(win -> 'order_by') <> 1 THEN
+    RETURN res;
+  END IF;
+  -- As _topn_rewrite_window_before_mvcc writes them (0045).
+  expr := '(' || (win -> 'order_by' -> 0 ->> 'expr') || ')';
+  ord := expr || coalesce(' ' || (win -> 'order_by' -> 0 ->> 'dir'), '');
+  old_probe := 'ROW(' || expr || ')::text';
+  old_top := format('array_agg(%s ORDER BY %s)', old_probe, ord);
+  new_top := format('array_agg(%s ORDER BY %s, (%s)::text)', expr, ord, expr);
+  -- Replaced inside the AST's strings (the top k's aggregate, then every probe: the rank
+  -- item and the WHERE), as JSON writes them.
+  txt := res::text;
+  txt := replace(txt, "trellis"._json_inner(old_top), "trellis"._json_inner(new_top));
+  txt := replace(txt, "trellis"._json_inner(old_probe), "trellis"._json_inner(expr));
+  RETURN txt::jsonb;
+END
+$fn$;
+
+-- A string as it appears inside a JSON text (escaped, without its quotes).
+CREATE FUNCTION "trellis"._json_inner(s text)
+RETURNS text LANGUAGE sql IMMUTABLE AS $fn$
+  SELECT substr(to_jsonb(s)::text, 2, length(to_jsonb(s)::text) - 2)
+$fn$;
+
+-- RESUME of a target whose key was dropped by hand (0014's _repair_target): it TRUNCATEd
+-- the target before adding the key back, and TRUNCATE is not MVCC-safe (a repeatable-read
+-- reader whose snapshot came before read the target empty, ADR 0076). Wrapped (renamed
+-- `_repair_target_before_mvcc`): when the target is there without its key and every key
+-- column is there, it is emptied here with DELETE and the key added back, as 0014 does, so
+-- the delegate finds the key and does not TRUNCATE. (A key column dropped too: the delegate
+-- adds it and TRUNCATEs, as before.)
+ALTER FUNCTION "trellis"._repair_target("trellis".transforms) RENAME TO _repair_target_before_mvcc;
+
+CREATE FUNCTION "trellis"._repair_target(t "trellis".transforms)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  qualified text := quote_ident(t.target_schema) || '.' || quote_ident(t.target_name);
+  keys text;
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = t.target_oid)
+     AND NOT EXISTS (SELECT 1 FROM pg_index x
+                      WHERE x.indrelid = t.target_oid AND (x.indisprimary OR x.indisunique))
+     AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(coalesce(t.spec->'key', '[]')) k
+                      WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a
+                                         WHERE a.attrelid = t.target_oid AND a.attname = k
+                                           AND a.attnum > 0 AND NOT a.attisdropped)) THEN
+    keys := (SELECT string_agg(quote_ident(k), ', ') FROM jsonb_array_elements_text(t.spec->'key') k);
+    -- As Trellis: the guard, if it is there, lets only Trellis write.
+    PERFORM set_config('trellis.maintaining', 'trellis', true);
+    EXECUTE 'DELETE FROM ' || qualified;
+    IF keys IS NULL THEN
+      EXECUTE 'CREATE UNIQUE INDEX ON ' || qualified || ' ((true))';
+    ELSIF (t.spec->>'key_nullable')::boolean THEN
+      EXECUTE 'ALTER TABLE ' || qualified || ' ADD UNIQUE NULLS NOT DISTINCT (' || keys || ')';
+    ELSE
+      EXECUTE 'ALTER TABLE ' || qualified || ' ADD PRIMARY KEY (' || keys || ')';
+    END IF;
+  END IF;
+  PERFORM "trellis"._repair_target_before_mvcc(t);
+END
+$fn$;
+$trellis_m58$;
   END IF;
   -- Postgres lets PUBLIC execute a new function: none of Trellis's is (ADR 0034), whichever
   -- migration made it. Only the owner calls them.
