@@ -19,13 +19,6 @@ const logged: LoggedLine[] = [];
 const live = livePipeline({ logger: recordingLogger(logged) });
 
 /** Runs each write, then checks every target against its definition. */
-async function steps(defs: Definition[], writes: string[]): Promise<void> {
-  for (const write of writes) {
-    await live.db.sql.unsafe(write);
-    await live.converged(defs);
-  }
-}
-
 describe('aggregates kept by delta', () => {
   it('says how each aggregate is kept, and why', async () => {
     await live.db.sql.unsafe(`
@@ -123,7 +116,7 @@ describe('aggregates kept by delta', () => {
     await live.define(groups, total, filtered);
     await live.converged([groups, total, filtered]);
     const defs = [groups, total, filtered];
-    await steps(defs, [
+    await live.steps(defs, [
       // Mixed scales: the sum's scale is its inputs' largest, and falls back when it goes.
       'UPDATE d_items SET v = 1.00 WHERE id = 4; UPDATE d_items SET v = 2.5000 WHERE id = 8',
       'DELETE FROM d_items WHERE id = 8',
@@ -180,7 +173,7 @@ describe('aggregates kept by delta', () => {
     };
     await live.define(inner, left);
     await live.converged([inner, left]);
-    await steps(
+    await live.steps(
       [inner, left],
       [
         "UPDATE j_customers SET tier = 't0' WHERE id = 4",
@@ -236,7 +229,7 @@ describe('aggregates kept by delta', () => {
     expect(bulk?.msg).toMatch(/: recompute estimated at [\d,]+ ms, delta at [\d,]+ ms/);
     // The key map and the group states were made again with the target: deltas after it
     // start from them.
-    await steps(
+    await live.steps(
       [d],
       [
         'UPDATE b_items SET g = 1 WHERE id BETWEEN 100 AND 120',
@@ -308,7 +301,7 @@ describe('aggregates kept by delta', () => {
       const def = (await live.trellis.definitions()).find((x) => x.target === d.target);
       expect(def?.maintenance.mode, d.target).toBe('group');
     }
-    await steps(fallbacks, [
+    await live.steps(fallbacks, [
       'UPDATE r_items SET g = 0 WHERE id % 7 = 0',
       'DELETE FROM r_items WHERE n = 3',
       'UPDATE r_items SET v = v * 1.00, f = -f WHERE g = 2',

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
 import { type LoggedLine, recordingLogger } from './support/logging.js';
+import { keyMapOf, maintenanceOf } from './support/maintenance.js';
 import type { Definition } from './support/oracle.js';
 
 /**
@@ -12,24 +13,6 @@ import type { Definition } from './support/oracle.js';
  */
 const logged: LoggedLine[] = [];
 const live = livePipeline({ logger: recordingLogger(logged) });
-
-async function steps(defs: Definition[], writes: string[]): Promise<void> {
-  for (const write of writes) {
-    await live.db.sql.unsafe(write);
-    await live.converged(defs);
-  }
-}
-
-async function maintenance(target: string) {
-  const all = await live.trellis.definitions();
-  return all.find((d) => d.target === target)?.maintenance;
-}
-
-async function keyMap(target: string): Promise<string | null> {
-  const [row] = await live.db.sql<{ kind: string | null }[]>`
-    SELECT spec->>'key_map' AS kind FROM trellis.transforms WHERE target_name = ${target}`;
-  return row?.kind ?? null;
-}
 
 describe('aggregates kept by delta over a join that fans out', () => {
   it('stays exact over customers, orders, line items and parts through writes on each', async () => {
@@ -66,8 +49,8 @@ describe('aggregates kept by delta over a join that fans out', () => {
     };
     await live.define(sales);
     await live.converged(sales);
-    expect(await keyMap('f_sales')).toBe('shadow');
-    const kept = await maintenance('f_sales');
+    expect(await keyMapOf(live.db, 'f_sales')).toBe('shadow');
+    const kept = await maintenanceOf(live.trellis, 'f_sales');
     expect(kept?.mode).toBe('delta');
     expect(kept?.reason).toMatch(/signed from the sources' shadow/);
     expect(kept?.aggregates.map((a) => a.how)).toEqual([
@@ -80,7 +63,7 @@ describe('aggregates kept by delta over a join that fans out', () => {
       'delta+rescan',
       'delta+rescan',
     ]);
-    await steps(
+    await live.steps(
       [sales],
       [
         // Aggregated values, of mixed numeric scales, and NULLs.
@@ -138,9 +121,9 @@ describe('aggregates kept by delta over a join that fans out', () => {
     };
     await live.define(pairs, byBoth);
     await live.converged([pairs, byBoth]);
-    expect((await maintenance('f_pairs'))?.mode).toBe('delta');
-    expect((await maintenance('f_by_both'))?.mode).toBe('delta');
-    await steps(
+    expect((await maintenanceOf(live.trellis, 'f_pairs'))?.mode).toBe('delta');
+    expect((await maintenanceOf(live.trellis, 'f_by_both'))?.mode).toBe('delta');
+    await live.steps(
       [pairs, byBoth],
       [
         'UPDATE f_item SET v = v + 1 WHERE id = 3',
@@ -174,7 +157,7 @@ describe('aggregates kept by delta over a join that fans out', () => {
     };
     await live.define(d);
     await live.converged(d);
-    expect((await maintenance(d.target))?.mode).toBe('delta');
+    expect((await maintenanceOf(live.trellis, d.target))?.mode).toBe('delta');
     await live.trellis.apply(`PAUSE TRANSFORM ${d.target}`);
     // What each way has cost it before, as if measured: a delta dear per key, a recompute cheap.
     await live.db
@@ -195,7 +178,7 @@ describe('aggregates kept by delta over a join that fans out', () => {
     expect(modes).toContain('recompute');
     await live.db.sql`UPDATE trellis.pipeline p SET apply_costs = NULL
              FROM trellis.transforms t WHERE t.id = p.transform_id AND t.target_name = ${d.target}`;
-    await steps(
+    await live.steps(
       [d],
       [
         'UPDATE f_burst SET v = 10000 WHERE id = 1',
@@ -233,8 +216,8 @@ describe('aggregates kept by delta over a join that fans out', () => {
     };
     await live.define(byDelta, byGroup);
     await live.converged([byDelta, byGroup]);
-    expect((await maintenance('f_cheap'))?.mode).toBe('delta');
-    expect((await maintenance('f_dear'))?.mode).toBe('group');
+    expect((await maintenanceOf(live.trellis, 'f_cheap'))?.mode).toBe('delta');
+    expect((await maintenanceOf(live.trellis, 'f_dear'))?.mode).toBe('group');
     const reads = async () => {
       const [row] = await live.db.sql<{ n: string }[]>`SELECT last_value AS n FROM f_reads`;
       return Number(row!.n);
@@ -269,13 +252,13 @@ describe('aggregates kept by delta over a join that fans out', () => {
       groupBy: 'a.cat',
     };
     await live.define(left);
-    const kept = await maintenance('f_left');
+    const kept = await maintenanceOf(live.trellis, 'f_left');
     expect(kept?.mode).toBe('delta');
     expect(kept?.reason).toMatch(
       /has a LEFT JOIN, so a change's join rows are those of the FROM rows/,
     );
     // Every match of a category gone (NULL-extended rows), then back.
-    await steps(
+    await live.steps(
       [left],
       [
         'UPDATE f_l SET v = 25 WHERE id = 2',

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
+import { keyMapOf, maintenanceOf } from './support/maintenance.js';
 import type { Definition } from './support/oracle.js';
 import { seededWriters } from './support/seeded-writers.js';
 import { checked, corrupt } from './support/self-check.js';
@@ -13,24 +14,6 @@ import { checked, corrupt } from './support/self-check.js';
  * its definition run by Postgres after each step.
  */
 const live = livePipeline();
-
-async function steps(defs: Definition[], writes: string[]): Promise<void> {
-  for (const write of writes) {
-    await live.db.sql.unsafe(write);
-    await live.converged(defs);
-  }
-}
-
-async function maintenance(target: string) {
-  const all = await live.trellis.definitions();
-  return all.find((d) => d.target === target)?.maintenance;
-}
-
-async function keyMap(target: string): Promise<string | null> {
-  const [row] = await live.db.sql<{ kind: string | null }[]>`
-    SELECT spec->>'key_map' AS kind FROM trellis.transforms WHERE target_name = ${target}`;
-  return row?.kind ?? null;
-}
 
 const chainTables = `
   CREATE TABLE lj_cust (c_id int PRIMARY KEY, c_region text, c_tier int);
@@ -92,12 +75,16 @@ describe('aggregates kept by delta over a LEFT JOIN that fans out', () => {
     await live.define(...defs);
     await live.converged(defs);
     for (const d of defs) {
-      expect(await keyMap(d.target)).toBe('shadow');
-      const kept = await maintenance(d.target);
+      expect(await keyMapOf(live.db, d.target)).toBe('shadow');
+      const kept = await maintenanceOf(live.trellis, d.target);
       expect(kept?.mode).toBe('delta');
     }
-    expect((await maintenance('lj_by_region'))?.reason).toMatch(/has a LEFT JOIN.*FROM rows/);
-    expect((await maintenance('lj_by_region'))?.aggregates.map((a) => a.how)).toEqual([
+    expect((await maintenanceOf(live.trellis, 'lj_by_region'))?.reason).toMatch(
+      /has a LEFT JOIN.*FROM rows/,
+    );
+    expect(
+      (await maintenanceOf(live.trellis, 'lj_by_region'))?.aggregates.map((a) => a.how),
+    ).toEqual([
       'delta',
       'delta',
       'delta',
@@ -109,7 +96,7 @@ describe('aggregates kept by delta over a LEFT JOIN that fans out', () => {
       'delta+rescan',
       'delta+rescan',
     ]);
-    await steps(defs, [
+    await live.steps(defs, [
       // A customer without orders gains one (its NULL-extended row goes), one without
       // line items too; then it loses them again (the NULL-extended row comes back).
       "INSERT INTO lj_orders VALUES (100, 25, 'O', 9)",
@@ -169,8 +156,8 @@ describe('aggregates kept by delta over a LEFT JOIN that fans out', () => {
     };
     await live.define(above);
     await live.converged(above);
-    expect((await maintenance('lj_above'))?.mode).toBe('delta');
-    await steps(
+    expect((await maintenanceOf(live.trellis, 'lj_above'))?.mode).toBe('delta');
+    await live.steps(
       [above],
       [
         // A new top (the old tops gain a match), then gone (they lose it).
@@ -241,11 +228,11 @@ describe('a grand total over a join that fans out', () => {
     };
     await live.define(pairs);
     await live.converged(pairs);
-    expect(await keyMap('gt_pairs')).toBe('shadow');
-    const kept = await maintenance('gt_pairs');
+    expect(await keyMapOf(live.db, 'gt_pairs')).toBe('shadow');
+    const kept = await maintenanceOf(live.trellis, 'gt_pairs');
     expect(kept?.mode).toBe('delta');
     expect(kept?.reason).toMatch(/signed from the sources' shadow/);
-    await steps(
+    await live.steps(
       [pairs],
       [
         'UPDATE gt_item SET v = v + 1 WHERE id = 3',
@@ -269,7 +256,7 @@ describe('the self-check over these shapes', () => {
     const defs = [byRegion, byStatus, total];
     // The writers before may leave the grand total under its HAVING (an empty target, so
     // nothing to corrupt): enough lines of one customer's order bring it back over.
-    await steps(defs, [
+    await live.steps(defs, [
       `INSERT INTO lj_line SELECT 50000 + i, (SELECT min(o_id) FROM lj_orders JOIN lj_cust ON c_id = o_cust),
               i % 4, 1.5, true FROM generate_series(1, 120) i`,
     ]);
@@ -292,7 +279,7 @@ describe('the self-check over these shapes', () => {
       expect((await checked(live.trellis, target)).report?.outcome).toBe('consistent');
     }
     await live.converged(defs);
-    await steps(defs, [
+    await live.steps(defs, [
       "UPDATE lj_line SET l_price = l_price * 2 WHERE l_order IN (SELECT o_id FROM lj_orders WHERE o_cust IN (SELECT c_id FROM lj_cust WHERE c_region = 'r0'))",
       'DELETE FROM lj_orders WHERE o_id % 5 = 0',
     ]);
@@ -355,9 +342,9 @@ describe('what a change costs, and the fallbacks', () => {
     const all = [byDelta, byGroup, grand, grandWhole];
     await live.define(...all);
     await live.converged(all);
-    expect((await maintenance('lc_cheap'))?.mode).toBe('delta');
-    expect((await maintenance('lc_grand'))?.mode).toBe('delta');
-    const dearKept = await maintenance('lc_dear');
+    expect((await maintenanceOf(live.trellis, 'lc_cheap'))?.mode).toBe('delta');
+    expect((await maintenanceOf(live.trellis, 'lc_grand'))?.mode).toBe('delta');
+    const dearKept = await maintenanceOf(live.trellis, 'lc_dear');
     expect(dearKept?.mode).toBe('group');
     expect(dearKept?.aggregates.map((a) => a.how)).toEqual(['recompute', 'recompute']);
     // EXPLAIN TRANSFORM says the same, per aggregate.
@@ -415,11 +402,11 @@ describe('what a change costs, and the fallbacks', () => {
     };
     await live.define(floats);
     await live.converged(floats);
-    const kept = await maintenance('lf_floats');
+    const kept = await maintenanceOf(live.trellis, 'lf_floats');
     expect(kept?.mode).toBe('group');
     expect(kept?.aggregates.map((a) => a.how)).toEqual(['recompute', 'recompute', 'recompute']);
     expect(kept?.aggregates[1]?.why).toMatch(/not exact for this type/);
-    await steps(
+    await live.steps(
       [floats],
       [
         'UPDATE lf_b SET x = x * 3 WHERE id % 4 = 0',

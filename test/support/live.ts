@@ -21,6 +21,8 @@ export interface LivePipeline {
    * with its definition as the test wrote it (the oracle).
    */
   converged(defs: Definition | Definition[], oracle?: OracleOptions): Promise<void>;
+  /** Runs each write, then waits for it and compares every definition (`converged`). */
+  steps(defs: Definition[], writes: string[]): Promise<void>;
 }
 
 /**
@@ -62,6 +64,12 @@ export function livePipeline(
       for (const d of Array.isArray(defs) ? defs : [defs]) {
         await live.trellis.awaitConverged(d.target, token, { timeoutMs: 25_000 });
         await expectMatchesDefinition(live.db.sql, d, oracle);
+      }
+    },
+    async steps(defs, writes) {
+      for (const write of writes) {
+        await live.db.sql.unsafe(write);
+        await live.converged(defs);
       }
     },
   };

@@ -1,4 +1,5 @@
 import type postgres from 'postgres';
+import { prng } from './workload.js';
 
 /**
  * A small TPC-H dataset, generated from a seed (test/tpch.test.ts, issue #26): the eight
@@ -79,18 +80,6 @@ export const START_DATE = Date.UTC(1992, 0, 1);
 export const ORDER_DAYS = 2405 - 151;
 /** Lines shipped after this date are open ('O'), received before it may be returned. */
 const CURRENT_DATE = Date.UTC(1995, 5, 17);
-
-/** A seeded generator of uniform numbers in [0, 1) (mulberry32). */
-export function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 export function dateLiteral(ms: number): string {
   return `'${new Date(ms).toISOString().slice(0, 10)}'`;
@@ -222,7 +211,7 @@ export async function loadTpch(
   seed: number,
   scale: TpchScale = TPCH_SMALL,
 ): Promise<TpchData> {
-  const r = seededRandom(seed);
+  const r = prng(seed);
   const int = (lo: number, hi: number) => lo + Math.floor(r() * (hi - lo + 1));
   const pick = <T>(xs: T[]): T => xs[Math.floor(r() * xs.length)]!;
   const comment = () => `${pick(WORDS)} ${pick(WORDS)} ${pick(WORDS)}`;
