@@ -1,4 +1,5 @@
 import type { Session } from '../db/session.js';
+import { BUILD_ATTEMPTS_BEFORE_PAUSE } from '../drain/backfill.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { SQLSTATE, sqlstateOf } from '../sqlstate.js';
@@ -105,6 +106,8 @@ interface Shadow {
   phase: string;
   paused: boolean;
   reason: string | null;
+  /** Its build failing and being tried again (not paused yet): the error and the attempts. */
+  retrying: string | null;
 }
 
 /** A hidden part of a redefinition's new definition (ADR 0056's parts, defined by `ALTER … AS`). */
@@ -115,6 +118,13 @@ interface NewPart {
   phase: string;
   /** Why it stopped (the transform paused, or one of its columns): null while it is not. */
   stopped: string | null;
+  /**
+   * Why it failed without pausing (ADR 0055's fourth addendum): keys held (rows it could not
+   * compute, below the quarantine threshold), the last error with them. Null when none is.
+   */
+  failed: string | null;
+  /** Its build failing and being tried again (not paused yet): the error and the attempts. */
+  retrying: string | null;
 }
 
 /**
@@ -135,18 +145,50 @@ async function newParts(session: Session, s: string, shadowId: number): Promise<
     `SELECT x.id, x.target_name AS target, coalesce(x.part_name, x.target_name) AS name, p.phase,
             CASE WHEN x.paused_at IS NOT NULL THEN
                    coalesce(x.capture_failure->>'error', x.pause_reason, 'paused')
-                   || coalesce(' (' || (SELECT count(*) FROM ${s}.held_keys h WHERE h.transform_id = x.id)
-                                    || ' keys held, the last: '
-                                    || (SELECT h.error FROM ${s}.held_keys h WHERE h.transform_id = x.id
-                                         ORDER BY h.held_at DESC LIMIT 1) || ')', '')
+                   -- A build that failed until it paused: its error.
+                   || coalesce(': ' || CASE WHEN x.pause_reason = 'build_failure' THEN p.build_error END, '')
+                   || coalesce(' (' || h.n || ' keys held, the last: ' || h.error || ')', '')
                  ELSE (SELECT format('its column %s paused: %s', c.name, coalesce(c.pause_reason, 'paused'))
                          FROM ${s}.transform_columns c
                         WHERE c.transform_id = x.id AND c.paused_at IS NOT NULL ORDER BY c.name LIMIT 1) END
-              AS stopped
+              AS stopped,
+            CASE WHEN h.n > 0 THEN
+                   format('%s %s it could not compute (%s), the last: %s', h.n,
+                          CASE WHEN h.n = 1 THEN 'row' ELSE 'rows' END,
+                          CASE WHEN h.n = 1 THEN 'its key held' ELSE 'their keys held' END, h.error) END
+              AS failed,
+            CASE WHEN p.build_attempts > 0 AND p.build_error IS NOT NULL THEN
+                   format('its build failed (%s of %s attempts before it pauses): %s',
+                          p.build_attempts, $2::int, p.build_error) END
+              AS retrying
        FROM ${s}.transforms x JOIN ${s}.pipeline p ON p.transform_id = x.id
+       LEFT JOIN LATERAL (
+         SELECT count(*) OVER () AS n, k.error FROM ${s}.held_keys k
+          WHERE k.transform_id = x.id ORDER BY k.held_at DESC LIMIT 1) h ON true
       WHERE x.part_of = $1
       ORDER BY x.id`,
-    [shadowId],
+    [shadowId, BUILD_ATTEMPTS_BEFORE_PAUSE],
+  );
+}
+
+/**
+ * Records `error` in the redefinition being built of shadow `shadowId` (status().redefinition
+ * .error): what it waits on, or why it is being given up while that waits for its lock.
+ */
+async function noteBuilding(
+  session: Session,
+  s: string,
+  shadowId: number,
+  error: string | null,
+): Promise<void> {
+  await session.query(
+    `UPDATE ${s}.transforms t
+        SET redefinition = CASE WHEN $2::text IS NULL THEN t.redefinition - 'error'
+                                ELSE t.redefinition || jsonb_build_object('error', $2::text) END
+      WHERE t.id = (SELECT x.redefines FROM ${s}.transforms x WHERE x.id = $1)
+        AND t.redefinition->>'state' = 'building'
+        AND t.redefinition->>'error' IS DISTINCT FROM $2::text`,
+    [shadowId, error],
   );
 }
 
@@ -208,12 +250,16 @@ export async function switchRedefinitions(
   const s = quoteIdent(schema);
   const shadows = await session.query<Shadow>(
     `SELECT x.id, t.target_name AS target, p.phase, x.paused_at IS NOT NULL AS paused,
-            coalesce(x.capture_failure->>'error', p.build_error, x.pause_reason) AS reason
+            coalesce(x.capture_failure->>'error', p.build_error, x.pause_reason) AS reason,
+            CASE WHEN p.build_attempts > 0 AND p.build_error IS NOT NULL AND x.paused_at IS NULL THEN
+                   format('build failed (%s of %s attempts before it pauses): %s',
+                          p.build_attempts, $1::int, p.build_error) END AS retrying
        FROM ${s}.transforms x
        JOIN ${s}.transforms t ON t.id = x.redefines
        JOIN ${s}.pipeline p ON p.transform_id = x.id
       WHERE x.redefines IS NOT NULL
       ORDER BY x.id`,
+    [BUILD_ATTEMPTS_BEFORE_PAUSE],
   );
   let pending = !(await dropOrphanParts(session, s, log));
   for (const key of partRounds.keys()) {
@@ -224,27 +270,40 @@ export async function switchRedefinitions(
   for (const shadow of shadows) {
     const parts = await newParts(session, s, shadow.id);
     const stoppedPart = parts.find((p) => p.stopped !== null);
-    if (shadow.paused || stoppedPart) {
-      // A new part stopped (a quarantine, a capture failure) is the new definition stopped:
-      // its shadow would never have the part's rows. Given up, saying which part and why.
+    const failedPart = parts.find((p) => p.failed !== null);
+    if (shadow.paused || stoppedPart || failedPart) {
+      // A new part stopped (a quarantine, a capture failure, a build failing until it
+      // paused) is the new definition stopped: its shadow would never have the part's rows.
+      // So is one holding keys (rows it could not compute, below the quarantine threshold):
+      // switching would show readers a target without those rows. Given up, saying which
+      // part and why; the old definition keeps serving.
       const reason = shadow.paused
         ? `its new definition stopped while it was built: ${shadow.reason ?? 'paused'}`
-        : `its new definition's part ${stoppedPart!.name} stopped while it was built: ${stoppedPart!.stopped}`;
+        : stoppedPart
+          ? `its new definition's part ${stoppedPart.name} stopped while it was built: ${stoppedPart.stopped}`
+          : `its new definition's part ${failedPart!.name} failed while it was built: ${failedPart!.failed}`;
       if (!(await abandon(session, s, shadow.id, reason))) {
         // Visible meanwhile (status().redefinition.error), while it waits for its lock.
-        await session.query(
-          `UPDATE ${s}.transforms t SET redefinition = t.redefinition || jsonb_build_object('error', $2::text)
-            WHERE t.id = (SELECT x.redefines FROM ${s}.transforms x WHERE x.id = $1)
-              AND t.redefinition->>'state' = 'building'
-              AND t.redefinition->>'error' IS DISTINCT FROM $2::text`,
-          [shadow.id, `being given up: ${reason}`],
-        );
+        await noteBuilding(session, s, shadow.id, `being given up: ${reason}`);
         pending = true;
         continue;
       }
       log.warn({ target: shadow.target, reason }, 'a redefinition was given up');
       continue;
     }
+    // A build failing and tried again (it pauses after a few attempts, and the redefinition
+    // is then given up): said meanwhile, the shadow's own or a part's.
+    const retryingPart = parts.find((p) => p.retrying !== null);
+    await noteBuilding(
+      session,
+      s,
+      shadow.id,
+      shadow.retrying
+        ? `waiting: its new definition's ${shadow.retrying}`
+        : retryingPart
+          ? `waiting: its new definition's part ${retryingPart.name}: ${retryingPart.retrying}`
+          : null,
+    );
     if (shadow.phase !== 'live') {
       pending = true;
       continue;
