@@ -22,8 +22,16 @@ function alterStatement(d: Definition): string {
   return `ALTER ${transformStatement(d)}`;
 }
 
+/**
+ * A relation's rows as one canonical text (any row order), without the engine's columns
+ * (`trellis#…`: a top-level UNION ALL's branch and key, ADR 0059; a redefinition's staged
+ * columns): the definition's columns are what is compared.
+ */
 function rowsOf(relation: string): string {
-  return `SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY to_jsonb(r)::text), '[]')::text AS rows FROM ${relation} r`;
+  return `SELECT coalesce(jsonb_agg(r.j ORDER BY r.j::text), '[]')::text AS rows
+            FROM (SELECT to_jsonb(x) - ARRAY(SELECT k FROM jsonb_object_keys(to_jsonb(x)) k
+                                              WHERE starts_with(k, 'trellis#')) AS j
+                    FROM ${relation} x) r`;
 }
 
 async function contents(d: Definition): Promise<string> {
@@ -370,6 +378,85 @@ describe('ALTER TRANSFORM … AS with hidden parts', () => {
       };
       await redefineUnderLoad(v3, v4, 'rdu_items');
       expect(await partTables('rdu')).toEqual([]);
+      const [feeds] = await live.db.sql<{ n: number }[]>`
+        SELECT count(*)::int AS n FROM trellis.union_feeds`;
+      expect(feeds!.n).toBe(0);
+    },
+  );
+});
+
+describe('ALTER TRANSFORM … AS to, from and between statements whose top is a UNION ALL', () => {
+  it(
+    'a projection to a UNION ALL (rows in both branches held twice), to another UNION ALL of three branches, then to a GROUP BY',
+    LOAD,
+    async () => {
+      await makeItems('rdw_items');
+      const v1: Definition = {
+        form: 'as',
+        target: 'rdw',
+        select: 'id, name, price',
+        from: 'rdw_items',
+        where: 'price > 50',
+      };
+      await live.define(v1);
+      await live.converged([v1]);
+      const oid = await oidOf('rdw');
+      // To a UNION ALL at the top: two branches over the same table, overlapping (a row with
+      // price > 300 and qty < 3 is in both, and held twice, as the statement returns it).
+      const v2: Definition = {
+        form: 'as',
+        target: 'rdw',
+        select: 'id, name, price FROM rdw_items WHERE price > 300 UNION ALL SELECT id, name, price',
+        // The oracle states the two columns the target adds to tell its rows apart (the
+        // branch, and the row's key in it), as ADR 0059's tests do.
+        oracleSelect: `id, name, price, 1 AS "trellis#branch", ROW(id)::text AS "trellis#key"
+                       FROM rdw_items WHERE price > 300 UNION ALL SELECT id, name, price`,
+        implicit: '2, ROW(id)::text',
+        from: 'rdw_items',
+        where: 'qty < 3',
+      };
+      await redefineUnderLoad(v1, v2, 'rdw_items');
+      const v2Tables = await partTables('rdw');
+      expect(v2Tables.some((n) => n.endsWith('#union'))).toBe(true);
+      const [dup] = await live.db.sql<{ n: number }[]>`
+        SELECT count(*)::int AS n FROM (SELECT id FROM rdw GROUP BY id HAVING count(*) > 1) d`;
+      expect(dup!.n).toBeGreaterThan(0);
+      // Between: another UNION ALL, three branches, another column and a GROUP BY branch.
+      const v3: Definition = {
+        form: 'as',
+        target: 'rdw',
+        select: `id, name, qty FROM rdw_items WHERE price > 350
+                 UNION ALL SELECT cat, 'cat', count(*)::int FROM rdw_items GROUP BY cat
+                 UNION ALL SELECT id, name, qty`,
+        oracleSelect: `id, name, qty, 1 AS "trellis#branch", ROW(id)::text AS "trellis#key"
+                       FROM rdw_items WHERE price > 350
+                       UNION ALL SELECT cat, 'cat', count(*)::int, 2, ROW(cat)::text FROM rdw_items GROUP BY cat
+                       UNION ALL SELECT id, name, qty`,
+        implicit: '3, ROW(id)::text',
+        from: 'rdw_items',
+        where: 'qty = 1',
+      };
+      await redefineUnderLoad(v2, v3, 'rdw_items');
+      const v3Tables = await partTables('rdw');
+      expect(v3Tables.some((n) => n.endsWith('#union'))).toBe(true);
+      expect(v3Tables.filter((n) => v2Tables.includes(n))).toEqual([]);
+      // From a UNION ALL to a GROUP BY: the branches, their union's table and the engine's
+      // branch and key columns go.
+      const v4: Definition = {
+        form: 'as',
+        target: 'rdw',
+        select: 'cat, count(*) AS n, max(price) AS top',
+        from: 'rdw_items',
+        groupBy: 'cat',
+      };
+      await redefineUnderLoad(v3, v4, 'rdw_items');
+      expect(await partTables('rdw')).toEqual([]);
+      const engineColumns = await live.db.sql<{ name: string }[]>`
+        SELECT attname AS name FROM pg_attribute
+         WHERE attrelid = 'rdw'::regclass AND attnum > 0 AND NOT attisdropped
+           AND starts_with(attname, 'trellis#')`;
+      expect(engineColumns).toEqual([]);
+      expect(await oidOf('rdw')).toBe(oid);
       const [feeds] = await live.db.sql<{ n: number }[]>`
         SELECT count(*)::int AS n FROM trellis.union_feeds`;
       expect(feeds!.n).toBe(0);
