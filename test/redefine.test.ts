@@ -580,6 +580,71 @@ describe('ALTER TRANSFORM … AS: what the target keeps, and what refuses it', (
   });
 });
 
+describe("ALTER TRANSFORM … AS: the switch's pre-check counts the locks that conflict with its own", () => {
+  it(
+    'a plain long reader (ACCESS SHARE) does not hold a filter change off (EXCLUSIVE); a SELECT … FOR SHARE one (ROW SHARE) does, and status() says why until it ends',
+    LOAD,
+    async () => {
+      await makeItems('rd_pc_items');
+      const v1: Definition = {
+        target: 'rd_pc',
+        from: 'rd_pc_items',
+        select: 'name, price',
+        where: 'price > 3',
+        implicit: 'id',
+      };
+      await live.define(v1);
+      const oid = await targetOid('rd_pc');
+      // A plain report reading the target, older than the switch's lock timeout.
+      const plain = await holdRead(live.db.url, 'rd_pc', undefined, 'ACCESS SHARE');
+      const v2: Definition = { ...v1, where: 'price > 30' };
+      expect((await live.trellis.apply(alterStatement(v2))).kind).toBe('redefining');
+      try {
+        await waitFor(
+          async () => (await redefinition('rd_pc'))?.state === 'switched',
+          'rd_pc to switch beside the plain reader',
+          30_000,
+        );
+      } finally {
+        await plain();
+      }
+      await live.converged([v2]);
+      expect((await redefinition('rd_pc'))?.readersBlockedMs).toBe(0);
+
+      // A reader locking rows (ROW SHARE) conflicts with EXCLUSIVE: no attempt while it runs.
+      const locking = await holdRead(live.db.url, 'rd_pc', undefined, 'ROW SHARE');
+      const v3: Definition = { ...v1, where: 'price > 60' };
+      expect((await live.trellis.apply(alterStatement(v3))).kind).toBe('redefining');
+      let released = false;
+      try {
+        await waitFor(
+          async () =>
+            /^waiting: the switch takes EXCLUSIVE on the target, and the transaction of pid \d+ \(begun .+\) holds RowShareLock on it/.test(
+              String((await live.trellis.status('rd_pc')).redefinition?.error),
+            ),
+          'status() to say what the switch waits for',
+          30_000,
+        );
+        // Still building a while later: held off for as long as the reader runs.
+        await new Promise((resolve) => setTimeout(resolve, 1500));
+        expect((await redefinition('rd_pc'))?.state).toBe('building');
+        await locking();
+        released = true;
+      } finally {
+        if (!released) await locking();
+      }
+      await waitFor(
+        async () => (await redefinition('rd_pc'))?.state === 'switched',
+        'rd_pc to switch once the locking reader ended',
+        30_000,
+      );
+      expect((await redefinition('rd_pc'))?.error).toBeUndefined();
+      await live.converged([v3]);
+      expect(await targetOid('rd_pc')).toBe(oid);
+    },
+  );
+});
+
 describe('ALTER TRANSFORM … AS: the statement, and a redefinition given up', () => {
   it('parses both forms, renders them back, and points at a mistake where it is', async () => {
     const rendered = async (statement: string) => {

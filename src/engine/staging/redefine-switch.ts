@@ -110,6 +110,14 @@ interface Shadow {
   retrying: string | null;
 }
 
+/** A transaction holding a lock on the target that conflicts with the switch's (`_redefine_blockers`). */
+interface Blocker {
+  pid: number;
+  mode: string;
+  /** When its transaction began (text, the server's). */
+  since: string;
+}
+
 /** A hidden part of a redefinition's new definition (ADR 0056's parts, defined by `ALTER … AS`). */
 interface NewPart {
   id: number;
@@ -294,44 +302,48 @@ export async function switchRedefinitions(
     // A build failing and tried again (it pauses after a few attempts, and the redefinition
     // is then given up): said meanwhile, the shadow's own or a part's.
     const retryingPart = parts.find((p) => p.retrying !== null);
-    await noteBuilding(
-      session,
-      s,
-      shadow.id,
-      shadow.retrying
-        ? `waiting: its new definition's ${shadow.retrying}`
-        : retryingPart
-          ? `waiting: its new definition's part ${retryingPart.name}: ${retryingPart.retrying}`
-          : null,
-    );
-    if (shadow.phase !== 'live') {
-      pending = true;
-      continue;
-    }
+    const retrying = shadow.retrying
+      ? `waiting: its new definition's ${shadow.retrying}`
+      : retryingPart
+        ? `waiting: its new definition's part ${retryingPart.name}: ${retryingPart.retrying}`
+        : null;
     if (
-      parts.length > 0 &&
-      !(await partsCaughtUp(session, s, `${schema}:${shadow.id}`, shadow.id, parts))
+      shadow.phase !== 'live' ||
+      (parts.length > 0 &&
+        !(await partsCaughtUp(session, s, `${schema}:${shadow.id}`, shadow.id, parts)))
     ) {
+      await noteBuilding(session, s, shadow.id, retrying);
       pending = true;
       continue;
     }
     // A transaction holding a lock on the target for longer than the switch would wait for
-    // it (a long report): no attempt this pass. An attempt holds the drain's row locks of
-    // the transform, its shadow and its chains while it waits for the table, and attempts
-    // one after another would starve their drains for as long as that reader runs.
-    const [busy] = await session.query<{ busy: boolean }>(
-      `SELECT EXISTS (
-         SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-          WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
-            AND l.relation = (SELECT t.target_oid FROM ${s}.transforms t
-                               JOIN ${s}.transforms x ON x.redefines = t.id WHERE x.id = $1)
-            AND a.xact_start < clock_timestamp() - make_interval(secs => $2::float8 / 1000)) AS busy`,
+    // it (a long report), in a mode that conflicts with the lock the next step takes: no
+    // attempt this pass. An attempt holds the drain's row locks of the transform, its
+    // shadow and its chains while it waits for the table, and attempts one after another
+    // would starve their drains for as long as that reader runs. A plain reader's ACCESS
+    // SHARE conflicts only with ACCESS EXCLUSIVE (columns staged or changed, the key or NOT
+    // NULL changed): a filter change's switch (EXCLUSIVE) goes on beside it.
+    const [pre] = await session.query<{ mode: string; blockers: Blocker[] }>(
+      `SELECT m.mode, ${s}._redefine_blockers(t.target_oid, m.mode, $2::float8) AS blockers
+         FROM ${s}.transforms x JOIN ${s}.transforms t ON t.id = x.redefines
+        CROSS JOIN LATERAL (SELECT ${s}._redefine_lock_mode(x.id) AS mode) m
+        WHERE x.id = $1`,
       [shadow.id, SWITCH_LOCK_TIMEOUT_MS],
+    );
+    const blocker = pre?.blockers[0];
+    const busy = { busy: blocker !== undefined };
+    await noteBuilding(
+      session,
+      s,
+      shadow.id,
+      blocker
+        ? `waiting: the switch takes ${pre!.mode} on the target, and the transaction of pid ${blocker.pid} (begun ${blocker.since}) holds ${blocker.mode} on it: tried again once it ends`
+        : retrying,
     );
     // The fill goes on under a long reader (it takes no lock a reader waits for); adding
     // the staged columns and the switch wait for it to end.
     try {
-      if (!(await stage(session, s, shadow.id, log, !busy?.busy))) {
+      if (!(await stage(session, s, shadow.id, log, !busy.busy))) {
         pending = true;
         continue;
       }
@@ -346,7 +358,7 @@ export async function switchRedefinitions(
       }
       continue;
     }
-    if (busy?.busy) {
+    if (busy.busy) {
       pending = true;
       continue;
     }
