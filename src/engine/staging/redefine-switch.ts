@@ -27,6 +27,12 @@ export interface SwitchReport {
   staged?: boolean;
 }
 
+/** Keys per page of a redefinition's logged diff (each page a transaction of its own). */
+export const LOG_PAGE_ROWS = 5000;
+
+/** How long one pass of the staging worker pages a redefinition's diff log before it moves on. */
+export const LOG_PASS_MS = 1000;
+
 /** Rows per batch of a staged redefinition's fill (each batch a transaction of its own). */
 export const FILL_BATCH_ROWS = 5000;
 
@@ -270,6 +276,7 @@ export async function switchRedefinitions(
     [BUILD_ATTEMPTS_BEFORE_PAUSE],
   );
   let pending = !(await dropOrphanParts(session, s, log));
+  if (!(await dropLogTriggers(session, s, log))) pending = true;
   for (const key of partRounds.keys()) {
     if (key.startsWith(`${schema}:`) && !shadows.some((x) => `${schema}:${x.id}` === key)) {
       partRounds.delete(key);
@@ -356,6 +363,15 @@ export async function switchRedefinitions(
       } else {
         pending = true;
       }
+      continue;
+    }
+    // A switch changing no column or key (a filter, a projection's expressions): the keys
+    // where the target and the new definition differ, logged before it, so the switch
+    // diffs those only (ADR 0055's fourth addendum). Under a long reader too (the log's
+    // triggers wait for writers only, its pages for nobody): the log then keeps up while
+    // the switch waits.
+    if (!(await logDiff(session, s, shadow.id, log))) {
+      pending = true;
       continue;
     }
     if (busy.busy) {
@@ -461,6 +477,100 @@ async function abandon(
       await session.query(`SELECT ${s}._redefine_abandon($1, $2)`, [shadowId, reason]);
     });
     return true;
+  } catch (error) {
+    if (lockedOut(error)) return false;
+    throw error;
+  }
+}
+
+/**
+ * Before a switch that changes no column, key or NOT NULL (ADR 0055's fourth addendum): a
+ * log of keys (`<schema>._redefine_log_start`: a table, and triggers on the target and the
+ * shadow adding the keys of every row written), then pages of the shadow's keys
+ * (`_redefine_log_page`), each a transaction of its own, adding the keys where the two
+ * tables differ; the switch then diffs the logged keys only. Pages for at most LOG_PASS_MS
+ * a pass. Returns false when the pages are not all done or a lock could not be had (tried
+ * again on the next pass); true when the log is done, or when the switch cannot use one (it
+ * diffs whole, as before).
+ */
+async function logDiff(
+  session: Session,
+  s: string,
+  shadowId: number,
+  log: Logger,
+): Promise<boolean> {
+  try {
+    const started = await session.transaction(async () => {
+      await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
+      const [row] = await session.query<{ ok: boolean }>(
+        `SELECT ${s}._redefine_log_start($1) AS ok`,
+        [shadowId],
+      );
+      return row?.ok === true;
+    });
+    if (!started) return true;
+    let pages = 0;
+    const began = performance.now();
+    for (;;) {
+      const done = await session.transaction(async () => {
+        await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
+        const [row] = await session.query<{ done: boolean }>(
+          `SELECT ${s}._redefine_log_page($1, $2) AS done`,
+          [shadowId, LOG_PAGE_ROWS],
+        );
+        return row?.done !== false;
+      });
+      pages += 1;
+      if (done) break;
+      // The rest on later passes: the staging worker has ticks and captures to see to.
+      if (performance.now() - began >= LOG_PASS_MS) return false;
+    }
+    if (pages > 1) {
+      log.debug(
+        { shadow: shadowId, pages, ms: Math.round(performance.now() - began) },
+        "a redefinition's diff was logged",
+      );
+    }
+    return true;
+  } catch (error) {
+    if (lockedOut(error)) return false;
+    const state = sqlstateOf(error);
+    if (state === undefined || state.startsWith('08')) throw error;
+    // The switch can always diff whole: the log goes, and it does.
+    log.warn(
+      { shadow: shadowId, error: (error as Error).message },
+      "a redefinition's diff could not be logged: its switch diffs the whole target",
+    );
+    await session.query(`DELETE FROM ${s}.redefine_logs WHERE shadow_id = $1`, [shadowId]);
+    return true;
+  }
+}
+
+/**
+ * Drops the log triggers a redefinition left on its target (`<schema>._redefine_log_cleanup`):
+ * DROP TRIGGER takes ACCESS EXCLUSIVE for a catalog change, so not where a transaction has
+ * held a lock on the table for longer than the switch's lock timeout, and under that
+ * timeout. False while some are left (tried again on the next pass).
+ */
+async function dropLogTriggers(session: Session, s: string, log: Logger): Promise<boolean> {
+  // A read first (no transaction, no lock): there are none on nearly every pass.
+  const [left] = await session.query<{ any: boolean }>(
+    `SELECT EXISTS (SELECT 1 FROM pg_trigger g WHERE starts_with(g.tgname, 'trellis_log#')
+                       AND NOT EXISTS (SELECT 1 FROM ${s}.redefine_logs l
+                                        WHERE l.shadow_id::text = split_part(g.tgname, '#', 2))) AS any`,
+  );
+  if (!left?.any) return true;
+  try {
+    const remaining = await session.transaction(async () => {
+      await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
+      const [row] = await session.query<{ n: number }>(
+        `SELECT ${s}._redefine_log_cleanup($1::float8) AS n`,
+        [SWITCH_LOCK_TIMEOUT_MS],
+      );
+      return Number(row?.n ?? 0);
+    });
+    if (remaining === 0) log.debug({}, "a redefinition's log triggers were dropped");
+    return remaining === 0;
   } catch (error) {
     if (lockedOut(error)) return false;
     throw error;
