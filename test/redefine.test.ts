@@ -701,7 +701,14 @@ describe("ALTER TRANSFORM … AS: a filter change's switch diffs the keys logged
         return count!.n;
       };
       let first: number | null = null;
-      await waitFor(async () => (first = await loggedKeys()) !== null, 'the first pass', 60_000);
+      await waitFor(
+        async () => {
+          first = await loggedKeys();
+          return first !== null;
+        },
+        'the first pass',
+        60_000,
+      );
       // A row both definitions keep, changed: its key is logged by the triggers.
       await live.db.sql`UPDATE rd_lg_items SET name = name || '!' WHERE id = 30000`;
       const [kept] = await live.db.sql<{ n: number }[]>`
