@@ -22,8 +22,16 @@ function alterStatement(d: Definition): string {
   return `ALTER ${transformStatement(d)}`;
 }
 
+/**
+ * A relation's rows as one canonical text (any row order), without the engine's columns
+ * (`trellis#…`: a top-level UNION ALL's branch and key, ADR 0059; a redefinition's staged
+ * columns): the definition's columns are what is compared.
+ */
 function rowsOf(relation: string): string {
-  return `SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY to_jsonb(r)::text), '[]')::text AS rows FROM ${relation} r`;
+  return `SELECT coalesce(jsonb_agg(r.j ORDER BY r.j::text), '[]')::text AS rows
+            FROM (SELECT to_jsonb(x) - ARRAY(SELECT k FROM jsonb_object_keys(to_jsonb(x)) k
+                                              WHERE starts_with(k, 'trellis#')) AS j
+                    FROM ${relation} x) r`;
 }
 
 async function contents(d: Definition): Promise<string> {
@@ -377,6 +385,85 @@ describe('ALTER TRANSFORM … AS with hidden parts', () => {
   );
 });
 
+describe('ALTER TRANSFORM … AS to, from and between statements whose top is a UNION ALL', () => {
+  it(
+    'a projection to a UNION ALL (rows in both branches held twice), to another UNION ALL of three branches, then to a GROUP BY',
+    LOAD,
+    async () => {
+      await makeItems('rdw_items');
+      const v1: Definition = {
+        form: 'as',
+        target: 'rdw',
+        select: 'id, name, price',
+        from: 'rdw_items',
+        where: 'price > 50',
+      };
+      await live.define(v1);
+      await live.converged([v1]);
+      const oid = await oidOf('rdw');
+      // To a UNION ALL at the top: two branches over the same table, overlapping (a row with
+      // price > 300 and qty < 3 is in both, and held twice, as the statement returns it).
+      const v2: Definition = {
+        form: 'as',
+        target: 'rdw',
+        select: 'id, name, price FROM rdw_items WHERE price > 300 UNION ALL SELECT id, name, price',
+        // The oracle states the two columns the target adds to tell its rows apart (the
+        // branch, and the row's key in it), as ADR 0059's tests do.
+        oracleSelect: `id, name, price, 1 AS "trellis#branch", ROW(id)::text AS "trellis#key"
+                       FROM rdw_items WHERE price > 300 UNION ALL SELECT id, name, price`,
+        implicit: '2, ROW(id)::text',
+        from: 'rdw_items',
+        where: 'qty < 3',
+      };
+      await redefineUnderLoad(v1, v2, 'rdw_items');
+      const v2Tables = await partTables('rdw');
+      expect(v2Tables.some((n) => n.endsWith('#union'))).toBe(true);
+      const [dup] = await live.db.sql<{ n: number }[]>`
+        SELECT count(*)::int AS n FROM (SELECT id FROM rdw GROUP BY id HAVING count(*) > 1) d`;
+      expect(dup!.n).toBeGreaterThan(0);
+      // Between: another UNION ALL, three branches, another column and a GROUP BY branch.
+      const v3: Definition = {
+        form: 'as',
+        target: 'rdw',
+        select: `id, name, qty FROM rdw_items WHERE price > 350
+                 UNION ALL SELECT cat, 'cat', count(*)::int FROM rdw_items GROUP BY cat
+                 UNION ALL SELECT id, name, qty`,
+        oracleSelect: `id, name, qty, 1 AS "trellis#branch", ROW(id)::text AS "trellis#key"
+                       FROM rdw_items WHERE price > 350
+                       UNION ALL SELECT cat, 'cat', count(*)::int, 2, ROW(cat)::text FROM rdw_items GROUP BY cat
+                       UNION ALL SELECT id, name, qty`,
+        implicit: '3, ROW(id)::text',
+        from: 'rdw_items',
+        where: 'qty = 1',
+      };
+      await redefineUnderLoad(v2, v3, 'rdw_items');
+      const v3Tables = await partTables('rdw');
+      expect(v3Tables.some((n) => n.endsWith('#union'))).toBe(true);
+      expect(v3Tables.filter((n) => v2Tables.includes(n))).toEqual([]);
+      // From a UNION ALL to a GROUP BY: the branches, their union's table and the engine's
+      // branch and key columns go.
+      const v4: Definition = {
+        form: 'as',
+        target: 'rdw',
+        select: 'cat, count(*) AS n, max(price) AS top',
+        from: 'rdw_items',
+        groupBy: 'cat',
+      };
+      await redefineUnderLoad(v3, v4, 'rdw_items');
+      expect(await partTables('rdw')).toEqual([]);
+      const engineColumns = await live.db.sql<{ name: string }[]>`
+        SELECT attname AS name FROM pg_attribute
+         WHERE attrelid = 'rdw'::regclass AND attnum > 0 AND NOT attisdropped
+           AND starts_with(attname, 'trellis#')`;
+      expect(engineColumns).toEqual([]);
+      expect(await oidOf('rdw')).toBe(oid);
+      const [feeds] = await live.db.sql<{ n: number }[]>`
+        SELECT count(*)::int AS n FROM trellis.union_feeds`;
+      expect(feeds!.n).toBe(0);
+    },
+  );
+});
+
 describe('status() of a redefinition: how long readers were blocked', () => {
   it(
     'readersBlockedMs: the ACCESS EXCLUSIVE part of the switch, 0 for a filter change, in status(), the handle and `trellis status --json`',
@@ -600,7 +687,8 @@ describe('the new parts of a redefinition: built before the switch, and stopped'
       await reader.stop();
       const failed = (await live.trellis.status('rdz')).redefinition!;
       expect(failed.state).toBe('failed');
-      expect(failed.error).toMatch(/part t stopped while it was built: quarantine/);
+      // Given up at its first key held (a row it could not compute), or once it paused.
+      expect(failed.error).toMatch(/part t (stopped|failed) while it was built/);
       expect(failed.error).toContain('division by zero');
       // The old definition served every read, and still does; the new part went.
       expect(reader.errors).toEqual([]);
@@ -611,6 +699,112 @@ describe('the new parts of a redefinition: built before the switch, and stopped'
       await live.db.sql`UPDATE rdz_items SET qty = 3 WHERE id <= 5`;
       await live.converged([v1]);
       expect((await live.trellis.status('rdz')).status).toBe('live');
+    },
+  );
+
+  it(
+    'a new part with rows it cannot compute (keys held, below the quarantine threshold) gives the redefinition up, naming the part and the error; readers see only the old contents',
+    LOAD,
+    async () => {
+      await makeItems('rdh_items');
+      // 6 rows the new part's filter cannot read (10 / qty: division by zero): far below the
+      // quarantine threshold (100), so the part goes live holding their keys.
+      await live.db.sql.unsafe(`INSERT INTO rdh_items (name, price, qty, cat)
+        SELECT 'z' || i, 5, 0, i % 7 FROM generate_series(1, 6) i;
+        UPDATE rdh_items SET qty = 1 WHERE qty = 0 AND name NOT LIKE 'z%';`);
+      const v1: Definition = {
+        form: 'as',
+        target: 'rdh',
+        select: 't.cat, t.n',
+        from: '(SELECT cat, count(*) AS n FROM rdh_items GROUP BY cat) t',
+      };
+      await live.define(v1);
+      await live.converged([v1]);
+      const parts = await partTables('rdh');
+      const oid = await oidOf('rdh');
+      const before = await contents(v1);
+      const reader = new Loop(() => [rowsOf('rdh')]);
+      reader.keep = true;
+      await reader.more(2);
+      const v2: Definition = {
+        ...v1,
+        from: '(SELECT cat, count(*) AS n FROM rdh_items WHERE 10 / qty > 1 GROUP BY cat) t',
+      };
+      expect((await live.trellis.apply(alterStatement(v2))).kind).toBe('redefining');
+      await waitFor(
+        async () => ['failed', 'switched'].includes(String((await state('rdh'))?.state)),
+        'the redefinition to end',
+        60_000,
+      );
+      await reader.more(3);
+      await reader.stop();
+      const failed = (await live.trellis.status('rdh')).redefinition!;
+      expect(failed.state).toBe('failed');
+      expect(failed.error).toMatch(
+        /part t failed while it was built: 6 rows it could not compute \(their keys held\), the last: division by zero/,
+      );
+      expect(reader.errors).toEqual([]);
+      expect(new Set(reader.kept)).toEqual(new Set([before]));
+      expect(await partTables('rdh')).toEqual(parts);
+      expect(await oidOf('rdh')).toBe(oid);
+      await live.db.sql`INSERT INTO rdh_items (name, price, qty, cat) VALUES ('late', 3, 4, 2)`;
+      await live.converged([v1]);
+      expect((await live.trellis.status('rdh')).status).toBe('live');
+    },
+  );
+
+  it(
+    'a new part whose build fails for no row (an error that is not the data): said while it is tried again, then the redefinition is given up with the error; the old definition serves',
+    LOAD,
+    async () => {
+      await makeItems('rdf_items');
+      // IMMUTABLE as far as the engine can tell; fails on 3 with an error no row explains
+      // (SQLSTATE 58000, a system error: retried, then the build pauses).
+      await live.db.sql.unsafe(`CREATE FUNCTION rdf_check(v int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$
+        BEGIN IF v = 3 THEN RAISE EXCEPTION 'rdf_check: the service is down' USING ERRCODE = '58000'; END IF;
+              RETURN v; END $$`);
+      const v1: Definition = {
+        form: 'as',
+        target: 'rdf',
+        select: 't.cat, t.n',
+        from: '(SELECT cat, count(*) AS n FROM rdf_items GROUP BY cat) t',
+      };
+      await live.define(v1);
+      await live.converged([v1]);
+      const parts = await partTables('rdf');
+      const before = await contents(v1);
+      const reader = new Loop(() => [rowsOf('rdf')]);
+      reader.keep = true;
+      await reader.more(2);
+      const v2: Definition = {
+        ...v1,
+        from: '(SELECT cat, count(*) AS n FROM rdf_items WHERE rdf_check(qty) >= 0 GROUP BY cat) t',
+      };
+      expect((await live.trellis.apply(alterStatement(v2))).kind).toBe('redefining');
+      const seen = new Set<string>();
+      await waitFor(
+        async () => {
+          const r = await state('rdf');
+          if (r?.state === 'building' && typeof r.error === 'string') seen.add(r.error);
+          return r?.state === 'failed' || r?.state === 'switched';
+        },
+        'the redefinition to end',
+        90_000,
+      );
+      await reader.more(3);
+      await reader.stop();
+      // While the build was tried again, building said why.
+      expect(
+        [...seen].some((e) => /^waiting: .*part t: its build failed \(\d of 5 attempts/.test(e)),
+      ).toBe(true);
+      const failed = (await live.trellis.status('rdf')).redefinition!;
+      expect(failed.state).toBe('failed');
+      expect(failed.error).toMatch(/part t stopped while it was built: build_failure: /);
+      expect(failed.error).toContain('rdf_check: the service is down');
+      expect(reader.errors).toEqual([]);
+      expect(new Set(reader.kept)).toEqual(new Set([before]));
+      expect(await partTables('rdf')).toEqual(parts);
+      await live.converged([v1]);
     },
   );
 });

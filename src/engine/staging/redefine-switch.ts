@@ -1,4 +1,5 @@
 import type { Session } from '../db/session.js';
+import { BUILD_ATTEMPTS_BEFORE_PAUSE } from '../drain/backfill.js';
 import { quoteIdent } from '../identifiers.js';
 import type { Logger } from '../logger.js';
 import { SQLSTATE, sqlstateOf } from '../sqlstate.js';
@@ -25,6 +26,12 @@ export interface SwitchReport {
   /** Whether the new columns were staged and filled before the switch (ADR 0055 addendum). */
   staged?: boolean;
 }
+
+/** Keys per page of a redefinition's logged diff (each page a transaction of its own). */
+export const LOG_PAGE_ROWS = 5000;
+
+/** How long one pass of the staging worker pages a redefinition's diff log before it moves on. */
+export const LOG_PASS_MS = 1000;
 
 /** Rows per batch of a staged redefinition's fill (each batch a transaction of its own). */
 export const FILL_BATCH_ROWS = 5000;
@@ -105,6 +112,16 @@ interface Shadow {
   phase: string;
   paused: boolean;
   reason: string | null;
+  /** Its build failing and being tried again (not paused yet): the error and the attempts. */
+  retrying: string | null;
+}
+
+/** A transaction holding a lock on the target that conflicts with the switch's (`_redefine_blockers`). */
+interface Blocker {
+  pid: number;
+  mode: string;
+  /** When its transaction began (text, the server's). */
+  since: string;
 }
 
 /** A hidden part of a redefinition's new definition (ADR 0056's parts, defined by `ALTER … AS`). */
@@ -115,6 +132,13 @@ interface NewPart {
   phase: string;
   /** Why it stopped (the transform paused, or one of its columns): null while it is not. */
   stopped: string | null;
+  /**
+   * Why it failed without pausing (ADR 0055's fourth addendum): keys held (rows it could not
+   * compute, below the quarantine threshold), the last error with them. Null when none is.
+   */
+  failed: string | null;
+  /** Its build failing and being tried again (not paused yet): the error and the attempts. */
+  retrying: string | null;
 }
 
 /**
@@ -135,18 +159,50 @@ async function newParts(session: Session, s: string, shadowId: number): Promise<
     `SELECT x.id, x.target_name AS target, coalesce(x.part_name, x.target_name) AS name, p.phase,
             CASE WHEN x.paused_at IS NOT NULL THEN
                    coalesce(x.capture_failure->>'error', x.pause_reason, 'paused')
-                   || coalesce(' (' || (SELECT count(*) FROM ${s}.held_keys h WHERE h.transform_id = x.id)
-                                    || ' keys held, the last: '
-                                    || (SELECT h.error FROM ${s}.held_keys h WHERE h.transform_id = x.id
-                                         ORDER BY h.held_at DESC LIMIT 1) || ')', '')
+                   -- A build that failed until it paused: its error.
+                   || coalesce(': ' || CASE WHEN x.pause_reason = 'build_failure' THEN p.build_error END, '')
+                   || coalesce(' (' || h.n || ' keys held, the last: ' || h.error || ')', '')
                  ELSE (SELECT format('its column %s paused: %s', c.name, coalesce(c.pause_reason, 'paused'))
                          FROM ${s}.transform_columns c
                         WHERE c.transform_id = x.id AND c.paused_at IS NOT NULL ORDER BY c.name LIMIT 1) END
-              AS stopped
+              AS stopped,
+            CASE WHEN h.n > 0 THEN
+                   format('%s %s it could not compute (%s), the last: %s', h.n,
+                          CASE WHEN h.n = 1 THEN 'row' ELSE 'rows' END,
+                          CASE WHEN h.n = 1 THEN 'its key held' ELSE 'their keys held' END, h.error) END
+              AS failed,
+            CASE WHEN p.build_attempts > 0 AND p.build_error IS NOT NULL THEN
+                   format('its build failed (%s of %s attempts before it pauses): %s',
+                          p.build_attempts, $2::int, p.build_error) END
+              AS retrying
        FROM ${s}.transforms x JOIN ${s}.pipeline p ON p.transform_id = x.id
+       LEFT JOIN LATERAL (
+         SELECT count(*) OVER () AS n, k.error FROM ${s}.held_keys k
+          WHERE k.transform_id = x.id ORDER BY k.held_at DESC LIMIT 1) h ON true
       WHERE x.part_of = $1
       ORDER BY x.id`,
-    [shadowId],
+    [shadowId, BUILD_ATTEMPTS_BEFORE_PAUSE],
+  );
+}
+
+/**
+ * Records `error` in the redefinition being built of shadow `shadowId` (status().redefinition
+ * .error): what it waits on, or why it is being given up while that waits for its lock.
+ */
+async function noteBuilding(
+  session: Session,
+  s: string,
+  shadowId: number,
+  error: string | null,
+): Promise<void> {
+  await session.query(
+    `UPDATE ${s}.transforms t
+        SET redefinition = CASE WHEN $2::text IS NULL THEN t.redefinition - 'error'
+                                ELSE t.redefinition || jsonb_build_object('error', $2::text) END
+      WHERE t.id = (SELECT x.redefines FROM ${s}.transforms x WHERE x.id = $1)
+        AND t.redefinition->>'state' = 'building'
+        AND t.redefinition->>'error' IS DISTINCT FROM $2::text`,
+    [shadowId, error],
   );
 }
 
@@ -208,14 +264,19 @@ export async function switchRedefinitions(
   const s = quoteIdent(schema);
   const shadows = await session.query<Shadow>(
     `SELECT x.id, t.target_name AS target, p.phase, x.paused_at IS NOT NULL AS paused,
-            coalesce(x.capture_failure->>'error', p.build_error, x.pause_reason) AS reason
+            coalesce(x.capture_failure->>'error', p.build_error, x.pause_reason) AS reason,
+            CASE WHEN p.build_attempts > 0 AND p.build_error IS NOT NULL AND x.paused_at IS NULL THEN
+                   format('build failed (%s of %s attempts before it pauses): %s',
+                          p.build_attempts, $1::int, p.build_error) END AS retrying
        FROM ${s}.transforms x
        JOIN ${s}.transforms t ON t.id = x.redefines
        JOIN ${s}.pipeline p ON p.transform_id = x.id
       WHERE x.redefines IS NOT NULL
       ORDER BY x.id`,
+    [BUILD_ATTEMPTS_BEFORE_PAUSE],
   );
   let pending = !(await dropOrphanParts(session, s, log));
+  if (!(await dropLogTriggers(session, s, log))) pending = true;
   for (const key of partRounds.keys()) {
     if (key.startsWith(`${schema}:`) && !shadows.some((x) => `${schema}:${x.id}` === key)) {
       partRounds.delete(key);
@@ -224,55 +285,72 @@ export async function switchRedefinitions(
   for (const shadow of shadows) {
     const parts = await newParts(session, s, shadow.id);
     const stoppedPart = parts.find((p) => p.stopped !== null);
-    if (shadow.paused || stoppedPart) {
-      // A new part stopped (a quarantine, a capture failure) is the new definition stopped:
-      // its shadow would never have the part's rows. Given up, saying which part and why.
+    const failedPart = parts.find((p) => p.failed !== null);
+    if (shadow.paused || stoppedPart || failedPart) {
+      // A new part stopped (a quarantine, a capture failure, a build failing until it
+      // paused) is the new definition stopped: its shadow would never have the part's rows.
+      // So is one holding keys (rows it could not compute, below the quarantine threshold):
+      // switching would show readers a target without those rows. Given up, saying which
+      // part and why; the old definition keeps serving.
       const reason = shadow.paused
         ? `its new definition stopped while it was built: ${shadow.reason ?? 'paused'}`
-        : `its new definition's part ${stoppedPart!.name} stopped while it was built: ${stoppedPart!.stopped}`;
+        : stoppedPart
+          ? `its new definition's part ${stoppedPart.name} stopped while it was built: ${stoppedPart.stopped}`
+          : `its new definition's part ${failedPart!.name} failed while it was built: ${failedPart!.failed}`;
       if (!(await abandon(session, s, shadow.id, reason))) {
         // Visible meanwhile (status().redefinition.error), while it waits for its lock.
-        await session.query(
-          `UPDATE ${s}.transforms t SET redefinition = t.redefinition || jsonb_build_object('error', $2::text)
-            WHERE t.id = (SELECT x.redefines FROM ${s}.transforms x WHERE x.id = $1)
-              AND t.redefinition->>'state' = 'building'
-              AND t.redefinition->>'error' IS DISTINCT FROM $2::text`,
-          [shadow.id, `being given up: ${reason}`],
-        );
+        await noteBuilding(session, s, shadow.id, `being given up: ${reason}`);
         pending = true;
         continue;
       }
       log.warn({ target: shadow.target, reason }, 'a redefinition was given up');
       continue;
     }
-    if (shadow.phase !== 'live') {
-      pending = true;
-      continue;
-    }
+    // A build failing and tried again (it pauses after a few attempts, and the redefinition
+    // is then given up): said meanwhile, the shadow's own or a part's.
+    const retryingPart = parts.find((p) => p.retrying !== null);
+    const retrying = shadow.retrying
+      ? `waiting: its new definition's ${shadow.retrying}`
+      : retryingPart
+        ? `waiting: its new definition's part ${retryingPart.name}: ${retryingPart.retrying}`
+        : null;
     if (
-      parts.length > 0 &&
-      !(await partsCaughtUp(session, s, `${schema}:${shadow.id}`, shadow.id, parts))
+      shadow.phase !== 'live' ||
+      (parts.length > 0 &&
+        !(await partsCaughtUp(session, s, `${schema}:${shadow.id}`, shadow.id, parts)))
     ) {
+      await noteBuilding(session, s, shadow.id, retrying);
       pending = true;
       continue;
     }
     // A transaction holding a lock on the target for longer than the switch would wait for
-    // it (a long report): no attempt this pass. An attempt holds the drain's row locks of
-    // the transform, its shadow and its chains while it waits for the table, and attempts
-    // one after another would starve their drains for as long as that reader runs.
-    const [busy] = await session.query<{ busy: boolean }>(
-      `SELECT EXISTS (
-         SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-          WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
-            AND l.relation = (SELECT t.target_oid FROM ${s}.transforms t
-                               JOIN ${s}.transforms x ON x.redefines = t.id WHERE x.id = $1)
-            AND a.xact_start < clock_timestamp() - make_interval(secs => $2::float8 / 1000)) AS busy`,
+    // it (a long report), in a mode that conflicts with the lock the next step takes: no
+    // attempt this pass. An attempt holds the drain's row locks of the transform, its
+    // shadow and its chains while it waits for the table, and attempts one after another
+    // would starve their drains for as long as that reader runs. A plain reader's ACCESS
+    // SHARE conflicts only with ACCESS EXCLUSIVE (columns staged or changed, the key or NOT
+    // NULL changed): a filter change's switch (EXCLUSIVE) goes on beside it.
+    const [pre] = await session.query<{ mode: string; blockers: Blocker[] }>(
+      `SELECT m.mode, ${s}._redefine_blockers(t.target_oid, m.mode, $2::float8) AS blockers
+         FROM ${s}.transforms x JOIN ${s}.transforms t ON t.id = x.redefines
+        CROSS JOIN LATERAL (SELECT ${s}._redefine_lock_mode(x.id) AS mode) m
+        WHERE x.id = $1`,
       [shadow.id, SWITCH_LOCK_TIMEOUT_MS],
+    );
+    const blocker = pre?.blockers[0];
+    const busy = { busy: blocker !== undefined };
+    await noteBuilding(
+      session,
+      s,
+      shadow.id,
+      blocker
+        ? `waiting: the switch takes ${pre!.mode} on the target, and the transaction of pid ${blocker.pid} (begun ${blocker.since}) holds ${blocker.mode} on it: tried again once it ends`
+        : retrying,
     );
     // The fill goes on under a long reader (it takes no lock a reader waits for); adding
     // the staged columns and the switch wait for it to end.
     try {
-      if (!(await stage(session, s, shadow.id, log, !busy?.busy))) {
+      if (!(await stage(session, s, shadow.id, log, !busy.busy))) {
         pending = true;
         continue;
       }
@@ -287,7 +365,16 @@ export async function switchRedefinitions(
       }
       continue;
     }
-    if (busy?.busy) {
+    // A switch changing no column or key (a filter, a projection's expressions): the keys
+    // where the target and the new definition differ, logged before it, so the switch
+    // diffs those only (ADR 0055's fourth addendum). Under a long reader too (the log's
+    // triggers wait for writers only, its pages for nobody): the log then keeps up while
+    // the switch waits.
+    if (!(await logDiff(session, s, shadow.id, log))) {
+      pending = true;
+      continue;
+    }
+    if (busy.busy) {
       pending = true;
       continue;
     }
@@ -390,6 +477,100 @@ async function abandon(
       await session.query(`SELECT ${s}._redefine_abandon($1, $2)`, [shadowId, reason]);
     });
     return true;
+  } catch (error) {
+    if (lockedOut(error)) return false;
+    throw error;
+  }
+}
+
+/**
+ * Before a switch that changes no column, key or NOT NULL (ADR 0055's fourth addendum): a
+ * log of keys (`<schema>._redefine_log_start`: a table, and triggers on the target and the
+ * shadow adding the keys of every row written), then pages of the shadow's keys
+ * (`_redefine_log_page`), each a transaction of its own, adding the keys where the two
+ * tables differ; the switch then diffs the logged keys only. Pages for at most LOG_PASS_MS
+ * a pass. Returns false when the pages are not all done or a lock could not be had (tried
+ * again on the next pass); true when the log is done, or when the switch cannot use one (it
+ * diffs whole, as before).
+ */
+async function logDiff(
+  session: Session,
+  s: string,
+  shadowId: number,
+  log: Logger,
+): Promise<boolean> {
+  try {
+    const started = await session.transaction(async () => {
+      await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
+      const [row] = await session.query<{ ok: boolean }>(
+        `SELECT ${s}._redefine_log_start($1) AS ok`,
+        [shadowId],
+      );
+      return row?.ok === true;
+    });
+    if (!started) return true;
+    let pages = 0;
+    const began = performance.now();
+    for (;;) {
+      const done = await session.transaction(async () => {
+        await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
+        const [row] = await session.query<{ done: boolean }>(
+          `SELECT ${s}._redefine_log_page($1, $2) AS done`,
+          [shadowId, LOG_PAGE_ROWS],
+        );
+        return row?.done !== false;
+      });
+      pages += 1;
+      if (done) break;
+      // The rest on later passes: the staging worker has ticks and captures to see to.
+      if (performance.now() - began >= LOG_PASS_MS) return false;
+    }
+    if (pages > 1) {
+      log.debug(
+        { shadow: shadowId, pages, ms: Math.round(performance.now() - began) },
+        "a redefinition's diff was logged",
+      );
+    }
+    return true;
+  } catch (error) {
+    if (lockedOut(error)) return false;
+    const state = sqlstateOf(error);
+    if (state === undefined || state.startsWith('08')) throw error;
+    // The switch can always diff whole: the log goes, and it does.
+    log.warn(
+      { shadow: shadowId, error: (error as Error).message },
+      "a redefinition's diff could not be logged: its switch diffs the whole target",
+    );
+    await session.query(`DELETE FROM ${s}.redefine_logs WHERE shadow_id = $1`, [shadowId]);
+    return true;
+  }
+}
+
+/**
+ * Drops the log triggers a redefinition left on its target (`<schema>._redefine_log_cleanup`):
+ * DROP TRIGGER takes ACCESS EXCLUSIVE for a catalog change, so not where a transaction has
+ * held a lock on the table for longer than the switch's lock timeout, and under that
+ * timeout. False while some are left (tried again on the next pass).
+ */
+async function dropLogTriggers(session: Session, s: string, log: Logger): Promise<boolean> {
+  // A read first (no transaction, no lock): there are none on nearly every pass.
+  const [left] = await session.query<{ any: boolean }>(
+    `SELECT EXISTS (SELECT 1 FROM pg_trigger g WHERE starts_with(g.tgname, 'trellis_log#')
+                       AND NOT EXISTS (SELECT 1 FROM ${s}.redefine_logs l
+                                        WHERE l.shadow_id::text = split_part(g.tgname, '#', 2))) AS any`,
+  );
+  if (!left?.any) return true;
+  try {
+    const remaining = await session.transaction(async () => {
+      await session.query(`SET LOCAL lock_timeout = '${SWITCH_LOCK_TIMEOUT_MS}ms'`);
+      const [row] = await session.query<{ n: number }>(
+        `SELECT ${s}._redefine_log_cleanup($1::float8) AS n`,
+        [SWITCH_LOCK_TIMEOUT_MS],
+      );
+      return Number(row?.n ?? 0);
+    });
+    if (remaining === 0) log.debug({}, "a redefinition's log triggers were dropped");
+    return remaining === 0;
   } catch (error) {
     if (lockedOut(error)) return false;
     throw error;
