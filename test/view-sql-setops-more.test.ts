@@ -133,6 +133,23 @@ const exceptAllInWith: Definition = {
   groupBy: 'sku',
 };
 
+// A RIGHT or FULL JOIN after a LEFT JOIN (the joins before it a union of one SELECT, read
+// by a key that is never NULL). DISTINCT and GROUP BY: targets keyed by their columns.
+const fullAfterLeft: Definition = {
+  form: 'as',
+  target: 'full_after_left',
+  distinct: true,
+  select: 'a.sku, b.size AS bsize, r.id AS rid, r.size',
+  from: 'shop_a a LEFT JOIN shop_b b ON b.id = a.id FULL JOIN recalled r ON r.sku = a.sku AND r.size = b.size',
+};
+const rightAfterLeft: Definition = {
+  form: 'as',
+  target: 'right_after_left',
+  select: 'r.sku, count(*) AS n, count(a.id) AS na, sum(b.size) AS bs, count(b.id) AS nb',
+  from: 'shop_a a LEFT JOIN shop_b b ON b.sku = a.sku AND b.id > a.id RIGHT JOIN recalled r ON r.sku = a.sku',
+  groupBy: 'r.sku',
+};
+
 const copies = [intersectAll, exceptAll, unionAllMixed, precedenceAll, unionThenAll];
 const definitions = [
   unionExcept,
@@ -140,6 +157,8 @@ const definitions = [
   exceptBracketed,
   intersectInSubquery,
   exceptAllInWith,
+  fullAfterLeft,
+  rightAfterLeft,
 ];
 
 async function expectCopies(c: Copies): Promise<number> {
@@ -197,6 +216,9 @@ describe('more set operations', () => {
     expect(defs.find((d) => d.target === 'precedence_all')?.statement).toBe(
       `TRANSFORM precedence_all AS ${precedenceAll.statement}`,
     );
+    expect(defs.find((d) => d.target === 'right_after_left')?.statement).toBe(
+      'TRANSFORM right_after_left AS SELECT r.sku, count(*) AS n, count(a.id) AS na, sum(b.size) AS bs, count(b.id) AS nb FROM shop_a AS a LEFT JOIN shop_b AS b ON b.sku = a.sku AND b.id > a.id RIGHT JOIN recalled AS r ON r.sku = a.sku GROUP BY r.sku',
+    );
     expect(defs.find((d) => d.target === 'except_all_in_with')?.statement).toBe(
       'TRANSFORM except_all_in_with AS WITH e AS (SELECT sku FROM shop_a EXCEPT ALL SELECT sku FROM shop_b) SELECT sku AS sku, count(*) AS copies FROM e GROUP BY sku',
     );
@@ -208,9 +230,10 @@ describe('more set operations', () => {
       'except_bracketed',
       'intersect_in_subquery',
       'except_all_in_with',
+      'full_after_left',
     ]) {
       const d = defs.find((x) => x.target === target);
-      expect(d?.statement).toMatch(/ (INTERSECT|EXCEPT)/);
+      expect(d?.statement).toMatch(/ (INTERSECT|EXCEPT|FULL JOIN)/);
       await live.trellis.apply(`DROP TRANSFORM ${target}`);
       await live.trellis.apply(d!.statement);
       const again = (await live.trellis.definitions()).find((x) => x.target === target);

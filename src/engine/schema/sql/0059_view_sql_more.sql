@@ -513,3 +513,218 @@ BEGIN
   RETURN coalesce(with_, '') || @schema@._setop_render(ast -> 'union' -> 'tree', ast -> 'union' -> 'branches');
 END
 $fn$;
+
+-- 4. A RIGHT or FULL JOIN after a LEFT JOIN (`a LEFT JOIN b ON c1 FULL JOIN c ON c2`): ADR
+--    0072 keeps a RIGHT or FULL JOIN after inner joins by making the joins before it a
+--    subquery read by its tables' keys, which a LEFT JOIN's side makes nullable. With a LEFT
+--    JOIN among them, the subquery is made a union of that one SELECT (ADR 0059): a union's
+--    rows are keyed by their branch and the text of their tables' keys (ROW(k)::text, never
+--    NULL), so the RIGHT or FULL JOIN reads it as any part. (The statement is compiled with a
+--    second branch, WHERE false, which the parser needs to read a union; it is dropped from
+--    the AST before anything is defined.) Renamed and wrapped: _outer_join_later (0054) ->
+--    _outer_join_later_before_sqlmore (statements with inner joins only before the outer
+--    join go to it unchanged).
+
+ALTER FUNCTION @schema@._outer_join_later(@schema@.grammar_token[], int, jsonb, jsonb) RENAME TO _outer_join_later_before_sqlmore;
+
+-- An AST with the subquery "joined#" (a union compiled with a second branch WHERE false)
+-- left with its first branch, wherever it is (a FULL JOIN is itself a union of two).
+CREATE FUNCTION @schema@._joined_one_branch(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+  IF ast IS NULL OR jsonb_typeof(ast) <> 'object' THEN
+    RETURN ast;
+  END IF;
+  IF jsonb_typeof(ast->'union'->'branches') = 'array' THEN
+    ast := jsonb_set(ast, '{union,branches}', (
+      SELECT jsonb_agg(@schema@._joined_one_branch(b) ORDER BY o)
+        FROM jsonb_array_elements(ast->'union'->'branches') WITH ORDINALITY AS x(b, o)));
+  END IF;
+  IF jsonb_typeof(ast->'parts') = 'array' AND jsonb_array_length(ast->'parts') > 0 THEN
+    ast := jsonb_set(ast, '{parts}', (
+      SELECT jsonb_agg(CASE WHEN p->>'name' = 'joined#' AND jsonb_typeof(p->'ast'->'union'->'branches') = 'array'
+                            THEN jsonb_set(p, '{ast,union,branches}', jsonb_build_array(p->'ast'->'union'->'branches'->0))
+                            WHEN p ? 'ast' THEN jsonb_set(p, '{ast}', @schema@._joined_one_branch(p->'ast'))
+                            ELSE p END ORDER BY o)
+        FROM jsonb_array_elements(ast->'parts') WITH ORDINALITY AS x(p, o)));
+  END IF;
+  RETURN ast;
+END
+$fn$;
+
+CREATE FUNCTION @schema@._outer_join_later(
+  toks @schema@.grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  k int := i;
+  f int;
+  first_join int;
+  outer_at int;
+  kind text;
+  m int := 0;
+  t2 @schema@.grammar_token[];
+  ast jsonb;
+  written jsonb;
+  sources jsonb := '{}';
+  item jsonb;
+  j jsonb;
+  r jsonb;
+  cols jsonb := '{}';
+  bare jsonb := '[]';
+  items text[] := '{}';
+  joins_txt text := '';
+  groups text[] := '{}';
+  on_ text;
+  where_ text;
+  having_ text;
+  nm text;
+  g text;
+  p_txt text;
+  with_ text;
+  txt text;
+  o int;
+  q text := quote_ident('joined#');
+  sel_ text;
+  res jsonb;
+BEGIN
+  IF NOT @schema@.grammar_kw(toks[i], 'select') THEN
+    RETURN NULL;
+  END IF;
+  WHILE toks[k].kind <> 'eof' LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND f IS NULL AND @schema@.grammar_kw(toks[k], 'from') THEN
+      f := k;
+    ELSIF d = 0 AND f IS NOT NULL THEN
+      IF (toks[k].kind = 'punct' AND toks[k].text = ',')
+         OR (toks[k].kind = 'word' AND toks[k].value IN ('join', 'inner', 'cross', 'natural'))
+         OR (@schema@.grammar_kw(toks[k], 'left') AND coalesce(toks[k + 1].text, '') <> '(')
+         OR @schema@._outer_join_at(toks, k) IS NOT NULL THEN
+        IF first_join IS NULL THEN
+          first_join := k;
+        END IF;
+        -- Count the joins before the outer one (a JOIN word after INNER or LEFT is its own).
+        IF outer_at IS NULL AND toks[k].kind = 'word' AND toks[k].value = 'join'
+           AND NOT (k > 1 AND toks[k - 1].kind = 'word' AND toks[k - 1].value IN ('inner', 'left', 'outer', 'cross', 'natural')) THEN
+          m := m + 1;
+        ELSIF outer_at IS NULL AND toks[k].kind = 'word' AND toks[k].value IN ('inner', 'left', 'cross', 'natural') THEN
+          m := m + 1;
+        END IF;
+      END IF;
+      IF outer_at IS NULL AND @schema@._outer_join_at(toks, k) IS NOT NULL AND k <> first_join THEN
+        outer_at := k;
+        kind := toks[k].value;
+      END IF;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  IF outer_at IS NULL THEN
+    RETURN NULL;
+  END IF;
+
+  -- Parsed with that join read as a LEFT JOIN; its word kept to be shown.
+  t2 := toks;
+  t2[outer_at] := ROW('word', 'LEFT', 'left', toks[outer_at].pos)::@schema@.grammar_token;
+  ast := @schema@.grammar_parse_block_before_joins(t2, i, target, ctes);
+  IF ast ? 'window' OR ast ? 'distinct_on'
+     OR jsonb_array_length(coalesce(ast->'joins', '[]')) <= m OR ast->'joins'->m->>'type' <> 'left' THEN
+    RETURN NULL;
+  END IF;
+  -- After inner joins only: as before (0054).
+  IF NOT EXISTS (SELECT 1 FROM generate_series(0, m - 1) o2 WHERE ast->'joins'->o2->>'type' = 'left') THEN
+    RETURN @schema@._outer_join_later_before_sqlmore(toks, i, target, ctes);
+  END IF;
+  FOR o IN 0 .. m - 1 LOOP
+    IF ast->'joins'->o->>'type' NOT IN ('inner', 'left') THEN
+      PERFORM @schema@.grammar_refuse(format(
+        'a %s JOIN after a %s JOIN is not supported yet', upper(kind), upper(ast->'joins'->o->>'type')), toks[outer_at].pos);
+    END IF;
+  END LOOP;
+  written := ast || jsonb_build_object('written_outer', jsonb_build_object('at', m, 'kind', kind));
+
+  -- The joins before it, and their aliases.
+  p_txt := @schema@._render_view_item(ast, ast->'from');
+  sources := jsonb_build_object(coalesce(ast->'from'->>'alias', ast->'from'->>'part', ast->'from'->>'name'), true);
+  FOR o IN 0 .. m - 1 LOOP
+    j := ast->'joins'->o;
+    p_txt := p_txt || CASE WHEN j->>'type' = 'left' THEN ' LEFT JOIN ' ELSE ' JOIN ' END
+      || @schema@._render_view_item(ast, j) || ' ON ' || (j->>'on');
+    sources := sources || jsonb_build_object(coalesce(j->>'alias', j->>'part', j->>'name'), true);
+  END LOOP;
+
+  FOR item IN SELECT x FROM jsonb_array_elements(ast->'select') WITH ORDINALITY AS y(x, o2) ORDER BY o2 LOOP
+    nm := coalesce(item->>'name', @schema@._item_default_name(item->>'expr'));
+    IF nm IS NULL THEN
+      PERFORM @schema@.grammar_refuse(format(
+        'a %s JOIN after another join: name this column (%s AS name)', upper(kind), item->>'expr'),
+        coalesce((item->>'position')::int, toks[i].pos));
+    END IF;
+    r := @schema@._prefix_refs(item->>'expr', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    items := items || ((r->>'expr') || ' AS ' || quote_ident(nm));
+  END LOOP;
+  FOR o IN m .. jsonb_array_length(ast->'joins') - 1 LOOP
+    j := ast->'joins'->o;
+    r := @schema@._prefix_refs(j->>'on', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    joins_txt := joins_txt || ' ' || CASE WHEN o = m THEN upper(kind) || ' JOIN '
+                                          WHEN j->>'type' = 'left' THEN 'LEFT JOIN ' ELSE 'JOIN ' END
+      || @schema@._render_view_item(ast, j) || ' ON ' || (r->>'expr');
+  END LOOP;
+  IF ast->>'where' IS NOT NULL THEN
+    r := @schema@._prefix_refs(ast->>'where', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    where_ := r->>'expr';
+  END IF;
+  FOR g IN SELECT x FROM jsonb_array_elements_text(coalesce(ast->'group_by', '[]')) WITH ORDINALITY AS y(x, o2) ORDER BY o2 LOOP
+    r := @schema@._prefix_refs(g, sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    groups := groups || (r->>'expr');
+  END LOOP;
+  IF ast->>'having' IS NOT NULL THEN
+    r := @schema@._prefix_refs(ast->>'having', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    having_ := r->>'expr';
+  END IF;
+  IF jsonb_array_length(bare) > 0 THEN
+    PERFORM @schema@.grammar_refuse(format(
+      'a %s JOIN after another join needs every column written with its table''s alias (alias.column): %s',
+      upper(kind), (SELECT string_agg(DISTINCT x, ', ') FROM jsonb_array_elements_text(bare) x)), toks[outer_at].pos);
+  END IF;
+
+  SELECT 'WITH ' || string_agg(quote_ident(p->>'name')
+           || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
+                                  FROM jsonb_array_elements_text(coalesce(p->'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
+           || ' AS (' || @schema@._render_view_select(p->'ast') || ')', ', ' ORDER BY o3) || ' '
+    INTO with_
+    FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS x(p, o3)
+   WHERE p->>'kind' = 'cte';
+  sel_ := CASE WHEN cols = '{}' THEN '1 AS "trellis#one"'
+            ELSE (SELECT string_agg((c.value #>> '{}') || ' AS ' || quote_ident(c.key), ', ' ORDER BY c.key) FROM jsonb_each(cols) c) END;
+  txt := coalesce(with_, '') || 'SELECT '
+    || CASE WHEN coalesce((ast->>'distinct')::boolean, false) THEN 'DISTINCT ' ELSE '' END
+    || array_to_string(items, ', ')
+    -- sqlmore: the joins before it, LEFT JOINs among them, as a UNION ALL (its second
+    -- branch, never any row, dropped once parsed, below): a union's rows are read by a key
+    -- that is never NULL (its branch and the text of its tables' keys), where the LEFT
+    -- JOIN's side's key can be NULL.
+    || ' FROM (SELECT ' || sel_ || ' FROM ' || p_txt || ' UNION ALL SELECT ' || sel_ || ' FROM ' || p_txt
+    || ' WHERE false) AS ' || q
+    || joins_txt
+    || coalesce(' WHERE ' || where_, '')
+    || CASE WHEN cardinality(groups) > 0 THEN ' GROUP BY ' || array_to_string(groups, ', ') ELSE '' END
+    || coalesce(' HAVING ' || having_, '')
+    || CASE WHEN (ast->>'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (ast->>'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
+  res := @schema@.grammar_parse_block(@schema@.grammar_tokenize(txt), 1, target, ctes);
+  RETURN @schema@._joined_one_branch(res) || jsonb_build_object('written', written);
+END
+$fn$;
