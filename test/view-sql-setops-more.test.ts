@@ -206,7 +206,7 @@ describe('more set operations', () => {
       })
       .catch(() => undefined);
     await convergedAll();
-  }, 300_000);
+  }, 900_000);
 
   it('shows the statement as written, which defines the same transform again', async () => {
     const defs = await live.trellis.definitions();
@@ -239,10 +239,20 @@ describe('more set operations', () => {
       const again = (await live.trellis.definitions()).find((x) => x.target === target);
       expect(again?.statement).toBe(d!.statement);
     }
+    // EXPLAIN TRANSFORM of such a statement: its parts (the branches, the union, the counts),
+    // nothing refused, nothing defined.
+    const explained = await live.trellis.explain(
+      `TRANSFORM explained_all AS ${precedenceAll.statement}`,
+    );
+    expect({ defined: explained.defined, refused: explained.refused }).toEqual({
+      defined: false,
+      refused: null,
+    });
+    expect(explained.parts.length).toBeGreaterThan(3);
     await live.db.sql.unsafe(`INSERT INTO shop_a VALUES (40, 'tee', 1), (41, 'tee', 1);
       INSERT INTO shop_b VALUES (40, 'tee', 1)`);
     await convergedAll();
-  }, 120_000);
+  }, 300_000);
 
   it('refuses what it cannot keep, by name, leaving nothing behind', async () => {
     await expectRefusedAs(
