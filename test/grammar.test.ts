@@ -939,9 +939,9 @@ describe("the AS form: a view's SQL (ADR 0049)", () => {
         'WITH',
       ],
       [
-        'TRANSFORM t AS SELECT a FROM s INTERSECT ALL SELECT a FROM u',
-        'INTERSECT ALL is not supported',
-        'INTERSECT',
+        'TRANSFORM t AS SELECT a + 1 FROM s INTERSECT ALL SELECT a FROM u',
+        'a column of a set operation must be named in its first SELECT',
+        'a + 1',
       ],
       ['TRANSFORM t AS SELECT a FROM (VALUES (1)) x', 'VALUES in FROM', '('],
       ['TRANSFORM t AS SELECT a FROM (SELECT a FROM s)', 'a subquery in FROM needs an alias', '('],

@@ -311,10 +311,6 @@ describe('subqueries in FROM and WITH', () => {
       'invalid reference to FROM-clause entry for table "c"',
     ],
     [
-      'SELECT x.id FROM (SELECT id FROM shop_orders INTERSECT ALL SELECT id FROM shop_customers) x',
-      'INTERSECT ALL is not supported',
-    ],
-    [
       // An IN is a semi-join (ADR 0057), but not inside another expression.
       'WITH r AS (SELECT customer_id, sum(amount) AS total FROM shop_orders GROUP BY customer_id) SELECT customer_id, total FROM r WHERE NOT (customer_id IN (SELECT id FROM shop_customers))',
       'a subquery in WHERE',
