@@ -1,5 +1,5 @@
 -- Written by `trellis generate upgrade` (trellis-pg 0.2.0).
--- trellis-pg: upgrade the Trellis catalog schema "trellis" from version 36 to version 58.
+-- trellis-pg: upgrade the Trellis catalog schema "trellis" from version 36 to version 60.
 -- Only the migrations after version 36, each version-guarded and locked: safe to run again,
 -- and beside Trellis.migrate(). A database below version 36 is refused with what to run.
 DO $trellis_upgrade$
@@ -13,13 +13,13 @@ BEGIN
     SELECT coalesce(max(version), 0) INTO installed FROM "trellis".migrations;
   END IF;
   IF installed < 36 THEN
-    RAISE EXCEPTION 'the Trellis schema % is at version %, and this migration upgrades it from version 36 to 58', 'trellis', installed
+    RAISE EXCEPTION 'the Trellis schema % is at version %, and this migration upgrades it from version 36 to 60', 'trellis', installed
       USING ERRCODE = 'TRI01',
             HINT = 'run the migrations that bring it to version 36 first, or the whole install SQL instead (trellis sql install prints it; Trellis.migrate() runs it)';
   END IF;
-  SELECT max(version) INTO newer FROM "trellis".migrations WHERE version > 58 AND breaking;
+  SELECT max(version) INTO newer FROM "trellis".migrations WHERE version > 60 AND breaking;
   IF newer IS NOT NULL THEN
-    RAISE EXCEPTION 'the Trellis schema % is at breaking version %, newer than this trellis-pg knows (58): upgrade trellis-pg',
+    RAISE EXCEPTION 'the Trellis schema % is at breaking version %, newer than this trellis-pg knows (60): upgrade trellis-pg',
       'trellis', newer USING ERRCODE = 'TRI01';
   END IF;
 
@@ -7837,6 +7837,1166 @@ BEGIN
 END
 $fn$;
 $trellis_m58$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 59) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (59, 'view_sql_more', false);
+    EXECUTE $trellis_m59$-- More of a view's SQL (issue #26; ADR 0073).
+--
+-- 1. Top-N over a subquery or a WITH query: a ranking derived table whose FROM reads a
+--    part (`SELECT ... FROM (SELECT ..., row_number() OVER (PARTITION BY g ORDER BY v) AS rn
+--    FROM (SELECT ... FROM t JOIN u ...) AS s) AS x WHERE rn <= 3`, or `FROM w` for a WITH
+--    query w). ADR 0065's rewrite ranks a row by its source's key, and a part's key is
+--    known only once the part is defined. So the rewrite waits: _topn_rewrite_window, given
+--    a ranking block over a part not yet defined, marks it `topn_pending` (k) and leaves it
+--    as written; _define_parts, reaching such a block, defines the parts inside it first
+--    (binding its FROM and JOIN items to their hidden targets, which then have a primary
+--    key), then rewrites it (the bound items read as tables) and defines the part of each
+--    partition's top k. Nothing new runs in the drain: the ranking reads the part's target
+--    as a chain reads a target.
+--
+-- Renamed and wrapped (statements without these forms go straight through):
+-- _topn_rewrite_window (0058) -> _topn_rewrite_window_before_sqlmore, _define_parts (0046)
+-- -> _define_parts_before_sqlmore.
+
+ALTER FUNCTION "trellis"._topn_rewrite_window(jsonb, int) RENAME TO _topn_rewrite_window_before_sqlmore;
+ALTER FUNCTION "trellis"._define_parts(jsonb, text, text, jsonb) RENAME TO _define_parts_before_sqlmore;
+
+-- A ranking block (ADR 0065): over a part not yet bound to its target, marked to be
+-- rewritten once its parts are defined (_define_parts); over bound parts, their items read
+-- as the tables they are bound to; otherwise as before.
+CREATE FUNCTION "trellis"._topn_rewrite_window(pa jsonb, k int)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+  items jsonb := jsonb_build_array(pa -> 'from') || coalesce(pa -> 'joins', '[]');
+BEGIN
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(items) i
+              WHERE i ->> 'part' IS NOT NULL AND i ->> 'schema' IS NULL) THEN
+    RETURN pa || jsonb_build_object('topn_pending', k);
+  END IF;
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(items) i WHERE i ->> 'part' IS NOT NULL) THEN
+    pa := pa || jsonb_build_object(
+      'from', (pa -> 'from') - 'part' - 'part_kind' - 'alias_implicit',
+      'joins', coalesce((SELECT jsonb_agg(j - 'part' - 'part_kind' - 'alias_implicit' ORDER BY o)
+                           FROM jsonb_array_elements(coalesce(pa -> 'joins', '[]')) WITH ORDINALITY AS x(j, o)), '[]'));
+  END IF;
+  RETURN "trellis"._topn_rewrite_window_before_sqlmore(pa, k);
+END
+$fn$;
+
+-- The partition columns of a ranking block over parts (bound to their targets) that are a
+-- part's column copied from a NOT NULL column of a table on no LEFT JOIN's side: declared
+-- NOT NULL on the part's target (and in its spec, as 0036 does for count() columns), so the
+-- part of each partition's top k, grouped by them, has a key that is never NULL.
+CREATE FUNCTION "trellis"._topn_part_partition_not_null(pa jsonb)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  e text;
+  t "trellis".grammar_token[];
+  al text;
+  col text;
+  item jsonb;
+  tr "trellis".transforms;
+  c jsonb;
+  src jsonb;
+BEGIN
+  FOR e IN SELECT x FROM jsonb_array_elements_text(coalesce(pa -> 'window' -> 'partition', '[]')) x LOOP
+    t := "trellis".grammar_tokenize(e);
+    IF t[1].kind IN ('word', 'ident') AND t[2].kind = 'eof' THEN
+      al := NULL; col := t[1].value;
+    ELSIF t[1].kind IN ('word', 'ident') AND t[2].kind = 'punct' AND t[2].text = '.'
+          AND t[3].kind IN ('word', 'ident') AND t[4].kind = 'eof' THEN
+      al := t[1].value; col := t[3].value;
+    ELSE
+      CONTINUE;
+    END IF;
+    FOR item IN SELECT i FROM jsonb_array_elements(jsonb_build_array(pa -> 'from') || coalesce(pa -> 'joins', '[]')) i
+                 WHERE i ->> 'part' IS NOT NULL AND i ->> 'schema' IS NOT NULL
+                   AND (al IS NULL OR coalesce(i ->> 'alias', i ->> 'part') = al) LOOP
+      SELECT * INTO tr FROM "trellis".transforms x
+       WHERE x.target_schema = item ->> 'schema' AND x.target_name = item ->> 'name';
+      CONTINUE WHEN tr.id IS NULL;
+      SELECT x INTO c FROM jsonb_array_elements(tr.spec -> 'columns') x WHERE x ->> 'name' = col;
+      CONTINUE WHEN c IS NULL OR coalesce((c ->> 'notnull')::boolean, false)
+                    OR c -> 'plain' IS NULL OR jsonb_typeof(c -> 'plain') <> 'object';
+      src := tr.spec -> 'sources' -> ((c -> 'plain' ->> 'source')::int);
+      CONTINUE WHEN coalesce(src ->> 'join_type', 'inner') = 'left';
+      CONTINUE WHEN NOT coalesce((SELECT a.attnotnull FROM pg_attribute a
+                                   WHERE a.attrelid = (src ->> 'oid')::oid
+                                     AND a.attnum = (c -> 'plain' ->> 'attnum')::int), false);
+      EXECUTE format('ALTER TABLE %I.%I ALTER COLUMN %I SET NOT NULL', tr.target_schema, tr.target_name, col);
+      UPDATE "trellis".transforms x
+         SET spec = jsonb_set(x.spec, '{columns}', (
+               SELECT jsonb_agg(CASE WHEN y ->> 'name' = col THEN y || '{"notnull": true}' ELSE y END ORDER BY o)
+                 FROM jsonb_array_elements(x.spec -> 'columns') WITH ORDINALITY AS z(y, o)))
+       WHERE x.id = tr.id;
+    END LOOP;
+  END LOOP;
+END
+$fn$;
+
+-- The union a set operation's counts group (bound item `item`): its "trellis#row" (a row's
+-- text, never NULL) declared NOT NULL, so the part grouping by it has a key that never is;
+-- a column of an array type refused (the part holds a row's values as (array_agg(v))[1]).
+CREATE FUNCTION "trellis"._setop_row_not_null(item jsonb)
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+  rel regclass := to_regclass(quote_ident(item ->> 'schema') || '.' || quote_ident(item ->> 'name'));
+  bad text;
+BEGIN
+  IF rel IS NULL THEN
+    RETURN;
+  END IF;
+  SELECT string_agg(format_type(a.atttypid, a.atttypmod), ', ') INTO bad
+    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+   WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND t.typcategory = 'A'
+     AND a.attname LIKE 'trellis#%' AND a.attname NOT IN ('trellis#row', 'trellis#side');
+  IF bad IS NOT NULL THEN
+    PERFORM "trellis"._fail('TRV01', format(
+      'a column of an array type (%s) in INTERSECT ALL, EXCEPT ALL or set operations of different kinds is not supported yet', bad));
+  END IF;
+  EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET NOT NULL', rel, 'trellis#row');
+  UPDATE "trellis".transforms x
+     SET spec = jsonb_set(x.spec, '{columns}', (
+           SELECT jsonb_agg(CASE WHEN y ->> 'name' = 'trellis#row' THEN y || '{"notnull": true}' ELSE y END ORDER BY o)
+             FROM jsonb_array_elements(x.spec -> 'columns') WITH ORDINALITY AS z(y, o)))
+   WHERE x.target_oid = rel;
+END
+$fn$;
+
+-- A part's definition: a ranking block waiting for its parts (topn_pending) gets them
+-- defined, then is rewritten as top-N (its items bound) and the part of its top k defined;
+-- everything else as before.
+CREATE FUNCTION "trellis"._define_parts(ast jsonb, root text, path text, scope jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  k int;
+  r1 jsonb;
+  r2 jsonb;
+  bound jsonb;
+  rewritten jsonb;
+  p jsonb;
+BEGIN
+  IF ast ? 'setop_all' THEN
+    -- The counts of a set operation's rows (below): its union's row text is never NULL.
+    r1 := "trellis"._define_parts_before_sqlmore(ast, root, path, scope);
+    PERFORM "trellis"._setop_row_not_null(r1 -> 'ast' -> 'from');
+    RETURN r1;
+  END IF;
+  IF NOT ast ? 'topn_pending' THEN
+    RETURN "trellis"._define_parts_before_sqlmore(ast, root, path, scope);
+  END IF;
+  k := (ast ->> 'topn_pending')::int;
+  r1 := "trellis"._define_parts_before_sqlmore(ast - 'topn_pending', root, path, scope);
+  -- Its own parts, now defined, are in scope for the part of its top k (which reads them).
+  FOR p IN SELECT x FROM jsonb_array_elements(coalesce(ast -> 'parts', '[]')) x LOOP
+    scope := scope || jsonb_build_object((p ->> 'kind') || ':' || (p ->> 'name'),
+                                         'trellis#' || root || '#' || path || (p ->> 'name'));
+  END LOOP;
+  bound := (r1 -> 'ast') || jsonb_build_object('parts', '[]'::jsonb);
+  PERFORM "trellis"._topn_part_partition_not_null(bound);
+  rewritten := "trellis"._topn_rewrite_window(bound, k);
+  -- Shown as written (its subqueries in place, not bound).
+  rewritten := rewritten || jsonb_build_object('topn_written', ast - 'topn_pending');
+  r2 := "trellis"._define_parts_before_sqlmore(rewritten, root, path, scope);
+  RETURN jsonb_build_object('ast', r2 -> 'ast', 'ids', (r1 -> 'ids') || (r2 -> 'ids'));
+END
+$fn$;
+
+-- 2. and 3. Set operations beyond ADR 0059 and 0072: INTERSECT ALL and EXCEPT ALL, set
+--    operators of different kinds in one statement (with parentheses, and SQL's precedence:
+--    INTERSECT binds tighter than UNION and EXCEPT, which go left to right), and set
+--    operations other than UNION ALL in a subquery or a WITH query. The branches are read as
+--    a UNION ALL (ADR 0059), each tagged with its place, and a row's count in the result is
+--    a function of its counts in the branches (c_i: the number of copies in branch i):
+--
+--      UNION ALL  a + b            UNION      1 if a + b > 0
+--      INTERSECT ALL least(a, b)   INTERSECT  1 if a > 0 and b > 0
+--      EXCEPT ALL greatest(a - b, 0)  EXCEPT  1 if a > 0 and b = 0
+--
+--    When the outermost operator is distinct (each row once), at the top of a statement:
+--    ADR 0072's GROUP BY of every column over the tagged UNION ALL, HAVING count > 0. Else
+--    (INTERSECT ALL, EXCEPT ALL, a UNION ALL over other operators, or any in a subquery,
+--    whose key must never be NULL): each branch also selects its row as text
+--    (ROW(items)::text, never NULL: "trellis#row"), a part groups the union by it, holding
+--    the row's values and its count, and the statement joins it with lateral_ordinals (ADR
+--    0071's table of positions) for positions 1 .. count: a row's copies are keyed by (its
+--    text, its position).
+--
+--    Shown as written: the AST keeps the union of the branches under "written", marked
+--    setop 'tree' with the operators' tree (parentheses where written), which the wrapped
+--    _render_view_select renders.
+--
+-- Renamed and wrapped: grammar_parse_view (0054) -> grammar_parse_view_before_sqlmore,
+-- _render_view_select (0054) -> _render_view_select_before_sqlmore.
+
+ALTER FUNCTION "trellis".grammar_parse_view("trellis".grammar_token[], int, jsonb, jsonb) RENAME TO grammar_parse_view_before_sqlmore;
+ALTER FUNCTION "trellis"._render_view_select(jsonb) RENAME TO _render_view_select_before_sqlmore;
+
+-- The operator at token k ('union', 'union all', 'intersect', 'intersect all', 'except',
+-- 'except all') and the token after it; NULL when token k is none.
+CREATE FUNCTION "trellis"._setop_at(toks "trellis".grammar_token[], k int, OUT op text, OUT next int)
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+  IF toks[k].kind <> 'word' OR toks[k].value NOT IN ('union', 'intersect', 'except') THEN
+    RETURN;
+  END IF;
+  op := toks[k].value;
+  next := k + 1;
+  IF "trellis".grammar_kw(toks[k + 1], 'all') THEN
+    op := op || ' all';
+    next := k + 2;
+  ELSIF "trellis".grammar_kw(toks[k + 1], 'distinct') THEN
+    next := k + 2;
+  END IF;
+END
+$fn$;
+
+-- Set operations from token k: level 0 (UNION, EXCEPT, left to right), 1 (INTERSECT),
+-- 2 (a bracketed set operation, or one SELECT: a leaf, up to the next operator or closing
+-- bracket at its depth). Returns {node, k (the token after it), leaves ([[from, to)])};
+-- a node is {leaf: n} or {op, l, r}, with paren: true when written in brackets.
+CREATE FUNCTION "trellis"._setop_parse(toks "trellis".grammar_token[], k int, lvl int, leaves jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  r jsonb;
+  r2 jsonb;
+  node jsonb;
+  o record;
+  d int := 0;
+  s int := k;
+BEGIN
+  IF lvl < 2 THEN
+    r := "trellis"._setop_parse(toks, k, lvl + 1, leaves);
+    node := r -> 'node';
+    LOOP
+      SELECT * INTO o FROM "trellis"._setop_at(toks, (r ->> 'k')::int);
+      EXIT WHEN o.op IS NULL OR (lvl = 0) = starts_with(o.op, 'intersect');
+      r2 := "trellis"._setop_parse(toks, o.next, lvl + 1, r -> 'leaves');
+      node := jsonb_build_object('op', o.op, 'l', node, 'r', r2 -> 'node');
+      r := r2;
+    END LOOP;
+    RETURN jsonb_build_object('node', node, 'k', r -> 'k', 'leaves', r -> 'leaves');
+  END IF;
+  IF toks[k].kind = 'punct' AND toks[k].text = '(' THEN
+    r := "trellis"._setop_parse(toks, k + 1, 0, leaves);
+    IF NOT (toks[(r ->> 'k')::int].kind = 'punct' AND toks[(r ->> 'k')::int].text = ')') THEN
+      PERFORM "trellis".grammar_unexpected(toks, (r ->> 'k')::int, ')');
+    END IF;
+    RETURN jsonb_build_object('node', (r -> 'node') || '{"paren": true}', 'k', (r ->> 'k')::int + 1,
+                              'leaves', r -> 'leaves');
+  END IF;
+  WHILE toks[k].kind <> 'eof' LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      EXIT WHEN d = 0;
+      d := d - 1;
+    ELSIF d = 0 AND toks[k].kind = 'word' AND toks[k].value IN ('union', 'intersect', 'except') THEN
+      EXIT;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  RETURN jsonb_build_object('node', jsonb_build_object('leaf', jsonb_array_length(leaves) + 1), 'k', k,
+                            'leaves', leaves || jsonb_build_array(jsonb_build_array(s, k)));
+END
+$fn$;
+
+-- The number of copies of a row in a node's result, from its counts in the branches (the
+-- union "q", tagged by "trellis#side").
+CREATE FUNCTION "trellis"._setop_count(node jsonb, q text)
+RETURNS text LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  a text;
+  b text;
+BEGIN
+  IF node ? 'leaf' THEN
+    RETURN format('sum(CASE WHEN %s."trellis#side" = %s THEN 1 ELSE 0 END)', q, node ->> 'leaf');
+  END IF;
+  a := "trellis"._setop_count(node -> 'l', q);
+  b := "trellis"._setop_count(node -> 'r', q);
+  RETURN CASE node ->> 'op'
+    WHEN 'union all' THEN format('(%s + %s)', a, b)
+    WHEN 'union' THEN format('(CASE WHEN %s + %s > 0 THEN 1 ELSE 0 END)', a, b)
+    WHEN 'intersect all' THEN format('least(%s, %s)', a, b)
+    WHEN 'intersect' THEN format('(CASE WHEN %s > 0 AND %s > 0 THEN 1 ELSE 0 END)', a, b)
+    WHEN 'except all' THEN format('greatest(%s - %s, 0)', a, b)
+    ELSE format('(CASE WHEN %s > 0 AND %s = 0 THEN 1 ELSE 0 END)', a, b) END;
+END
+$fn$;
+
+-- The operators of a tree, each once.
+CREATE FUNCTION "trellis"._setop_ops(node jsonb)
+RETURNS text[] LANGUAGE sql IMMUTABLE AS $fn$
+  SELECT CASE WHEN node ? 'leaf' THEN '{}'::text[]
+              ELSE ARRAY(SELECT DISTINCT x FROM unnest(ARRAY[node ->> 'op'] || "trellis"._setop_ops(node -> 'l')
+                                                   || "trellis"._setop_ops(node -> 'r')) x) END
+$fn$;
+
+-- Whether a tree reads as its leaves joined left to right by its operator (no bracketed
+-- operation on a right side, none of another operator).
+CREATE FUNCTION "trellis"._setop_flat(node jsonb)
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $fn$
+  SELECT node ? 'leaf' OR ((node -> 'r') ? 'leaf' AND "trellis"._setop_flat(node -> 'l'))
+$fn$;
+
+-- A view's SELECT: set operations the ADRs 0059 and 0072 do not keep compiled as the header
+-- says; any other as before.
+CREATE FUNCTION "trellis".grammar_parse_view(
+  toks "trellis".grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  k int;
+  s int := i;
+  found_op boolean := false;
+  parsed jsonb;
+  tree jsonb;
+  leaves jsonb;
+  ops text[];
+  flat "trellis".grammar_token[] := '{}';
+  u jsonb;
+  nb int;
+  n int;
+  names text[] := '{}';
+  it jsonb;
+  et "trellis".grammar_token[];
+  nm text;
+  with_ text;
+  txt text;
+  res jsonb;
+  cnt text;
+  two boolean;
+  lf jsonb;
+  q text := quote_ident('set#op');
+  a text := quote_ident('set#all');
+  sch text := quote_ident('trellis');
+BEGIN
+  k := i;
+  WHILE toks[k].kind <> 'eof' LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND toks[k].kind = 'word' AND toks[k].value IN ('union', 'intersect', 'except') THEN
+      found_op := true;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  -- A set operation in brackets at the top: `(SELECT ... UNION SELECT ...) EXCEPT ...`.
+  IF NOT found_op AND NOT (toks[i].kind = 'punct' AND toks[i].text = '(') THEN
+    RETURN "trellis".grammar_parse_view_before_sqlmore(toks, i, target, ctes);
+  END IF;
+  -- The statement's WITH queries come first.
+  IF "trellis".grammar_kw(toks[s], 'with') THEN
+    s := s + 1;
+    IF "trellis".grammar_kw(toks[s], 'recursive') THEN
+      RETURN "trellis".grammar_parse_view_before_sqlmore(toks, i, target, ctes);
+    END IF;
+    LOOP
+      s := s + 1;
+      IF toks[s].kind = 'punct' AND toks[s].text = '(' THEN
+        s := "trellis"._closing_token(toks, s) + 1;
+      END IF;
+      EXIT WHEN NOT "trellis".grammar_kw(toks[s], 'as');
+      s := s + 1;
+      IF "trellis".grammar_kw(toks[s], 'not') THEN s := s + 1; END IF;
+      IF "trellis".grammar_kw(toks[s], 'materialized') THEN s := s + 1; END IF;
+      EXIT WHEN NOT (toks[s].kind = 'punct' AND toks[s].text = '(');
+      s := "trellis"._closing_token(toks, s) + 1;
+      EXIT WHEN NOT (toks[s].kind = 'punct' AND toks[s].text = ',');
+    END LOOP;
+  END IF;
+  parsed := "trellis"._setop_parse(toks, s, 0, '[]');
+  tree := parsed -> 'node';
+  leaves := parsed -> 'leaves';
+  IF tree ? 'leaf' THEN
+    RETURN "trellis".grammar_parse_view_before_sqlmore(toks, i, target, ctes);
+  END IF;
+  ops := "trellis"._setop_ops(tree);
+  -- What ADR 0059 and 0072 keep: one operator, read left to right; in a subquery, UNION ALL.
+  IF cardinality(ops) = 1 AND ops[1] IN ('union', 'union all', 'intersect', 'except')
+     AND (ops[1] <> 'except' OR "trellis"._setop_flat(tree))
+     AND (target IS NOT NULL OR ops[1] IN ('union all', 'union')) AND tree::text NOT LIKE '%"paren"%' THEN
+    RETURN "trellis".grammar_parse_view_before_sqlmore(toks, i, target, ctes);
+  END IF;
+
+  -- The branches as one UNION ALL: the tokens before the first, each branch's, then what
+  -- follows the last (ORDER BY, options).
+  flat := toks[1 : s - 1];
+  FOR lf IN SELECT x FROM jsonb_array_elements(leaves) x LOOP
+    IF cardinality(flat) > s - 1 THEN
+      flat := flat || ROW('word', 'UNION', 'union', toks[(lf ->> 0)::int].pos)::"trellis".grammar_token
+                   || ROW('word', 'ALL', 'all', toks[(lf ->> 0)::int].pos)::"trellis".grammar_token;
+    END IF;
+    flat := flat || toks[(lf ->> 0)::int : (lf ->> 1)::int - 1];
+  END LOOP;
+  flat := flat || toks[(parsed ->> 'k')::int : array_length(toks, 1)];
+  u := "trellis".grammar_parse_view_before_sqlmore(flat, i, target, ctes);
+  nb := jsonb_array_length(u -> 'union' -> 'branches');
+  IF NOT u ? 'union' OR nb <> jsonb_array_length(leaves) THEN
+    PERFORM "trellis".grammar_refuse('this combination of set operations could not be read', toks[s].pos);
+  END IF;
+
+  -- The columns, as the first branch names them.
+  FOR it IN SELECT x FROM jsonb_array_elements(u -> 'select') WITH ORDINALITY AS y(x, o) ORDER BY o LOOP
+    nm := it ->> 'name';
+    IF nm IS NULL THEN
+      et := "trellis".grammar_tokenize(it ->> 'expr');
+      n := array_length(et, 1);
+      IF et[n - 1].kind IN ('word', 'ident')
+         AND (n = 2 OR (et[n - 2].kind = 'punct' AND et[n - 2].text = '.'
+                        AND (n = 4 OR (n = 6 AND et[2].kind = 'punct' AND et[2].text = '.')))) THEN
+        nm := et[n - 1].value;
+      ELSE
+        PERFORM "trellis".grammar_refuse(format(
+          'a column of a set operation must be named in its first SELECT: write %s AS name', it ->> 'expr'),
+          coalesce((it ->> 'position')::int, toks[s].pos));
+      END IF;
+    END IF;
+    names := names || nm;
+  END LOOP;
+  n := cardinality(names);
+
+  SELECT 'WITH ' || string_agg(quote_ident(p ->> 'name')
+           || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
+                                  FROM jsonb_array_elements_text(coalesce(p -> 'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
+           || ' AS (' || "trellis"._render_view_select(p -> 'ast') || ')', ', ' ORDER BY o) || ' '
+    INTO with_
+    FROM jsonb_array_elements(coalesce(u -> 'parts', '[]')) WITH ORDINALITY AS x(p, o)
+   WHERE p ->> 'kind' = 'cte';
+
+  cnt := "trellis"._setop_count(tree, q);
+  -- Each row once (the outermost operator is distinct) at the top: ADR 0072's form.
+  two := target IS NULL OR (tree ->> 'op') LIKE '% all';
+  txt := coalesce(with_, '') || 'SELECT '
+    || (SELECT string_agg(format('%s.%I AS %I', CASE WHEN two THEN a ELSE q END, 'trellis#' || o, nm2), ', ' ORDER BY o)
+          FROM unnest(names) WITH ORDINALITY AS x(nm2, o))
+    || ' FROM ('
+    || CASE WHEN two THEN 'SELECT ' || q || '."trellis#row" AS "trellis#row", '
+         || (SELECT string_agg(format('(array_agg(%s.%I))[1] AS %I', q, 'trellis#' || o, 'trellis#' || o), ', ' ORDER BY o)
+               FROM generate_series(1, n) o)
+         || ', ' || cnt || ' AS "trellis#n" FROM (' ELSE '' END
+    || (SELECT string_agg("trellis"._render_view_select(br || jsonb_build_object('select',
+                 (br -> 'select')
+                 || CASE WHEN two THEN jsonb_build_array(jsonb_build_object('expr',
+                      'ROW(' || (SELECT string_agg('(' || (s2 ->> 'expr') || ')', ', ' ORDER BY o2)
+                                   FROM jsonb_array_elements(br -> 'select') WITH ORDINALITY AS z(s2, o2)) || ')::text',
+                      'name', 'trellis#row', 'position', NULL, 'bare_label', NULL, 'label_expr', NULL)) ELSE '[]' END
+                 || jsonb_build_array(jsonb_build_object('expr', o::text, 'name', 'trellis#side',
+                   'position', NULL, 'bare_label', NULL, 'label_expr', NULL)))), ' UNION ALL ' ORDER BY o)
+          FROM jsonb_array_elements(u -> 'union' -> 'branches') WITH ORDINALITY AS x(br, o))
+    || ') AS ' || q || ' ('
+    || (SELECT string_agg(quote_ident('trellis#' || o), ', ' ORDER BY o) FROM generate_series(1, n) o)
+    || CASE WHEN two THEN ', "trellis#row"' ELSE '' END
+    || ', "trellis#side") GROUP BY '
+    || CASE WHEN two THEN q || '."trellis#row"'
+         ELSE (SELECT string_agg(format('%s.%I', q, 'trellis#' || o), ', ' ORDER BY o) FROM generate_series(1, n) o) END
+    || ' HAVING ' || cnt || ' > 0'
+    || CASE WHEN two THEN ') AS ' || a || ' JOIN ' || sch || '.lateral_ordinals AS "set#copy" ON "set#copy".ordinality = ANY ('
+         || sch || '._lateral_positions(' || a || '."trellis#n"::int))' ELSE '' END
+    || CASE WHEN (u ->> 'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (u ->> 'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
+  res := "trellis".grammar_parse_view_before_sqlmore("trellis".grammar_tokenize(txt), 1, target, ctes);
+  IF two THEN
+    res := res || jsonb_build_object('parts', (
+      SELECT jsonb_agg(CASE WHEN p ->> 'name' = 'set#all' THEN p || jsonb_build_object('ast', (p -> 'ast') || '{"setop_all": true}')
+                            ELSE p END ORDER BY o)
+        FROM jsonb_array_elements(res -> 'parts') WITH ORDINALITY AS x(p, o)));
+  END IF;
+  RETURN res || jsonb_build_object('written', u || jsonb_build_object('union', (u -> 'union')
+    || jsonb_build_object('setop', 'tree', 'tree', tree)));
+END
+$fn$;
+
+-- A set operations' tree as written: each leaf its branch, brackets where written.
+CREATE FUNCTION "trellis"._setop_render(node jsonb, branches jsonb)
+RETURNS text LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  txt text;
+BEGIN
+  IF node ? 'leaf' THEN
+    txt := "trellis"._render_view_select(branches -> ((node ->> 'leaf')::int - 1));
+  ELSE
+    txt := "trellis"._setop_render(node -> 'l', branches) || ' ' || upper(node ->> 'op') || ' '
+        || "trellis"._setop_render(node -> 'r', branches);
+  END IF;
+  RETURN CASE WHEN (node ->> 'paren')::boolean THEN '(' || txt || ')' ELSE txt END;
+END
+$fn$;
+
+-- A view's SELECT as text: a union marked with a tree of set operations as written; any
+-- other as before.
+CREATE FUNCTION "trellis"._render_view_select(ast jsonb)
+RETURNS text LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  with_ text;
+BEGIN
+  IF ast -> 'union' ->> 'setop' IS DISTINCT FROM 'tree' THEN
+    RETURN "trellis"._render_view_select_before_sqlmore(ast);
+  END IF;
+  SELECT 'WITH ' || string_agg(quote_ident(p ->> 'name')
+           || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
+                                  FROM jsonb_array_elements_text(coalesce(p -> 'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
+           || ' AS (' || "trellis"._render_view_select(p -> 'ast') || ')', ', ' ORDER BY o) || ' '
+    INTO with_
+    FROM jsonb_array_elements(coalesce(ast -> 'parts', '[]')) WITH ORDINALITY AS x(p, o)
+   WHERE p ->> 'kind' = 'cte';
+  RETURN coalesce(with_, '') || "trellis"._setop_render(ast -> 'union' -> 'tree', ast -> 'union' -> 'branches');
+END
+$fn$;
+
+-- 4. A RIGHT or FULL JOIN after a LEFT JOIN (`a LEFT JOIN b ON c1 FULL JOIN c ON c2`): ADR
+--    0072 keeps a RIGHT or FULL JOIN after inner joins by making the joins before it a
+--    subquery read by its tables' keys, which a LEFT JOIN's side makes nullable. With a LEFT
+--    JOIN among them, the subquery is made a union of that one SELECT (ADR 0059): a union's
+--    rows are keyed by their branch and the text of their tables' keys (ROW(k)::text, never
+--    NULL), so the RIGHT or FULL JOIN reads it as any part. (The statement is compiled with a
+--    second branch, WHERE false, which the parser needs to read a union; it is dropped from
+--    the AST before anything is defined.) Renamed and wrapped: _outer_join_later (0054) ->
+--    _outer_join_later_before_sqlmore (statements with inner joins only before the outer
+--    join go to it unchanged).
+
+ALTER FUNCTION "trellis"._outer_join_later("trellis".grammar_token[], int, jsonb, jsonb) RENAME TO _outer_join_later_before_sqlmore;
+
+-- An AST with the subquery "joined#" (a union compiled with a second branch WHERE false)
+-- left with its first branch, wherever it is (a FULL JOIN is itself a union of two).
+CREATE FUNCTION "trellis"._joined_one_branch(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+  IF ast IS NULL OR jsonb_typeof(ast) <> 'object' THEN
+    RETURN ast;
+  END IF;
+  IF jsonb_typeof(ast->'union'->'branches') = 'array' THEN
+    ast := jsonb_set(ast, '{union,branches}', (
+      SELECT jsonb_agg("trellis"._joined_one_branch(b) ORDER BY o)
+        FROM jsonb_array_elements(ast->'union'->'branches') WITH ORDINALITY AS x(b, o)));
+  END IF;
+  IF jsonb_typeof(ast->'parts') = 'array' AND jsonb_array_length(ast->'parts') > 0 THEN
+    ast := jsonb_set(ast, '{parts}', (
+      SELECT jsonb_agg(CASE WHEN p->>'name' = 'joined#' AND jsonb_typeof(p->'ast'->'union'->'branches') = 'array'
+                            THEN jsonb_set(p, '{ast,union,branches}', jsonb_build_array(p->'ast'->'union'->'branches'->0))
+                            WHEN p ? 'ast' THEN jsonb_set(p, '{ast}', "trellis"._joined_one_branch(p->'ast'))
+                            ELSE p END ORDER BY o)
+        FROM jsonb_array_elements(ast->'parts') WITH ORDINALITY AS x(p, o)));
+  END IF;
+  RETURN ast;
+END
+$fn$;
+
+CREATE FUNCTION "trellis"._outer_join_later(
+  toks "trellis".grammar_token[], i int, target jsonb, ctes jsonb
+) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  d int := 0;
+  k int := i;
+  f int;
+  first_join int;
+  outer_at int;
+  kind text;
+  m int := 0;
+  t2 "trellis".grammar_token[];
+  ast jsonb;
+  written jsonb;
+  sources jsonb := '{}';
+  item jsonb;
+  j jsonb;
+  r jsonb;
+  cols jsonb := '{}';
+  bare jsonb := '[]';
+  items text[] := '{}';
+  joins_txt text := '';
+  groups text[] := '{}';
+  on_ text;
+  where_ text;
+  having_ text;
+  nm text;
+  g text;
+  p_txt text;
+  with_ text;
+  txt text;
+  o int;
+  q text := quote_ident('joined#');
+  sel_ text;
+  res jsonb;
+BEGIN
+  IF NOT "trellis".grammar_kw(toks[i], 'select') THEN
+    RETURN NULL;
+  END IF;
+  WHILE toks[k].kind <> 'eof' LOOP
+    IF toks[k].kind = 'punct' AND toks[k].text IN ('(', '[') THEN
+      d := d + 1;
+    ELSIF toks[k].kind = 'punct' AND toks[k].text IN (')', ']') THEN
+      d := d - 1;
+    ELSIF d = 0 AND f IS NULL AND "trellis".grammar_kw(toks[k], 'from') THEN
+      f := k;
+    ELSIF d = 0 AND f IS NOT NULL THEN
+      IF (toks[k].kind = 'punct' AND toks[k].text = ',')
+         OR (toks[k].kind = 'word' AND toks[k].value IN ('join', 'inner', 'cross', 'natural'))
+         OR ("trellis".grammar_kw(toks[k], 'left') AND coalesce(toks[k + 1].text, '') <> '(')
+         OR "trellis"._outer_join_at(toks, k) IS NOT NULL THEN
+        IF first_join IS NULL THEN
+          first_join := k;
+        END IF;
+        -- Count the joins before the outer one (a JOIN word after INNER or LEFT is its own).
+        IF outer_at IS NULL AND toks[k].kind = 'word' AND toks[k].value = 'join'
+           AND NOT (k > 1 AND toks[k - 1].kind = 'word' AND toks[k - 1].value IN ('inner', 'left', 'outer', 'cross', 'natural')) THEN
+          m := m + 1;
+        ELSIF outer_at IS NULL AND toks[k].kind = 'word' AND toks[k].value IN ('inner', 'left', 'cross', 'natural') THEN
+          m := m + 1;
+        END IF;
+      END IF;
+      IF outer_at IS NULL AND "trellis"._outer_join_at(toks, k) IS NOT NULL AND k <> first_join THEN
+        outer_at := k;
+        kind := toks[k].value;
+      END IF;
+    END IF;
+    k := k + 1;
+  END LOOP;
+  IF outer_at IS NULL THEN
+    RETURN NULL;
+  END IF;
+
+  -- Parsed with that join read as a LEFT JOIN; its word kept to be shown.
+  t2 := toks;
+  t2[outer_at] := ROW('word', 'LEFT', 'left', toks[outer_at].pos)::"trellis".grammar_token;
+  ast := "trellis".grammar_parse_block_before_joins(t2, i, target, ctes);
+  IF ast ? 'window' OR ast ? 'distinct_on'
+     OR jsonb_array_length(coalesce(ast->'joins', '[]')) <= m OR ast->'joins'->m->>'type' <> 'left' THEN
+    RETURN NULL;
+  END IF;
+  -- After inner joins only: as before (0054).
+  IF NOT EXISTS (SELECT 1 FROM generate_series(0, m - 1) o2 WHERE ast->'joins'->o2->>'type' = 'left') THEN
+    RETURN "trellis"._outer_join_later_before_sqlmore(toks, i, target, ctes);
+  END IF;
+  FOR o IN 0 .. m - 1 LOOP
+    IF ast->'joins'->o->>'type' NOT IN ('inner', 'left') THEN
+      PERFORM "trellis".grammar_refuse(format(
+        'a %s JOIN after a %s JOIN is not supported yet', upper(kind), upper(ast->'joins'->o->>'type')), toks[outer_at].pos);
+    END IF;
+  END LOOP;
+  written := ast || jsonb_build_object('written_outer', jsonb_build_object('at', m, 'kind', kind));
+
+  -- The joins before it, and their aliases.
+  p_txt := "trellis"._render_view_item(ast, ast->'from');
+  sources := jsonb_build_object(coalesce(ast->'from'->>'alias', ast->'from'->>'part', ast->'from'->>'name'), true);
+  FOR o IN 0 .. m - 1 LOOP
+    j := ast->'joins'->o;
+    p_txt := p_txt || CASE WHEN j->>'type' = 'left' THEN ' LEFT JOIN ' ELSE ' JOIN ' END
+      || "trellis"._render_view_item(ast, j) || ' ON ' || (j->>'on');
+    sources := sources || jsonb_build_object(coalesce(j->>'alias', j->>'part', j->>'name'), true);
+  END LOOP;
+
+  FOR item IN SELECT x FROM jsonb_array_elements(ast->'select') WITH ORDINALITY AS y(x, o2) ORDER BY o2 LOOP
+    nm := coalesce(item->>'name', "trellis"._item_default_name(item->>'expr'));
+    IF nm IS NULL THEN
+      PERFORM "trellis".grammar_refuse(format(
+        'a %s JOIN after another join: name this column (%s AS name)', upper(kind), item->>'expr'),
+        coalesce((item->>'position')::int, toks[i].pos));
+    END IF;
+    r := "trellis"._prefix_refs(item->>'expr', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    items := items || ((r->>'expr') || ' AS ' || quote_ident(nm));
+  END LOOP;
+  FOR o IN m .. jsonb_array_length(ast->'joins') - 1 LOOP
+    j := ast->'joins'->o;
+    r := "trellis"._prefix_refs(j->>'on', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    joins_txt := joins_txt || ' ' || CASE WHEN o = m THEN upper(kind) || ' JOIN '
+                                          WHEN j->>'type' = 'left' THEN 'LEFT JOIN ' ELSE 'JOIN ' END
+      || "trellis"._render_view_item(ast, j) || ' ON ' || (r->>'expr');
+  END LOOP;
+  IF ast->>'where' IS NOT NULL THEN
+    r := "trellis"._prefix_refs(ast->>'where', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    where_ := r->>'expr';
+  END IF;
+  FOR g IN SELECT x FROM jsonb_array_elements_text(coalesce(ast->'group_by', '[]')) WITH ORDINALITY AS y(x, o2) ORDER BY o2 LOOP
+    r := "trellis"._prefix_refs(g, sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    groups := groups || (r->>'expr');
+  END LOOP;
+  IF ast->>'having' IS NOT NULL THEN
+    r := "trellis"._prefix_refs(ast->>'having', sources, q);
+    cols := cols || (r->'columns'); bare := bare || (r->'bare');
+    having_ := r->>'expr';
+  END IF;
+  IF jsonb_array_length(bare) > 0 THEN
+    PERFORM "trellis".grammar_refuse(format(
+      'a %s JOIN after another join needs every column written with its table''s alias (alias.column): %s',
+      upper(kind), (SELECT string_agg(DISTINCT x, ', ') FROM jsonb_array_elements_text(bare) x)), toks[outer_at].pos);
+  END IF;
+
+  SELECT 'WITH ' || string_agg(quote_ident(p->>'name')
+           || coalesce(' (' || (SELECT string_agg(quote_ident(c), ', ' ORDER BY o2)
+                                  FROM jsonb_array_elements_text(coalesce(p->'columns', '[]')) WITH ORDINALITY AS y(c, o2)) || ')', '')
+           || ' AS (' || "trellis"._render_view_select(p->'ast') || ')', ', ' ORDER BY o3) || ' '
+    INTO with_
+    FROM jsonb_array_elements(coalesce(ast->'parts', '[]')) WITH ORDINALITY AS x(p, o3)
+   WHERE p->>'kind' = 'cte';
+  sel_ := CASE WHEN cols = '{}' THEN '1 AS "trellis#one"'
+            ELSE (SELECT string_agg((c.value #>> '{}') || ' AS ' || quote_ident(c.key), ', ' ORDER BY c.key) FROM jsonb_each(cols) c) END;
+  txt := coalesce(with_, '') || 'SELECT '
+    || CASE WHEN coalesce((ast->>'distinct')::boolean, false) THEN 'DISTINCT ' ELSE '' END
+    || array_to_string(items, ', ')
+    -- sqlmore: the joins before it, LEFT JOINs among them, as a UNION ALL (its second
+    -- branch, never any row, dropped once parsed, below): a union's rows are read by a key
+    -- that is never NULL (its branch and the text of its tables' keys), where the LEFT
+    -- JOIN's side's key can be NULL.
+    || ' FROM (SELECT ' || sel_ || ' FROM ' || p_txt || ' UNION ALL SELECT ' || sel_ || ' FROM ' || p_txt
+    || ' WHERE false) AS ' || q
+    || joins_txt
+    || coalesce(' WHERE ' || where_, '')
+    || CASE WHEN cardinality(groups) > 0 THEN ' GROUP BY ' || array_to_string(groups, ', ') ELSE '' END
+    || coalesce(' HAVING ' || having_, '')
+    || CASE WHEN (ast->>'without_source_index')::boolean THEN ' WITHOUT SOURCE INDEX' ELSE '' END
+    || CASE WHEN (ast->>'without_row_security')::boolean THEN ' WITHOUT ROW SECURITY' ELSE '' END;
+  res := "trellis".grammar_parse_block("trellis".grammar_tokenize(txt), 1, target, ctes);
+  RETURN "trellis"._joined_one_branch(res) || jsonb_build_object('written', written);
+END
+$fn$;
+$trellis_m59$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 60) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (60, 'redefine_bounded_diff', false);
+    EXECUTE $trellis_m60$-- Redefinitions in place (issue #25 follow-up; ADR 0055's fourth addendum).
+--
+-- _redefine_lock_mode: the strongest lock the next step of a redefinition takes on its
+-- target ('ACCESS EXCLUSIVE' when columns are staged, or the switch changes columns, the
+-- key, NOT NULL or the engine's join indexes; 'EXCLUSIVE' otherwise), so the staging
+-- worker's pre-check counts only the locks that conflict with it: a plain reader's ACCESS
+-- SHARE does not conflict with EXCLUSIVE, and no longer holds a filter change's switch off.
+--
+-- A bounded diff for a switch that changes no column, key or NOT NULL (a filter or a
+-- projection's expressions changed: the switch takes EXCLUSIVE, the drains wait for it).
+-- The switch diffed both tables whole under that lock (in proportion to the table). Now,
+-- once the shadow is live, the staging worker:
+--
+-- 1. _redefine_log_start, a short transaction: a table of keys "redefine_log#<shadow id>"
+--    in the catalog schema, and statement triggers (transition tables) on the target and
+--    the shadow that add to it the keys of every row written from then on;
+-- 2. _redefine_log_page, pages of 5,000 of the shadow's keys, each a transaction of its own
+--    taking no lock a drain or a reader waits for: the keys in the page's range where the
+--    target and the shadow differ, added to the log;
+-- 3. _redefine_switch (wrapped: 0042's is _redefine_switch_before_log), once every page is
+--    done: under the same locks as before, the diff restricted to the logged keys (by the
+--    key's index). Every key where the two differ at the switch is logged: it differed
+--    when its page read both tables (one snapshot), or a row of it was written since, which
+--    the triggers (created before the first page, once the writers then running ended)
+--    logged. A TRUNCATE of either marks the log void: the switch then diffs whole.
+--
+-- The triggers stay on the target after the switch (doing nothing: the log table is gone)
+-- until _redefine_log_cleanup drops them, in a transaction of its own (DROP TRIGGER takes
+-- ACCESS EXCLUSIVE for a catalog change; not tried while a long transaction holds the target).
+
+CREATE FUNCTION "trellis"._redefine_lock_mode(shadow_id int)
+RETURNS text LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+  s "trellis".transforms;
+  t "trellis".transforms;
+  plan jsonb;
+  wanted text[];
+BEGIN
+  SELECT * INTO s FROM "trellis".transforms y WHERE y.id = shadow_id AND y.redefines IS NOT NULL;
+  IF NOT FOUND THEN
+    RETURN 'ACCESS EXCLUSIVE';
+  END IF;
+  SELECT * INTO t FROM "trellis".transforms y WHERE y.id = s.redefines;
+  plan := "trellis"._redefine_plan(t, s.spec);
+  wanted := ARRAY(SELECT array_to_string(ARRAY(SELECT quote_ident(k) FROM jsonb_array_elements_text(src->'target_key_columns') k), ', ')
+                    FROM jsonb_array_elements(s.spec->'sources') src
+                   WHERE (src->>'ordinal')::int > 0 AND jsonb_typeof(src->'target_key_columns') = 'array');
+  IF coalesce((plan->>'key_changed')::boolean, false) OR jsonb_array_length(coalesce(plan->'columns', '[]')) > 0
+     OR wanted IS DISTINCT FROM ARRAY(
+          SELECT array_to_string(ARRAY(SELECT quote_ident(k) FROM jsonb_array_elements_text(src->'target_key_columns') k), ', ')
+            FROM jsonb_array_elements(t.spec->'sources') src
+           WHERE (src->>'ordinal')::int > 0 AND jsonb_typeof(src->'target_key_columns') = 'array')
+     -- NOT NULL set or dropped, or staged columns left on the target: ALTER TABLE.
+     OR EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_attribute n ON n.attname = a.attname
+                 WHERE a.attrelid = t.target_oid AND n.attrelid = s.target_oid AND a.attnum > 0
+                   AND NOT a.attisdropped AND NOT n.attisdropped AND a.attnotnull <> n.attnotnull)
+     OR EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = t.target_oid AND NOT a.attisdropped
+                   AND starts_with(a.attname, 'trellis#' || s.id || '#')) THEN
+    RETURN 'ACCESS EXCLUSIVE';
+  END IF;
+  RETURN 'EXCLUSIVE';
+END
+$fn$;
+
+-- The transactions holding, for longer than `older_ms`, a lock on `rel` that conflicts
+-- with `mode` ('EXCLUSIVE' or 'ACCESS EXCLUSIVE'), this session's aside: what holds a
+-- redefinition's next step off (pid, the mode held, since when), oldest first.
+CREATE FUNCTION "trellis"._redefine_blockers(rel oid, mode text, older_ms float8)
+RETURNS jsonb LANGUAGE sql STABLE AS $fn$
+  SELECT coalesce(jsonb_agg(jsonb_build_object('pid', b.pid, 'mode', b.mode, 'since', b.since)
+                            ORDER BY b.since), '[]')
+    FROM (SELECT DISTINCT ON (l.pid) l.pid, l.mode, a.xact_start AS since
+            FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+           WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+             AND l.relation = rel
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+             -- Every mode conflicts with ACCESS EXCLUSIVE; every one but ACCESS SHARE with EXCLUSIVE.
+             AND (mode = 'ACCESS EXCLUSIVE' OR l.mode <> 'AccessShareLock')
+             AND a.xact_start < clock_timestamp() - make_interval(secs => older_ms / 1000)
+           ORDER BY l.pid, l.mode) b
+$fn$;
+
+-- One row per redefinition whose diff is logged: its log table, how far the pages went
+-- (`after`, the last key done, as text), whether every page is done, and whether the log
+-- is void (a TRUNCATE of the target or the shadow).
+CREATE TABLE "trellis".redefine_logs (
+  shadow_id int PRIMARY KEY REFERENCES "trellis".transforms ON DELETE CASCADE,
+  log_table text NOT NULL,
+  after text[],
+  done boolean NOT NULL DEFAULT false,
+  void boolean NOT NULL DEFAULT false,
+  started_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- The log table goes with its row (a redefinition switched, replaced, given up, dropped).
+CREATE FUNCTION "trellis"._redefine_log_drop()
+RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  EXECUTE 'DROP TABLE IF EXISTS ' || quote_ident('trellis') || '.' || quote_ident(OLD.log_table);
+  RETURN OLD;
+END
+$fn$;
+CREATE TRIGGER redefine_log_drop AFTER DELETE ON "trellis".redefine_logs
+  FOR EACH ROW EXECUTE FUNCTION "trellis"._redefine_log_drop();
+
+-- The triggers' function: TG_ARGV[0] the log table (in the catalog schema), TG_ARGV[1] the
+-- key's columns (quoted, comma-separated). Does nothing once the log table is gone.
+CREATE FUNCTION "trellis"._redefine_log_keys()
+RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  log text := quote_ident('trellis') || '.' || quote_ident(TG_ARGV[0]);
+BEGIN
+  IF to_regclass(log) IS NULL THEN
+    RETURN NULL;
+  END IF;
+  IF TG_OP = 'TRUNCATE' THEN
+    UPDATE "trellis".redefine_logs SET void = true WHERE log_table = TG_ARGV[0];
+    RETURN NULL;
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') THEN
+    EXECUTE format('INSERT INTO %s SELECT DISTINCT %s FROM trellis_new ON CONFLICT DO NOTHING', log, TG_ARGV[1]);
+  END IF;
+  IF TG_OP IN ('DELETE', 'UPDATE') THEN
+    EXECUTE format('INSERT INTO %s SELECT DISTINCT %s FROM trellis_old ON CONFLICT DO NOTHING', log, TG_ARGV[1]);
+  END IF;
+  RETURN NULL;
+END
+$fn$;
+
+-- Whether the switch of shadow `shadow_id` can use a logged diff: it takes EXCLUSIVE only
+-- (no column, key, NOT NULL or join index change), and the key is not empty, unchanged and
+-- never NULL (the log is looked up by `=`).
+CREATE FUNCTION "trellis"._redefine_log_eligible(shadow_id int)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+  s "trellis".transforms;
+  t "trellis".transforms;
+BEGIN
+  SELECT * INTO s FROM "trellis".transforms y WHERE y.id = shadow_id AND y.redefines IS NOT NULL;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  SELECT * INTO t FROM "trellis".transforms y WHERE y.id = s.redefines;
+  RETURN "trellis"._redefine_lock_mode(shadow_id) = 'EXCLUSIVE'
+    AND jsonb_array_length(coalesce(s.spec->'key', '[]')) > 0
+    AND NOT coalesce((s.spec->>'key_nullable')::boolean, false)
+    AND s.spec->'key' = t.spec->'key'
+    AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(s.spec->'key') k
+                      LEFT JOIN pg_attribute a ON a.attrelid = t.target_oid AND a.attname = k AND NOT a.attisdropped
+                     WHERE a.attnum IS NULL OR NOT a.attnotnull);
+END
+$fn$;
+
+-- Step 1: the log table and the triggers (SHARE ROW EXCLUSIVE on both tables: waits for
+-- the writers running, readers go on). Returns false when the switch cannot use a log.
+CREATE FUNCTION "trellis"._redefine_log_start(shadow_id int)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+DECLARE
+  s "trellis".transforms;
+  t "trellis".transforms;
+  log text := 'redefine_log#' || shadow_id;
+  keys text;
+  rel oid;
+BEGIN
+  IF EXISTS (SELECT 1 FROM "trellis".redefine_logs l WHERE l.shadow_id = _redefine_log_start.shadow_id) THEN
+    RETURN true;
+  END IF;
+  IF NOT "trellis"._redefine_log_eligible(shadow_id) THEN
+    RETURN false;
+  END IF;
+  SELECT * INTO s FROM "trellis".transforms y WHERE y.id = shadow_id;
+  SELECT * INTO t FROM "trellis".transforms y WHERE y.id = s.redefines;
+  keys := (SELECT string_agg(quote_ident(k), ', ' ORDER BY o) FROM jsonb_array_elements_text(s.spec->'key') WITH ORDINALITY x(k, o));
+  EXECUTE format('CREATE TABLE %I.%I AS SELECT %s FROM %s WITH NO DATA', 'trellis', log, keys,
+                 s.target_oid::regclass::text);
+  EXECUTE format('ALTER TABLE %I.%I ADD PRIMARY KEY (%s)', 'trellis', log, keys);
+  FOREACH rel IN ARRAY ARRAY[t.target_oid, s.target_oid] LOOP
+    EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s REFERENCING NEW TABLE AS trellis_new
+                      FOR EACH STATEMENT EXECUTE FUNCTION "trellis"._redefine_log_keys(%L, %L)',
+                   'trellis_log#' || shadow_id || '#i', rel::regclass, log, keys);
+    EXECUTE format('CREATE TRIGGER %I AFTER UPDATE ON %s REFERENCING OLD TABLE AS trellis_old NEW TABLE AS trellis_new
+                      FOR EACH STATEMENT EXECUTE FUNCTION "trellis"._redefine_log_keys(%L, %L)',
+                   'trellis_log#' || shadow_id || '#u', rel::regclass, log, keys);
+    EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON %s REFERENCING OLD TABLE AS trellis_old
+                      FOR EACH STATEMENT EXECUTE FUNCTION "trellis"._redefine_log_keys(%L, %L)',
+                   'trellis_log#' || shadow_id || '#d', rel::regclass, log, keys);
+    EXECUTE format('CREATE TRIGGER %I AFTER TRUNCATE ON %s
+                      FOR EACH STATEMENT EXECUTE FUNCTION "trellis"._redefine_log_keys(%L, %L)',
+                   'trellis_log#' || shadow_id || '#t', rel::regclass, log, keys);
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I, ENABLE ALWAYS TRIGGER %I, ENABLE ALWAYS TRIGGER %I, ENABLE ALWAYS TRIGGER %I',
+                   rel::regclass, 'trellis_log#' || shadow_id || '#i', 'trellis_log#' || shadow_id || '#u',
+                   'trellis_log#' || shadow_id || '#d', 'trellis_log#' || shadow_id || '#t');
+  END LOOP;
+  INSERT INTO "trellis".redefine_logs (shadow_id, log_table) VALUES (shadow_id, log);
+  RETURN true;
+END
+$fn$;
+
+-- A key's columns compared with the text values `v` (as `after` holds them), typed as
+-- relation `rel`'s columns: `(a.k1, a.k2) > ('1'::int, 'x'::text)`.
+CREATE FUNCTION "trellis"._redefine_key_cmp(rel oid, alias text, keys text[], op text, v text[])
+RETURNS text LANGUAGE sql STABLE AS $fn$
+  SELECT '(' || string_agg(alias || '.' || quote_ident(k), ', ' ORDER BY o) || ') ' || op || ' ('
+         || string_agg(format('%L::%s', v[o], format_type(a.atttypid, a.atttypmod)), ', ' ORDER BY o) || ')'
+    FROM unnest(keys) WITH ORDINALITY AS u(k, o)
+    JOIN pg_attribute a ON a.attrelid = rel AND a.attname = u.k AND NOT a.attisdropped
+$fn$;
+
+-- Step 2: one page, the shadow's next `batch` keys after the last page's (and the target's
+-- keys in the same range): the keys where the two differ, logged. Reads only. Returns
+-- whether every page is done.
+CREATE FUNCTION "trellis"._redefine_log_page(shadow_id int, batch int)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+DECLARE
+  l "trellis".redefine_logs;
+  s "trellis".transforms;
+  t "trellis".transforms;
+  keys text[];
+  key_list text;
+  upto text[];
+  range_n text;
+  range_t text;
+  tcols text;
+  ncols text;
+  log text;
+BEGIN
+  SELECT * INTO l FROM "trellis".redefine_logs x WHERE x.shadow_id = _redefine_log_page.shadow_id FOR UPDATE;
+  IF NOT FOUND OR l.done OR l.void THEN
+    RETURN true;
+  END IF;
+  SELECT * INTO s FROM "trellis".transforms y WHERE y.id = shadow_id;
+  SELECT * INTO t FROM "trellis".transforms y WHERE y.id = s.redefines;
+  log := quote_ident('trellis') || '.' || quote_ident(l.log_table);
+  keys := ARRAY(SELECT k FROM jsonb_array_elements_text(s.spec->'key') WITH ORDINALITY x(k, o) ORDER BY o);
+  key_list := (SELECT string_agg(quote_ident(k), ', ') FROM unnest(keys) k);
+  -- The page's last key: the batch-th after the last page's (NULL: the rest of the table).
+  EXECUTE format('SELECT ARRAY[%s] FROM (SELECT %s FROM %s n WHERE %s ORDER BY %s LIMIT 1 OFFSET %s) x',
+                 (SELECT string_agg('x.' || quote_ident(k) || '::text', ', ') FROM unnest(keys) k),
+                 (SELECT string_agg('n.' || quote_ident(k), ', ') FROM unnest(keys) k),
+                 s.target_oid::regclass::text,
+                 CASE WHEN l.after IS NULL THEN 'true' ELSE "trellis"._redefine_key_cmp(s.target_oid, 'n', keys, '>', l.after) END,
+                 (SELECT string_agg('n.' || quote_ident(k), ', ') FROM unnest(keys) k), batch - 1)
+    INTO upto;
+  range_n := concat_ws(' AND ',
+    CASE WHEN l.after IS NOT NULL THEN "trellis"._redefine_key_cmp(s.target_oid, 'n', keys, '>', l.after) END,
+    CASE WHEN upto IS NOT NULL THEN "trellis"._redefine_key_cmp(s.target_oid, 'n', keys, '<=', upto) END, 'true');
+  range_t := concat_ws(' AND ',
+    CASE WHEN l.after IS NOT NULL THEN "trellis"._redefine_key_cmp(t.target_oid, 't', keys, '>', l.after) END,
+    CASE WHEN upto IS NOT NULL THEN "trellis"._redefine_key_cmp(t.target_oid, 't', keys, '<=', upto) END, 'true');
+  tcols := (SELECT string_agg('t.' || quote_ident(cc.name), ', ' ORDER BY cc.ordinal)
+              FROM "trellis".transform_columns cc WHERE cc.transform_id = s.id);
+  ncols := (SELECT string_agg('n.' || quote_ident(cc.name), ', ' ORDER BY cc.ordinal)
+              FROM "trellis".transform_columns cc WHERE cc.transform_id = s.id);
+  -- Rows of the shadow the target lacks or holds otherwise, and rows of the target the
+  -- shadow lacks: one statement, one snapshot of both.
+  EXECUTE format(
+    'INSERT INTO %s SELECT %s FROM %s n LEFT JOIN %s t ON %s WHERE %s AND (%s OR record_image_ne(ROW(%s), ROW(%s)))'
+    ' UNION SELECT %s FROM %s t WHERE %s AND NOT EXISTS (SELECT 1 FROM %s n WHERE %s)'
+    ' ON CONFLICT DO NOTHING',
+    log, (SELECT string_agg('n.' || quote_ident(k), ', ') FROM unnest(keys) k),
+    s.target_oid::regclass::text, t.target_oid::regclass::text,
+    (SELECT string_agg(format('t.%I = n.%I', k, k), ' AND ') FROM unnest(keys) k),
+    range_n, 't.' || quote_ident(keys[1]) || ' IS NULL', tcols, ncols,
+    (SELECT string_agg('t.' || quote_ident(k), ', ') FROM unnest(keys) k),
+    t.target_oid::regclass::text, range_t, s.target_oid::regclass::text,
+    (SELECT string_agg(format('n.%I = t.%I', k, k), ' AND ') FROM unnest(keys) k));
+  UPDATE "trellis".redefine_logs x SET after = upto, done = upto IS NULL
+   WHERE x.shadow_id = _redefine_log_page.shadow_id;
+  RETURN upto IS NULL;
+END
+$fn$;
+
+-- Step 3: 0042's switch, wrapped. With a log done and not void, and the switch still one
+-- that takes EXCLUSIVE only with the same key: the diff restricted to the logged keys, then
+-- the catalog as 0042's. Otherwise the log goes and 0042's switch diffs whole.
+ALTER FUNCTION "trellis"._redefine_switch(int) RENAME TO _redefine_switch_before_log;
+
+CREATE FUNCTION "trellis"._redefine_switch(shadow_id int)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+DECLARE
+  l "trellis".redefine_logs;
+  s "trellis".transforms;
+  t "trellis".transforms;
+  p "trellis".pipeline;
+  ids int[];
+  rel text;
+  shadow_rel text;
+  log text;
+  plan jsonb;
+  keys text[];
+  key_match text;
+  cols text;
+  tcols text;
+  ncols text;
+  locked_at timestamptz;
+  deleted bigint := 0;
+  written bigint := 0;
+  gone bigint := 0;
+  logged bigint;
+BEGIN
+  SELECT * INTO l FROM "trellis".redefine_logs x WHERE x.shadow_id = _redefine_switch.shadow_id;
+  IF NOT FOUND THEN
+    RETURN "trellis"._redefine_switch_before_log(shadow_id);
+  END IF;
+  SELECT * INTO s FROM "trellis".transforms y WHERE y.id = shadow_id AND y.redefines IS NOT NULL;
+  IF NOT FOUND THEN
+    RETURN jsonb_build_object('switched', false, 'why', 'no such redefinition');
+  END IF;
+  SELECT * INTO t FROM "trellis".transforms y WHERE y.id = s.redefines;
+  -- The drain's locks first, in the drain's order, as 0042's.
+  ids := ARRAY(SELECT DISTINCT i FROM unnest(ARRAY[t.id, s.id] || ARRAY(
+                 SELECT ts.transform_id FROM "trellis".transform_sources ts WHERE ts.source_oid = t.target_oid)) i
+               ORDER BY i);
+  PERFORM 1 FROM "trellis".page_slots ps WHERE ps.transform_id = ANY (ids)
+   ORDER BY ps.transform_id, ps.bucket FOR UPDATE;
+  PERFORM 1 FROM "trellis".pipeline px WHERE px.transform_id = ANY (ids) ORDER BY px.transform_id FOR UPDATE;
+  SELECT * INTO s FROM "trellis".transforms y WHERE y.id = shadow_id AND y.redefines IS NOT NULL;
+  SELECT * INTO t FROM "trellis".transforms y WHERE y.id = s.redefines;
+  IF s.id IS NULL OR t.id IS NULL THEN
+    RETURN jsonb_build_object('switched', false, 'why', 'no such redefinition');
+  END IF;
+  SELECT * INTO p FROM "trellis".pipeline px WHERE px.transform_id = s.id;
+  IF p.phase <> 'live' OR p.follow_pending OR s.paused_at IS NOT NULL THEN
+    RETURN jsonb_build_object('switched', false, 'why', 'the new definition is not live yet');
+  END IF;
+  rel := t.target_oid::regclass::text;
+  shadow_rel := s.target_oid::regclass::text;
+  -- The target's lock, then the log's state under it (a TRUNCATE since marks it void).
+  EXECUTE 'LOCK TABLE ' || rel || ' IN EXCLUSIVE MODE';
+  locked_at := clock_timestamp();
+  EXECUTE 'LOCK TABLE ' || shadow_rel || ' IN ACCESS EXCLUSIVE MODE';
+  SELECT * INTO l FROM "trellis".redefine_logs x WHERE x.shadow_id = _redefine_switch.shadow_id;
+  plan := "trellis"._redefine_plan(t, s.spec);
+  IF NOT l.done OR l.void OR NOT "trellis"._redefine_log_eligible(shadow_id)
+     OR jsonb_array_length(plan->'refused') > 0 THEN
+    DELETE FROM "trellis".redefine_logs x WHERE x.shadow_id = _redefine_switch.shadow_id;
+    RETURN "trellis"._redefine_switch_before_log(shadow_id);
+  END IF;
+  PERFORM set_config('trellis.maintaining', 'trellis', true);
+  log := quote_ident('trellis') || '.' || quote_ident(l.log_table);
+  keys := ARRAY(SELECT k FROM jsonb_array_elements_text(s.spec->'key') WITH ORDINALITY x(k, o) ORDER BY o);
+  cols := (SELECT string_agg(quote_ident(cc.name), ', ' ORDER BY cc.ordinal)
+             FROM "trellis".transform_columns cc WHERE cc.transform_id = s.id);
+  tcols := (SELECT string_agg('t.' || quote_ident(cc.name), ', ' ORDER BY cc.ordinal)
+              FROM "trellis".transform_columns cc WHERE cc.transform_id = s.id);
+  ncols := (SELECT string_agg('n.' || quote_ident(cc.name), ', ' ORDER BY cc.ordinal)
+              FROM "trellis".transform_columns cc WHERE cc.transform_id = s.id);
+  key_match := (SELECT string_agg(format('n.%I = t.%I', k, k), ' AND ') FROM unnest(keys) k);
+  EXECUTE 'SELECT count(*) FROM ' || log INTO logged;
+  -- The logged keys only, each found by the key's index of both tables.
+  EXECUTE 'DELETE FROM ' || rel || ' t USING ' || log || ' g WHERE '
+    || (SELECT string_agg(format('t.%I = g.%I', k, k), ' AND ') FROM unnest(keys) k)
+    || ' AND NOT EXISTS (SELECT 1 FROM ' || shadow_rel || ' n WHERE ' || key_match || ')';
+  GET DIAGNOSTICS deleted = ROW_COUNT;
+  EXECUTE 'UPDATE ' || rel || ' t SET (' || cols || ') = ROW(' || ncols || ') FROM ' || log || ' g JOIN '
+    || shadow_rel || ' n ON ' || (SELECT string_agg(format('n.%I = g.%I', k, k), ' AND ') FROM unnest(keys) k)
+    || ' WHERE ' || key_match || ' AND record_image_ne(ROW(' || tcols || '), ROW(' || ncols || '))';
+  GET DIAGNOSTICS written = ROW_COUNT;
+  EXECUTE 'INSERT INTO ' || rel || ' (' || cols || ') SELECT ' || ncols || ' FROM ' || log || ' g JOIN '
+    || shadow_rel || ' n ON ' || (SELECT string_agg(format('n.%I = g.%I', k, k), ' AND ') FROM unnest(keys) k)
+    || ' WHERE NOT EXISTS (SELECT 1 FROM ' || rel || ' t WHERE ' || key_match || ')';
+  GET DIAGNOSTICS gone = ROW_COUNT;
+  written := written + gone;
+  DELETE FROM "trellis".redefine_logs x WHERE x.shadow_id = _redefine_switch.shadow_id;
+
+  -- The catalog, as 0042's: the shadow's rows become the transform's, on the target.
+  UPDATE "trellis".transforms y SET redefines = NULL WHERE y.id = s.id;
+  DELETE FROM "trellis".transforms y WHERE y.id = t.id;
+  EXECUTE 'DROP TABLE IF EXISTS ' || quote_ident('trellis') || '.' || quote_ident('map_' || t.id);
+  UPDATE "trellis".transforms y
+     SET target_schema = t.target_schema, target_name = t.target_name, target_oid = t.target_oid,
+         created_at = t.created_at, updated_at = now(),
+         redefinition = jsonb_build_object('state', 'switched', 'statement', s.statement,
+                                           'previous', t.statement, 'since', t.redefinition->'since',
+                                           'at', now(), 'changes', plan->'changes',
+                                           'deleted', deleted, 'written', written, 'logged', logged,
+                                           'lockMs', round((extract(epoch FROM clock_timestamp() - locked_at) * 1000)::numeric, 2),
+                                           'readersBlockedMs', 0, 'staged', true)
+   WHERE y.id = s.id;
+  EXECUTE 'DROP TABLE ' || shadow_rel;
+  RETURN jsonb_build_object('switched', true, 'target', t.target_name, 'changes', plan->'changes',
+                            'deleted', deleted, 'written', written, 'logged', logged,
+                            'lockMs', round((extract(epoch FROM clock_timestamp() - locked_at) * 1000)::numeric, 2),
+                            'readersBlockedMs', 0, 'staged', true);
+END
+$fn$;
+
+-- The log triggers left on targets after their redefinition ended (their log table gone):
+-- dropped, one table at a time, where no transaction has held a lock on the table for longer
+-- than `older_ms` (DROP TRIGGER takes ACCESS EXCLUSIVE, briefly: a catalog change). Returns
+-- how many tables still carry some (tried again later).
+CREATE FUNCTION "trellis"._redefine_log_cleanup(older_ms float8)
+RETURNS int LANGUAGE plpgsql AS $fn$
+DECLARE
+  r record;
+  tg record;
+  left_ int := 0;
+BEGIN
+  FOR r IN SELECT DISTINCT g.tgrelid FROM pg_trigger g
+            WHERE starts_with(g.tgname, 'trellis_log#')
+              AND to_regclass(quote_ident('trellis') || '.' || quote_ident('redefine_log#' || split_part(g.tgname, '#', 2))) IS NULL LOOP
+    IF jsonb_array_length("trellis"._redefine_blockers(r.tgrelid, 'ACCESS EXCLUSIVE', older_ms)) > 0 THEN
+      left_ := left_ + 1;
+      CONTINUE;
+    END IF;
+    FOR tg IN SELECT g.tgname FROM pg_trigger g
+               WHERE g.tgrelid = r.tgrelid AND starts_with(g.tgname, 'trellis_log#')
+                 AND to_regclass(quote_ident('trellis') || '.' || quote_ident('redefine_log#' || split_part(g.tgname, '#', 2))) IS NULL LOOP
+      EXECUTE format('DROP TRIGGER %I ON %s', tg.tgname, r.tgrelid::regclass);
+    END LOOP;
+  END LOOP;
+  RETURN left_;
+END
+$fn$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
+$trellis_m60$;
   END IF;
   -- Postgres lets PUBLIC execute a new function: none of Trellis's is (ADR 0034), whichever
   -- migration made it. Only the owner calls them.
