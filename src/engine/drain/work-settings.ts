@@ -1,5 +1,6 @@
 import type { Session } from '../db/session.js';
 import { LOCK_CLASS } from '../internal/advisory-locks.js';
+import type { ApplyMode } from './apply-choice.js';
 import type { TransformPlan } from './plan.js';
 
 /** The transform each session last entered work for (what a drain loop's step was spent on). */
@@ -37,4 +38,50 @@ export async function enterTransformWork(
     [schema, plan.searchPath, plan.settings, LOCK_CLASS.serving, plan.id],
   );
   entered.set(session, plan.id);
+}
+
+/**
+ * Whether the statement applying changes to `plan` in `mode` is planned in the join order
+ * the engine wrote (ADR 0074): a GROUP BY over a join whose key map is a shadow, read by
+ * group or by delta. Those statements join the sources' shadows, each a UNION ALL of the
+ * shadow and the changed rows, restricted by the changed keys (a CTE scan, estimated at one
+ * row whatever it holds): left to choose, the planner builds nested loops over whole
+ * shadows on the strength of those one-row estimates (TPC-H Q5: seconds per statement,
+ * tens of seconds to converge, where the written order takes milliseconds). The whole
+ * target recomputed (mode 'recompute') reads the sources themselves, with their
+ * statistics, and keeps the planner's choice.
+ */
+export function keepsWrittenJoinOrder(plan: TransformPlan, mode: ApplyMode): boolean {
+  return plan.mapKind === 'shadow' && mode !== 'recompute' && plan.sources.length > 1;
+}
+
+/**
+ * Runs `run` (one statement) with the join order kept as written when `kept`
+ * (keepsWrittenJoinOrder): join_collapse_limit and from_collapse_limit at 1 for it alone,
+ * then back as they were. A failure rolls them back with the savepoint the caller holds.
+ * `trellis.join_order = 'planner'` (a session or database setting) leaves the planner its
+ * choice: what the bench compares against.
+ */
+export async function withWrittenJoinOrder<T>(
+  session: Session,
+  kept: boolean,
+  run: () => Promise<T>,
+): Promise<T> {
+  if (!kept) return run();
+  const [was] = await session.query<{ j: string; f: string; kept: boolean }>(
+    `WITH s AS MATERIALIZED (
+       SELECT current_setting('join_collapse_limit') AS j, current_setting('from_collapse_limit') AS f,
+              coalesce(current_setting('trellis.join_order', true), '') IS DISTINCT FROM 'planner' AS kept)
+     SELECT j, f, kept,
+            CASE WHEN kept THEN set_config('join_collapse_limit', '1', true) END AS jset,
+            CASE WHEN kept THEN set_config('from_collapse_limit', '1', true) END AS fset
+       FROM s`,
+  );
+  if (!was?.kept) return run();
+  const result = await run();
+  await session.query(
+    `SELECT set_config('join_collapse_limit', $1, true), set_config('from_collapse_limit', $2, true)`,
+    [was.j, was.f],
+  );
+  return result;
 }
