@@ -164,6 +164,35 @@ function referenced(plan: TransformPlan, condition: string): Set<PlanSource> {
 }
 
 /**
+ * A condition's terms ANDed at its top level (`a = b AND c = d`: two), so that each names
+ * only the occurrences it needs; brackets, string literals, quoted names and `BETWEEN x AND
+ * y` are kept whole. A term the split gets wrong only joins later than it could.
+ */
+function conjuncts(condition: string): string[] {
+  const terms: string[] = [];
+  let depth = 0;
+  let start = 0;
+  let between = 0;
+  const words = /'(?:[^']|'')*'|"(?:[^"]|"")*"|[()]|\b(?:and|between)\b/gi;
+  for (const m of condition.matchAll(words)) {
+    const token = m[0].toLowerCase();
+    if (token === '(') depth++;
+    else if (token === ')') depth--;
+    else if (depth === 0 && token === 'between') between++;
+    else if (depth === 0 && token === 'and') {
+      if (between > 0) between--;
+      else {
+        terms.push(condition.slice(start, m.index));
+        start = (m.index ?? 0) + m[0].length;
+      }
+    }
+  }
+  terms.push(condition.slice(start));
+  const kept = terms.map((t) => t.trim()).filter((t) => t.length > 0);
+  return kept.length ? kept : [condition];
+}
+
+/**
  * Over inner joins, the occurrences in the order a statement restricted to `first`'s
  * changed rows joins them (ADR 0074): `first`, then each time the first occurrence, in
  * FROM order, that a join condition connects to those already joined (every occurrence it
@@ -179,7 +208,8 @@ function outwardOrder(plan: TransformPlan, first: PlanSource, upTo: number): Pla
   if (sources.some((s) => s.joinType === 'left')) return null;
   const conditions = sources
     .filter((s) => s.joinCondition)
-    .map((s) => referenced(plan, s.joinCondition!));
+    .flatMap((s) => conjuncts(s.joinCondition!))
+    .map((c) => referenced(plan, c));
   const order = [first];
   const placed = new Set<PlanSource>(order);
   while (order.length < sources.length) {
