@@ -200,11 +200,11 @@ function conjuncts(condition: string): string[] {
  * written (work-settings.ts, keepsWrittenJoinOrder), so the join grows from the changed
  * rows outward, through the shadows' indexes, and never joins two whole shadows first.
  * `upTo`: the occurrences joined (a prefix, in FROM order). Null with a LEFT JOIN among
- * them (its order is its meaning), or when `first` is already first.
+ * them (its order is its meaning).
  */
 function outwardOrder(plan: TransformPlan, first: PlanSource, upTo: number): PlanSource[] | null {
   const sources = plan.sources.slice(0, upTo);
-  if (sources[0] === first || !sources.includes(first)) return null;
+  if (!sources.includes(first)) return null;
   if (sources.some((s) => s.joinType === 'left')) return null;
   const conditions = sources
     .filter((s) => s.joinCondition)
@@ -239,6 +239,13 @@ function fromOutward(
   first: PlanSource,
   rel: (s: PlanSource, at: number) => string,
   upTo: number = plan.sources.length,
+  /**
+   * A condition on `first`'s columns (its alias, or bare names) that the statement's WHERE
+   * also holds: when the join is reordered, it is applied to `first`'s rows before they are
+   * joined. A restriction in WHERE written as `… IN (SELECT …)` is planned as a semi-join,
+   * and with the join order kept that semi-join comes after the whole join.
+   */
+  restrict: string | null = null,
 ): { from: string; conditions: string } {
   const order = outwardOrder(plan, first, upTo);
   if (!order) {
@@ -247,6 +254,11 @@ function fromOutward(
         .slice(0, upTo)
         .map((s, j) => {
           const r = `${rel(s, j)} AS ${q(s.alias)}`;
+          // The FROM table is never NULL-extended (INNER and LEFT joins only): restricted
+          // before its joins, it keeps the rows WHERE would.
+          if (j === 0 && restrict && s === first) {
+            return `(SELECT * FROM ${r} WHERE ${restrict}) AS ${q(s.alias)}`;
+          }
           if (j === 0) return r;
           return `\n    ${s.joinType === 'left' ? 'LEFT JOIN' : 'JOIN'} ${r} ON (${s.joinCondition})`;
         })
@@ -258,7 +270,8 @@ function fromOutward(
     from: order
       .map((s, j) => {
         const r = `${rel(s, plan.sources.indexOf(s))} AS ${q(s.alias)}`;
-        return j === 0 ? r : `\n    CROSS JOIN ${r}`;
+        if (j > 0) return `\n    CROSS JOIN ${r}`;
+        return restrict ? `(SELECT * FROM ${r} WHERE ${restrict}) AS ${q(s.alias)}` : r;
       })
       .join(''),
     conditions:
@@ -441,15 +454,17 @@ function affectedCte(plan: TransformPlan, changed: ChangedSources): string {
   const names = driving.keyColumns.map((_, i) => `k${i + 1}`);
   const branches = (['before', 'after'] as State[]).flatMap((state) =>
     changedOccurrences(plan, changed).map((s) => {
+      const restriction = `${tuple(sourceKeys(s))} IN (${changedOf(s)})`;
       const { from, conditions } = fromOutward(
         plan,
         s,
         (o) => relation(plan, o, state, changed),
         plan.sources.indexOf(s) + 1,
+        restriction,
       );
       return `SELECT ${list(sourceKeys(driving).map((k, i) => `${k} AS ${names[i]}`))}
     FROM ${from}
-   WHERE ${withConditions(conditions, `${tuple(sourceKeys(s))} IN (${changedOf(s)})`)}`;
+   WHERE ${withConditions(conditions, restriction)}`;
     }),
   );
   const none = `SELECT ${list(driving.keyColumns.map((_, i) => `NULL::${driving.keyTypes[i]} AS ${names[i]}`))} WHERE false`;
@@ -506,7 +521,13 @@ function touchedGroups(plan: TransformPlan, changed: ChangedSources): string {
  * `IN` (index-friendly), those with one through a null-safe match in a branch that runs
  * only when such a group is there. With HAVING, whether each passes (`"trellis#kept"`).
  */
-function recomputed(plan: TransformPlan, from: string, conditions = 'true'): string {
+function recomputed(
+  plan: TransformPlan,
+  /** The FROM, or the FROM for a restriction its first relation may take (fromOutward). */
+  from: string | ((restriction: string) => string),
+  conditions = 'true',
+): string {
+  const fromFor = (restriction: string) => (typeof from === 'string' ? from : from(restriction));
   const exprs = plan.groups.map((g) => `(${g.expression})`);
   const cols = groupColumns(plan);
   const select = list([
@@ -515,17 +536,18 @@ function recomputed(plan: TransformPlan, from: string, conditions = 'true'): str
   ]);
   const g = own('g');
   const anyNull = cols.map((c) => `${c} IS NULL`).join(' OR ');
+  const inGroups = `${tuple(exprs)} IN (SELECT ${list(cols)} FROM groups)`;
   const inNullGroup = `EXISTS (
        SELECT 1 FROM groups ${g}
         WHERE (${cols.map((c) => `${g}.${c} IS NULL`).join(' OR ')})
           AND ${cols.map((c, i) => `${g}.${c} IS NOT DISTINCT FROM ${exprs[i]}`).join(' AND ')})`;
   return `SELECT ${select}
-    FROM ${from}
-   WHERE ${withConditions(conditions, restrictedWhere(`${tuple(exprs)} IN (SELECT ${list(cols)} FROM groups)`, plan.where))}
+    FROM ${fromFor(inGroups)}
+   WHERE ${withConditions(conditions, restrictedWhere(inGroups, plan.where))}
    GROUP BY ${list(plan.groupBy)}
   UNION ALL
   SELECT ${select}
-    FROM ${from}
+    FROM ${fromFor(inNullGroup)}
    WHERE (SELECT coalesce(bool_or(${anyNull}), false) FROM groups)
      AND ${withConditions(conditions, restrictedWhere(inNullGroup, plan.where))}
    GROUP BY ${list(plan.groupBy)}`;
@@ -540,7 +562,10 @@ function recomputedAfter(plan: TransformPlan, changed: ChangedSources): string {
   const read = new Set(plan.groups.flatMap((g) => [...referenced(plan, g.expression)]));
   const [first] = read;
   if (read.size !== 1 || !first) return recomputed(plan, fromIn(plan, 'after', changed));
-  const { from, conditions } = fromOutward(plan, first, (o) => relation(plan, o, 'after', changed));
+  const rel = (o: PlanSource) => relation(plan, o, 'after', changed);
+  const { conditions } = fromOutward(plan, first, rel);
+  const from = (restriction: string) =>
+    fromOutward(plan, first, rel, plan.sources.length, restriction).from;
   return recomputed(plan, from, conditions);
 }
 
