@@ -8,6 +8,7 @@ import { freshness } from './freshness.js';
 import { groupBy } from './group-by.js';
 import { groupSize } from './group-size.js';
 import { idle } from './idle.js';
+import { joinOrder } from './join-order.js';
 import { q11 } from './q11.js';
 import { redefine } from './redefine.js';
 import { scaleOut } from './scale-out.js';
@@ -28,6 +29,7 @@ export const SCENARIOS: Scenario[] = [
   groupSize,
   burst,
   q11,
+  joinOrder,
   build,
   redefine,
   scaleOut,

@@ -8,6 +8,7 @@ import { affectedDrivingKeysSql, rederiveSql } from './rederive-sql.js';
 import { isRowError } from './row-errors.js';
 import { writtenColumns } from './sql-parts.js';
 import { rederiveCounted, type Tally } from './tally.js';
+import { keepsWrittenJoinOrder, withApplySettings } from './work-settings.js';
 
 /** A changed source key as the ledger holds it: the source's id and the key as text. */
 export interface ChangedKey {
@@ -147,11 +148,13 @@ async function tryRederive(
     const counted = { keys: 0, upserted: 0, deleted: 0 };
     // Only the keys' sources (a shadow's statement then joins for those alone).
     const sources = new Set(keys.map((k) => k.s));
-    await rederiveCounted(
-      session,
-      rederiveSql(plan, changedFromList(), null, 'rederive', sources),
-      [keys],
-      counted,
+    await withApplySettings(session, keepsWrittenJoinOrder(plan, 'rederive'), () =>
+      rederiveCounted(
+        session,
+        rederiveSql(plan, changedFromList(), null, 'rederive', sources),
+        [keys],
+        counted,
+      ),
     );
     if (keep && tally) {
       tally.keys += counted.keys;

@@ -15,7 +15,7 @@ import { rederiveSql } from './rederive-sql.js';
 import { backoffMs, isRowError } from './row-errors.js';
 import type { ChangedSources } from './shadow-sql.js';
 import { type AppliedWork, appliedWork, emptyTally, rederiveCounted, type Tally } from './tally.js';
-import { enterTransformWork } from './work-settings.js';
+import { enterTransformWork, keepsWrittenJoinOrder, withApplySettings } from './work-settings.js';
 
 interface Claim {
   transform_id: number;
@@ -171,7 +171,9 @@ export async function applyChanged(
       for (const fill of deltaRefillStatements(plan)) await session.query(fill);
     }
     const sources = await changedSources(session, plan, changed, params, mode);
-    await rederiveCounted(session, rederiveSql(plan, changed, '$1', mode, sources), params, tally);
+    await withApplySettings(session, keepsWrittenJoinOrder(plan, mode), () =>
+      rederiveCounted(session, rederiveSql(plan, changed, '$1', mode, sources), params, tally),
+    );
     if (mode === 'recompute' && plan.delta) await analyzeRefilled(session, plan);
     await session.query('RELEASE SAVEPOINT trellis_page');
     return { failure: null, tally, paused: false };

@@ -133,6 +133,162 @@ function fromIn(
 }
 
 /**
+ * The occurrences a join condition names (ADR 0074): `alias.column`, or a bare column name
+ * one occurrence's shadow holds (a bare name is unambiguous, or the definition would not
+ * have validated). String literals are left aside.
+ */
+function referenced(plan: TransformPlan, condition: string): Set<PlanSource> {
+  const found = new Set<PlanSource>();
+  const text = condition.replace(/'(?:[^']|'')*'/g, "''");
+  const ident = `(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)`;
+  const unquote = (x: string) =>
+    x.startsWith('"') ? x.slice(1, -1).replace(/""/g, '"') : x.toLowerCase();
+  const pattern = new RegExp(String.raw`(${ident})(?:\s*\.\s*(${ident}))?`, 'g');
+  for (const m of text.matchAll(pattern)) {
+    const start = m.index ?? 0;
+    // Not a name's tail (`x.y` is read whole) nor a number's (`1e5`).
+    if (start > 0 && /[A-Za-z0-9_$."]/.test(text[start - 1]!)) continue;
+    if (m[2] !== undefined) {
+      const alias = unquote(m[1]!);
+      for (const s of plan.sources) if (s.alias === alias) found.add(s);
+      continue;
+    }
+    const name = unquote(m[1]!);
+    for (const s of plan.sources) {
+      if (plan.shadow?.find((x) => x.ordinal === s.ordinal)?.columns.some((c) => c.name === name)) {
+        found.add(s);
+      }
+    }
+  }
+  return found;
+}
+
+/**
+ * A condition's terms ANDed at its top level (`a = b AND c = d`: two), so that each names
+ * only the occurrences it needs; brackets, string literals, quoted names and `BETWEEN x AND
+ * y` are kept whole. A term the split gets wrong only joins later than it could.
+ */
+function conjuncts(condition: string): string[] {
+  const terms: string[] = [];
+  let depth = 0;
+  let start = 0;
+  let between = 0;
+  const words = /'(?:[^']|'')*'|"(?:[^"]|"")*"|[()]|\b(?:and|between)\b/gi;
+  for (const m of condition.matchAll(words)) {
+    const token = m[0].toLowerCase();
+    if (token === '(') depth++;
+    else if (token === ')') depth--;
+    else if (depth === 0 && token === 'between') between++;
+    else if (depth === 0 && token === 'and') {
+      if (between > 0) between--;
+      else {
+        terms.push(condition.slice(start, m.index));
+        start = (m.index ?? 0) + m[0].length;
+      }
+    }
+  }
+  terms.push(condition.slice(start));
+  const kept = terms.map((t) => t.trim()).filter((t) => t.length > 0);
+  return kept.length ? kept : [condition];
+}
+
+/**
+ * Over inner joins, the occurrences in the order a statement restricted to `first`'s
+ * changed rows joins them (ADR 0074): `first`, then each time the first occurrence, in
+ * FROM order, that a join condition connects to those already joined (every occurrence it
+ * names joined, one of them before). Statements over the shadows are planned in the order
+ * written (work-settings.ts, keepsWrittenJoinOrder), so the join grows from the changed
+ * rows outward, through the shadows' indexes, and never joins two whole shadows first.
+ * `upTo`: the occurrences joined (a prefix, in FROM order). Null with a LEFT JOIN among
+ * them (its order is its meaning).
+ */
+function outwardOrder(plan: TransformPlan, first: PlanSource, upTo: number): PlanSource[] | null {
+  const sources = plan.sources.slice(0, upTo);
+  if (!sources.includes(first)) return null;
+  if (sources.some((s) => s.joinType === 'left')) return null;
+  const conditions = sources
+    .filter((s) => s.joinCondition)
+    .flatMap((s) => conjuncts(s.joinCondition!))
+    .map((c) => referenced(plan, c));
+  const order = [first];
+  const placed = new Set<PlanSource>(order);
+  while (order.length < sources.length) {
+    const unplaced = sources.filter((s) => !placed.has(s));
+    const next =
+      unplaced.find((candidate) =>
+        conditions.some(
+          (names) =>
+            names.has(candidate) &&
+            [...names].some((n) => placed.has(n)) &&
+            [...names].every((n) => n === candidate || placed.has(n)),
+        ),
+      ) ?? unplaced[0]!;
+    order.push(next);
+    placed.add(next);
+  }
+  return order;
+}
+
+/**
+ * The definition's FROM over the relations `rel` gives each occurrence, joined from
+ * `first`'s rows outward where the joins allow it (outwardOrder), else as written; with the
+ * conditions to AND into WHERE (`conditions`, 'true' when they stay in the joins).
+ */
+function fromOutward(
+  plan: TransformPlan,
+  first: PlanSource,
+  rel: (s: PlanSource, at: number) => string,
+  upTo: number = plan.sources.length,
+  /**
+   * A condition on `first`'s columns (its alias, or bare names) that the statement's WHERE
+   * also holds: when the join is reordered, it is applied to `first`'s rows before they are
+   * joined. A restriction in WHERE written as `… IN (SELECT …)` is planned as a semi-join,
+   * and with the join order kept that semi-join comes after the whole join.
+   */
+  restrict: string | null = null,
+): { from: string; conditions: string } {
+  const order = outwardOrder(plan, first, upTo);
+  if (!order) {
+    return {
+      from: plan.sources
+        .slice(0, upTo)
+        .map((s, j) => {
+          const r = `${rel(s, j)} AS ${q(s.alias)}`;
+          // The FROM table is never NULL-extended (INNER and LEFT joins only): restricted
+          // before its joins, it keeps the rows WHERE would.
+          if (j === 0 && restrict && s === first) {
+            return `(SELECT * FROM ${r} WHERE ${restrict}) AS ${q(s.alias)}`;
+          }
+          if (j === 0) return r;
+          return `\n    ${s.joinType === 'left' ? 'LEFT JOIN' : 'JOIN'} ${r} ON (${s.joinCondition})`;
+        })
+        .join(''),
+      conditions: 'true',
+    };
+  }
+  return {
+    from: order
+      .map((s, j) => {
+        const r = `${rel(s, plan.sources.indexOf(s))} AS ${q(s.alias)}`;
+        if (j > 0) return `\n    CROSS JOIN ${r}`;
+        return restrict ? `(SELECT * FROM ${r} WHERE ${restrict}) AS ${q(s.alias)}` : r;
+      })
+      .join(''),
+    conditions:
+      plan.sources
+        .slice(0, upTo)
+        .filter((s) => s.joinCondition)
+        .map((s) => `(${s.joinCondition})`)
+        .join(' AND ') || 'true',
+  };
+}
+
+/** `where` with `conditions` (fromOutward's) before it, 'true' left out. */
+function withConditions(conditions: string, where: string): string {
+  return conditions === 'true' ? where : `${conditions} AND ${where}`;
+}
+
+/**
  * Kept by delta (ADR 0067): a join row's delta columns, each GROUP BY expression as
  * `"g<n>"` and each aggregate input as `"i<n>"` (as a join-row key map holds them, ADR 0044).
  */
@@ -186,7 +342,6 @@ function signedRelation(plan: TransformPlan, source: PlanSource): string {
  */
 export function shadowSignedRows(plan: TransformPlan, changed: ChangedSources): string {
   const occurrences = changedOccurrences(plan, changed);
-  const where = plan.where ? `\n   WHERE (${plan.where})` : '';
   if (hasLeftJoin(plan) && occurrences.length > 0) return leftSignedRows(plan, changed);
   if (occurrences.length === 0) {
     return `SELECT ${list(['1 AS sign', ...deltaColumns(plan)])}
@@ -195,18 +350,17 @@ export function shadowSignedRows(plan: TransformPlan, changed: ChangedSources): 
   return occurrences
     .map((occurrence) => {
       const at = plan.sources.indexOf(occurrence);
-      const from = plan.sources
-        .map((s, j) => {
-          const rel =
-            s === occurrence
-              ? signedRelation(plan, s)
-              : relation(plan, s, j < at ? 'after' : 'before', changed);
-          if (j === 0) return `${rel} AS ${q(s.alias)}`;
-          return `\n    JOIN ${rel} AS ${q(s.alias)} ON (${s.joinCondition})`;
-        })
-        .join('');
+      const { from, conditions } = fromOutward(plan, occurrence, (s, j) =>
+        s === occurrence
+          ? signedRelation(plan, s)
+          : relation(plan, s, j < at ? 'after' : 'before', changed),
+      );
+      const filter = [
+        ...(conditions === 'true' ? [] : [conditions]),
+        ...(plan.where ? [`(${plan.where})`] : []),
+      ];
       return `SELECT ${list([`${q(occurrence.alias)}.${own('sign')} AS sign`, ...deltaColumns(plan)])}
-    FROM ${from}${where}`;
+    FROM ${from}${filter.length ? `\n   WHERE ${filter.join(' AND ')}` : ''}`;
     })
     .join('\n  UNION ALL\n  ');
 }
@@ -299,11 +453,19 @@ function affectedCte(plan: TransformPlan, changed: ChangedSources): string {
   const driving = plan.sources[0]!;
   const names = driving.keyColumns.map((_, i) => `k${i + 1}`);
   const branches = (['before', 'after'] as State[]).flatMap((state) =>
-    changedOccurrences(plan, changed).map(
-      (s) => `SELECT ${list(sourceKeys(driving).map((k, i) => `${k} AS ${names[i]}`))}
-    FROM ${fromIn(plan, state, changed, null, plan.sources.indexOf(s) + 1)}
-   WHERE ${tuple(sourceKeys(s))} IN (${changedOf(s)})`,
-    ),
+    changedOccurrences(plan, changed).map((s) => {
+      const restriction = `${tuple(sourceKeys(s))} IN (${changedOf(s)})`;
+      const { from, conditions } = fromOutward(
+        plan,
+        s,
+        (o) => relation(plan, o, state, changed),
+        plan.sources.indexOf(s) + 1,
+        restriction,
+      );
+      return `SELECT ${list(sourceKeys(driving).map((k, i) => `${k} AS ${names[i]}`))}
+    FROM ${from}
+   WHERE ${withConditions(conditions, restriction)}`;
+    }),
   );
   const none = `SELECT ${list(driving.keyColumns.map((_, i) => `NULL::${driving.keyTypes[i]} AS ${names[i]}`))} WHERE false`;
   return `affected AS MATERIALIZED (
@@ -335,11 +497,15 @@ function touched(plan: TransformPlan, changed: ChangedSources): string[] {
   }
   // The restriction repeats what the occurrence's rows already are: it keeps WHERE from
   // being evaluated on rows of the other occurrences that join no changed row.
-  return changedOccurrences(plan, changed).map(
-    (s) => `SELECT ${select}
-    FROM ${fromIn(plan, 'union', changed, s)}
-   WHERE ${restrictedWhere(`${tuple(sourceKeys(s))} IN (${changedOf(s)})`, plan.where)}`,
-  );
+  return changedOccurrences(plan, changed).map((s) => {
+    const { from, conditions } = fromOutward(plan, s, (o) =>
+      relation(plan, o, o === s ? 'changed' : 'union', changed),
+    );
+    const restricted = restrictedWhere(`${tuple(sourceKeys(s))} IN (${changedOf(s)})`, plan.where);
+    return `SELECT ${select}
+    FROM ${from}
+   WHERE ${withConditions(conditions, restricted)}`;
+  });
 }
 
 /** The body of the `groups` CTE: the touched groups (none when no source changed). */
@@ -355,7 +521,13 @@ function touchedGroups(plan: TransformPlan, changed: ChangedSources): string {
  * `IN` (index-friendly), those with one through a null-safe match in a branch that runs
  * only when such a group is there. With HAVING, whether each passes (`"trellis#kept"`).
  */
-function recomputed(plan: TransformPlan, from: string): string {
+function recomputed(
+  plan: TransformPlan,
+  /** The FROM, or the FROM for a restriction its first relation may take (fromOutward). */
+  from: string | ((restriction: string) => string),
+  conditions = 'true',
+): string {
+  const fromFor = (restriction: string) => (typeof from === 'string' ? from : from(restriction));
   const exprs = plan.groups.map((g) => `(${g.expression})`);
   const cols = groupColumns(plan);
   const select = list([
@@ -364,20 +536,37 @@ function recomputed(plan: TransformPlan, from: string): string {
   ]);
   const g = own('g');
   const anyNull = cols.map((c) => `${c} IS NULL`).join(' OR ');
+  const inGroups = `${tuple(exprs)} IN (SELECT ${list(cols)} FROM groups)`;
   const inNullGroup = `EXISTS (
        SELECT 1 FROM groups ${g}
         WHERE (${cols.map((c) => `${g}.${c} IS NULL`).join(' OR ')})
           AND ${cols.map((c, i) => `${g}.${c} IS NOT DISTINCT FROM ${exprs[i]}`).join(' AND ')})`;
   return `SELECT ${select}
-    FROM ${from}
-   WHERE ${restrictedWhere(`${tuple(exprs)} IN (SELECT ${list(cols)} FROM groups)`, plan.where)}
+    FROM ${fromFor(inGroups)}
+   WHERE ${withConditions(conditions, restrictedWhere(inGroups, plan.where))}
    GROUP BY ${list(plan.groupBy)}
   UNION ALL
   SELECT ${select}
-    FROM ${from}
+    FROM ${fromFor(inNullGroup)}
    WHERE (SELECT coalesce(bool_or(${anyNull}), false) FROM groups)
-     AND ${restrictedWhere(inNullGroup, plan.where)}
+     AND ${withConditions(conditions, restrictedWhere(inNullGroup, plan.where))}
    GROUP BY ${list(plan.groupBy)}`;
+}
+
+/**
+ * The touched groups recomputed over the state after the changes: joined from the
+ * occurrence the GROUP BY reads (when it reads one alone), outward (fromOutward), so the
+ * join starts at the groups' rows through the shadow's index on the GROUP BY columns.
+ */
+function recomputedAfter(plan: TransformPlan, changed: ChangedSources): string {
+  const read = new Set(plan.groups.flatMap((g) => [...referenced(plan, g.expression)]));
+  const [first] = read;
+  if (read.size !== 1 || !first) return recomputed(plan, fromIn(plan, 'after', changed));
+  const rel = (o: PlanSource) => relation(plan, o, 'after', changed);
+  const { conditions } = fromOutward(plan, first, rel);
+  const from = (restriction: string) =>
+    fromOutward(plan, first, rel, plan.sources.length, restriction).from;
+  return recomputed(plan, from, conditions);
 }
 
 /**
@@ -497,7 +686,7 @@ groups AS MATERIALIZED (
   ${touchedGroups(plan, changed)}
 ),
 aggregated AS MATERIALIZED (
-  ${recomputed(plan, fromIn(plan, 'after', changed))}
+  ${recomputedAfter(plan, changed)}
 ),
 ${derivedCte(plan)}${shadowReplaced(plan, changed)}
 ${written(plan)}

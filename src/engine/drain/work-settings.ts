@@ -1,5 +1,6 @@
 import type { Session } from '../db/session.js';
 import { LOCK_CLASS } from '../internal/advisory-locks.js';
+import type { ApplyMode } from './apply-choice.js';
 import type { TransformPlan } from './plan.js';
 
 /** The transform each session last entered work for (what a drain loop's step was spent on). */
@@ -37,4 +38,61 @@ export async function enterTransformWork(
     [schema, plan.searchPath, plan.settings, LOCK_CLASS.serving, plan.id],
   );
   entered.set(session, plan.id);
+}
+
+/**
+ * Whether the statement applying changes to `plan` in `mode` is planned in the join order
+ * the engine wrote (ADR 0074; withApplySettings): a GROUP BY over a join whose key map is
+ * a shadow, read by group or by delta. Those statements join the sources' shadows, each a UNION ALL of the
+ * shadow and the changed rows, restricted by the changed keys (a CTE scan, estimated at one
+ * row whatever it holds): left to choose, the planner builds nested loops over whole
+ * shadows on the strength of those one-row estimates (TPC-H Q5: seconds per statement,
+ * tens of seconds to converge, where the written order takes milliseconds). The whole
+ * target recomputed (mode 'recompute') reads the sources themselves, with their
+ * statistics, and keeps the planner's choice.
+ */
+export function keepsWrittenJoinOrder(plan: TransformPlan, mode: ApplyMode): boolean {
+  return plan.mapKind === 'shadow' && mode !== 'recompute' && plan.sources.length > 1;
+}
+
+/**
+ * Runs `run` (one statement applying changes) under the settings such a statement is
+ * planned with (ADR 0074), then puts them back as they were (a failure rolls them back
+ * with the savepoint the caller holds):
+ *
+ * - JIT off. The planner cannot see how few rows the changes are (the `changed` CTE), its
+ *   cost estimate for a statement of a dozen CTEs passes jit_optimize_above_cost, and
+ *   compiling the plan (a thousand functions and more) took 40 s of a 5 s statement in
+ *   TPC-H Q18 (the same finding as _wal_append's, 0017).
+ * - With `writtenOrder` (keepsWrittenJoinOrder), join_collapse_limit and
+ *   from_collapse_limit at 1: the joins are planned in the order the engine wrote them.
+ *
+ * `trellis.apply_settings = 'off'` (a database or role setting) leaves the planner its own
+ * settings: what the bench (`join-order`) compares against.
+ */
+export async function withApplySettings<T>(
+  session: Session,
+  writtenOrder: boolean,
+  run: () => Promise<T>,
+): Promise<T> {
+  const [was] = await session.query<{ jit: string; j: string; f: string; apply: boolean }>(
+    `WITH s AS MATERIALIZED (
+       SELECT current_setting('jit') AS jit, current_setting('join_collapse_limit') AS j,
+              current_setting('from_collapse_limit') AS f,
+              coalesce(current_setting('trellis.apply_settings', true), '') IS DISTINCT FROM 'off' AS apply)
+     SELECT jit, j, f, apply,
+            CASE WHEN apply THEN set_config('jit', 'off', true) END AS jit_set,
+            CASE WHEN apply AND $1::boolean THEN set_config('join_collapse_limit', '1', true) END AS j_set,
+            CASE WHEN apply AND $1::boolean THEN set_config('from_collapse_limit', '1', true) END AS f_set
+       FROM s`,
+    [writtenOrder],
+  );
+  if (!was?.apply) return run();
+  const result = await run();
+  await session.query(
+    `SELECT set_config('jit', $1, true),
+            set_config('join_collapse_limit', $2, true), set_config('from_collapse_limit', $3, true)`,
+    [was.jit, was.j, was.f],
+  );
+  return result;
 }
