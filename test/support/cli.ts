@@ -21,7 +21,13 @@ export function trellisCli(
     execFile(
       CLI_COMMAND[0],
       [...CLI_COMMAND.slice(1), ...args],
-      { env: { ...process.env, DATABASE_URL: undefined, ...env }, timeout: 150_000 },
+      {
+        env: { ...process.env, DATABASE_URL: undefined, ...env },
+        timeout: 150_000,
+        // `trellis sql install` prints every migration: over execFile's 1 MiB default since
+        // schema version 60 (the child is killed at the limit, code -1).
+        maxBuffer: 64 * 1024 * 1024,
+      },
       (error, stdout, stderr) => {
         const code = error ? (typeof error.code === 'number' ? error.code : -1) : 0;
         resolve({ code, stdout, stderr });
