@@ -425,7 +425,8 @@ describe('TPC-H, all 22 queries as the specification writes them', () => {
             const converged = new Map<string, number>();
             await Promise.all(
               Q.map(async (d) => {
-                // Q5 can take a minute and more here (the finding in the report / README).
+                // About a second each on an idle machine; generous for a loaded one (Q5 took
+                // 40-100 s there before ADR 0074).
                 await awaitConvergedWithin(trellis, d.target, token, timeoutFor(240_000));
                 converged.set(d.target, Date.now() - after);
               }),
