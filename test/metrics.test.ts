@@ -3,7 +3,7 @@ import { Trellis } from '../src/engine/index.js';
 import { recordSelfCheck } from '../src/engine/metrics/self-check.js';
 import { livePipeline } from './support/live.js';
 import { type Definition, expectMatchesDefinition } from './support/oracle.js';
-import { type Scrape, scrape } from './support/prometheus.js';
+import { type Scrape, scrape, scrapeUntil } from './support/prometheus.js';
 import { quietLogger, rejection, waitFor, waitForStatus } from './support/trellis.js';
 
 // Issue #12: what renderPrometheus() shows while a workload runs, read back with a
@@ -14,22 +14,6 @@ import { quietLogger, rejection, waitFor, waitForStatus } from './support/trelli
 const live = livePipeline({ quarantineThreshold: 1_000, capture: 'trigger' });
 
 const instance = () => live.trellis.instance;
-
-/** Scrapes until `check` holds (fails after `timeoutMs`, with the last scrape's text). */
-async function scrapeUntil(
-  check: (s: Scrape) => boolean,
-  what: string,
-  timeoutMs = 20_000,
-): Promise<Scrape> {
-  const deadline = Date.now() + timeoutMs;
-  let last: Scrape | undefined;
-  while (Date.now() < deadline) {
-    last = await scrape();
-    if (check(last)) return last;
-    await new Promise((resolve) => setTimeout(resolve, 100)); // the poll interval of this wait
-  }
-  throw new Error(`timed out waiting for ${what}; last scrape:\n${last?.text}`);
-}
 
 async function settle(...defs: Definition[]): Promise<void> {
   const token = await live.trellis.watermarkToken();

@@ -3,7 +3,7 @@ import { waitUntilOnTheSlot } from './support/capture-mode.js';
 import { sqlClient } from './support/database.js';
 import { livePipeline } from './support/live.js';
 import { type Definition, linkChains, transformStatement } from './support/oracle.js';
-import { scrape } from './support/prometheus.js';
+import { scrapeUntil } from './support/prometheus.js';
 import { waitFor, waitForStatus } from './support/trellis.js';
 
 // WAL capture (ADR 0023) end to end: a replication slot feeds the ledger, the sources carry
@@ -77,9 +77,11 @@ describe('WAL capture', () => {
     ]);
     expect(status.capture.slot?.retainedBytes).toBeGreaterThanOrEqual(0);
     expect(status.capture.slot?.limitBytes).toBe(4 * 1024 ** 3);
-    const metrics = await scrape();
     const instance = { trellis_instance: `${live.db.name}/trellis` };
-    expect(metrics.value('trellis_capture_sources', { ...instance, mode: 'logical' })).toBe(4);
+    const metrics = await scrapeUntil(
+      (s) => s.value('trellis_capture_sources', { ...instance, mode: 'logical' }) === 4,
+      'four sources captured from the slot in the metrics',
+    );
     expect(metrics.value('trellis_capture_sources', { ...instance, mode: 'trigger' })).toBe(0);
     expect(metrics.value('trellis_wal_retained_bytes', instance)).toBeGreaterThanOrEqual(0);
     expect(metrics.value('trellis_wal_retention_limit_bytes', instance)).toBe(4 * 1024 ** 3);

@@ -127,14 +127,25 @@ interface Progress {
   decoded: boolean;
 }
 
-/** One check a wait asks for: a transform's progress on a snapshot, or a fresh snapshot. */
+/** One check a wait asks for: a transform's progress on a snapshot (null: the round's). */
 interface Check {
   wait: Wait;
-  transform: string | number | null;
+  transform: string | number;
   snap: string | null;
   lsn: string | null;
-  resolve: (result: { progress: Progress | null; snapshot: Token }) => void;
+  /** It asks again what was not there yet (paced), rather than a wait's next step. */
+  poll: boolean;
+  resolve: (result: Checked) => void;
 }
+
+/** A check's answer: the transform's progress, and the snapshot of the round. */
+interface Checked {
+  progress: Progress;
+  snapshot: Token;
+}
+
+/** A check that asks again (`Check.poll`). */
+const POLL = true;
 
 interface Wait {
   settled: boolean;
@@ -210,22 +221,39 @@ export class ConvergenceWaits {
       this.gap = FIRST_CHECK_MS;
 
       /**
-       * The snapshot to converge `t` on for `on`, and `t`'s progress on it. With a slot,
+       * The snapshot to converge `t` on for `on` (a token, or `fresh`: the snapshot and WAL
+       * position of the round that checks it), and `t`'s progress on it. With a slot,
        * writes `on` covers may still be in the WAL: once the slot has acknowledged past
        * its position they are in the ledger, in transactions the snapshot of a later
        * round sees (this round's was taken before it read the slot's position).
        */
       const settle = async (
         t: string | number,
-        on: Token,
-      ): Promise<{ snap: string; state: { progress: Progress; snapshot: Token } }> => {
-        let state = await this.check(wait, t, on.snap, on.lsn);
-        if (!state.progress.found || !state.progress.wal || on.lsn === null) {
-          return { snap: on.snap, state };
+        on: Token | 'fresh',
+      ): Promise<{ snap: string; state: Checked }> => {
+        let state =
+          on === 'fresh' ? await this.check(wait, t, null) : await this.check(wait, t, on);
+        const token = on === 'fresh' ? state.snapshot : on;
+        if (!state.progress.found || !state.progress.wal || token.lsn === null) {
+          return { snap: token.snap, state };
         }
-        while (!state.progress.decoded) state = await this.check(wait, t, on.snap, on.lsn);
-        const later = (await this.snapshot(wait)).snap;
-        return { snap: later, state: await this.check(wait, t, later, null) };
+        while (!state.progress.decoded) state = await this.check(wait, t, token, POLL);
+        const later = await this.check(wait, t, null);
+        return { snap: later.snapshot.snap, state: later };
+      };
+
+      // Each upstream transform converges on the token once per wait, however many paths
+      // lead to it (a set operation's parts share branches: walked path by path, the waits
+      // grew with the paths, not the parts), and upstreams of one transform converge side
+      // by side, so their checks share rounds.
+      const upstreamDone = new Map<number, Promise<void>>();
+      const convergeUpstream = (up: number, on: Token): Promise<void> => {
+        let done = upstreamDone.get(up);
+        if (done === undefined) {
+          done = converge(up, on);
+          upstreamDone.set(up, done);
+        }
+        return done;
       };
 
       const converge = async (t: string | number, on: Token): Promise<void> => {
@@ -237,12 +265,10 @@ export class ConvergenceWaits {
           return; // an upstream transform dropped meanwhile
         }
         refuseIfPaused(target, first.state.progress);
-        for (const up of first.state.progress.upstream) await converge(up, on);
+        await Promise.all(first.state.progress.upstream.map((up) => convergeUpstream(up, on)));
         // Upstream writes happened after `on`: wait for them through a fresh snapshot.
         const chained = first.state.progress.upstream.length > 0;
-        const { snap: start, state: startState } = chained
-          ? await settle(t, await this.snapshot(wait))
-          : first;
+        const { snap: start, state: startState } = chained ? await settle(t, 'fresh') : first;
         let current = start;
         let state = startState;
         // Where rows can come or go without DML, a change the token saw (an ATTACH, say)
@@ -250,15 +276,18 @@ export class ConvergenceWaits {
         // on a snapshot of a round that saw the sources settled, which sees those keys.
         let pinned = !state.progress.members;
         for (;;) {
+          // Not there yet (a poll, paced), or a step on (checked in the next round).
+          let poll = POLL;
           if (!state.progress.settled) {
             pinned = false;
           } else if (!pinned) {
             current = state.snapshot.snap;
             pinned = true;
+            poll = !POLL;
           } else if (state.progress.covered) {
             return;
           }
-          state = await this.check(wait, t, current, null);
+          state = await this.check(wait, t, { snap: current, lsn: null }, poll);
           if (state.progress.found) refuseIfPaused(target, state.progress);
         }
       };
@@ -292,41 +321,38 @@ export class ConvergenceWaits {
     this.queue = [];
   }
 
-  /** A transform's progress on `snap`, and the snapshot of the round that checked it. */
+  /**
+   * A transform's progress on `on` (null: on the snapshot and WAL position of the round
+   * that checks it), and that round's snapshot. A `poll` asks again what was not there
+   * yet, and is paced; any other check is a wait's next step, made in the next round.
+   */
   private check(
     wait: Wait,
     transform: string | number,
-    snap: string,
-    lsn: string | null,
-  ): Promise<{ progress: Progress; snapshot: Token }> {
-    return this.enqueue(wait, transform, snap, lsn).then((r) => ({
-      progress: r.progress!,
-      snapshot: r.snapshot,
-    }));
-  }
-
-  /** A fresh token: the snapshot and WAL position of the next round. */
-  private snapshot(wait: Wait): Promise<Token> {
-    return this.enqueue(wait, null, null, null).then((r) => r.snapshot);
-  }
-
-  /** Queues a check for the next round; a wait that has settled never gets its answer. */
-  private enqueue(
-    wait: Wait,
-    transform: string | number | null,
-    snap: string | null,
-    lsn: string | null,
-  ): Promise<{ progress: Progress | null; snapshot: Token }> {
+    on: Token | null,
+    poll = !POLL,
+  ): Promise<Checked> {
     return new Promise((resolve) => {
-      this.queue.push({ wait, transform, snap, lsn, resolve });
+      this.queue.push({
+        wait,
+        transform,
+        snap: on?.snap ?? null,
+        lsn: on?.lsn ?? null,
+        poll,
+        resolve,
+      });
       this.schedule();
     });
   }
 
-  /** The next round of checks: one at a time, FIRST_CHECK_MS to MAX_CHECK_MS apart. */
+  /**
+   * The next round of checks, one at a time: at once when a wait has a next step to check,
+   * else (every check a poll) FIRST_CHECK_MS to MAX_CHECK_MS after the last.
+   */
   private schedule(): void {
     if (this.checking || this.timer !== undefined || this.shutDown) return;
-    const delay = Math.max(0, this.lastCheck + this.gap - Date.now());
+    const stepping = this.queue.some((c) => !c.poll && !c.wait.settled);
+    const delay = stepping ? 0 : Math.max(0, this.lastCheck + this.gap - Date.now());
     this.timer = setTimeout(() => {
       this.timer = undefined;
       void this.round();
@@ -344,7 +370,7 @@ export class ConvergenceWaits {
         return this.query(session, checks);
       });
       checks.forEach((c, i) => {
-        c.resolve({ progress: result.progress[i] ?? null, snapshot: result.snapshot });
+        c.resolve({ progress: result.progress[i]!, snapshot: result.snapshot });
       });
     } catch (error) {
       const failure =
@@ -355,23 +381,26 @@ export class ConvergenceWaits {
     } finally {
       this.checking = false;
       this.lastCheck = Date.now();
-      this.gap = Math.min(MAX_CHECK_MS, this.gap * 2);
+      // Polls back off; a wait that stepped on looks again soon.
+      this.gap = checks.some((c) => !c.poll)
+        ? FIRST_CHECK_MS
+        : Math.min(MAX_CHECK_MS, this.gap * 2);
       if (this.queue.length > 0) this.schedule();
     }
   }
 
   /**
-   * Every check of a round in one query, with the current snapshot for those asking one.
-   * Identical checks (many waits on one transform and token) are made once.
+   * Every check of a round in one query, and the round's snapshot and WAL position (those
+   * of checks on the round's own). Identical checks (many waits on one transform and
+   * token) are made once.
    */
   private async query(
     session: Session,
     checks: Check[],
-  ): Promise<{ progress: Array<Progress | null>; snapshot: Token }> {
+  ): Promise<{ progress: Array<Progress | undefined>; snapshot: Token }> {
     const s = quoteIdent(this.schema);
     const unique = new Map<string, number>();
     const of = checks.map((c) => {
-      if (c.snap === null || c.transform === null) return -1;
       const key = `${typeof c.transform}:${c.transform}:${c.snap}:${c.lsn}`;
       let index = unique.get(key);
       if (index === undefined) {
@@ -410,7 +439,7 @@ export class ConvergenceWaits {
                          -- Rows attached or detached without DML are re-derived too
                          -- (corrections): not covered until they are.
                          'settled', coalesce(st.settled, false),
-                         'covered', coalesce(st.settled AND ${s}._converged(t.id, r.snap::pg_snapshot), false),
+                         'covered', coalesce(st.settled AND ${s}._converged(t.id, coalesce(r.snap::pg_snapshot, pg_current_snapshot())), false),
                          'members', EXISTS (
                            SELECT 1 FROM ${s}.transform_sources ts
                              LEFT JOIN ${s}.sources src ON src.source_oid = ts.source_oid
@@ -423,7 +452,8 @@ export class ConvergenceWaits {
                          -- union's table (fed by its branches, ADR 0059).
                          'upstream', ARRAY(SELECT ${s}._upstream_ids(t.id)),
                          'wal', (SELECT c.wal_slot IS NOT NULL FROM ${s}.config c),
-                         'decoded', ${s}._wal_decoded(r.lsn::pg_lsn))
+                         'decoded', ${s}._wal_decoded(CASE WHEN r.snap IS NULL THEN pg_current_wal_insert_lsn()
+                                                                     ELSE r.lsn::pg_lsn END))
                          ORDER BY r.ord)
                   FROM unnest($1::text[], $2::int[], $3::text[], $4::text[])
                        WITH ORDINALITY AS r(name, id, snap, lsn, ord)
@@ -457,7 +487,7 @@ export class ConvergenceWaits {
       await session.query('SELECT pg_current_xact_id()');
     }
     return {
-      progress: of.map((i) => found[i] ?? null),
+      progress: of.map((i) => found[i]),
       snapshot: { snap: row!.snapshot, lsn: row!.lsn },
     };
   }

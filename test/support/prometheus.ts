@@ -78,6 +78,26 @@ export async function scrape(): Promise<Scrape> {
   return parseScrape(await renderPrometheus());
 }
 
+/**
+ * Scrapes until `check` holds (fails after `timeoutMs`, with the last scrape's text). The
+ * catalog's gauges are read from a snapshot up to a second old (SNAPSHOT_MAX_AGE_MS): a
+ * state just reached shows in a later scrape.
+ */
+export async function scrapeUntil(
+  check: (s: Scrape) => boolean,
+  what: string,
+  timeoutMs = 20_000,
+): Promise<Scrape> {
+  const deadline = Date.now() + timeoutMs;
+  let last: Scrape | undefined;
+  while (Date.now() < deadline) {
+    last = await scrape();
+    if (check(last)) return last;
+    await new Promise((resolve) => setTimeout(resolve, 100)); // the poll interval of this wait
+  }
+  throw new Error(`timed out waiting for ${what}; last scrape:\n${last?.text}`);
+}
+
 /** A scrape's text (from `renderPrometheus()` or a `/metrics` endpoint), parsed. */
 export function parseScrape(text: string): Scrape {
   const parsed = parsePrometheusTextFormat(text) as ParsedFamily[];

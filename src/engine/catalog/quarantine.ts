@@ -269,7 +269,7 @@ export async function releaseKey(
       );
     }
     const plan = await loadPlan(session, schema, a.transformId);
-    await enterTransformWork(session, schema, plan);
+    await enterTransformWork(session, schema, plan, true);
     await applyKeysBisecting(session, schema, plan, [{ s: held.source_id, k: held.key }], log);
     // Held again by this transaction (held_at is its start), wherever the failure is now.
     const [again] = await session.query<{

@@ -73,7 +73,7 @@ export async function applyPage(
     );
     if (!claim) return null;
     const plan = await plans.load(session, claim.transform_id);
-    await enterTransformWork(session, schema, plan);
+    await enterTransformWork(session, schema, plan, true);
     // Another loop claimed a page of this transform at the same moment, and this one is
     // the last left for every other transform's work: it leaves the page (ADR 0045).
     const [yielded] = await session.query<{ y: boolean }>(`SELECT ${s}._drain_yield($1) AS y`, [

@@ -6,6 +6,14 @@ import type { TransformPlan } from './plan.js';
 /** The transform each session last entered work for (what a drain loop's step was spent on). */
 const entered = new WeakMap<Session, number>();
 
+/**
+ * Sessions whose transaction entered work to apply changes with JIT already off
+ * (enterTransformWork with `applying`): their apply statements need no setting of their own
+ * unless they keep the written join order. Every transaction entering transform work sets
+ * its session's entry, so none outlives its transaction.
+ */
+const jitOffForApplying = new WeakMap<Session, boolean>();
+
 /** The transform `session` entered work for since the last call, if any; forgets it. */
 export function takeEnteredTransform(session: Session): number | undefined {
   const id = entered.get(session);
@@ -23,21 +31,31 @@ export function takeEnteredTransform(session: Session): number | undefined {
  * catalog queries around them keep their cached plans). It also takes the transform's
  * serving lock (shared, to the end of the transaction): other loops see that the
  * transform is being served, and take other transforms' work first (ADR 0045).
+ *
+ * With `applying` (the transaction applies changes: drain pages, held keys, repairs; or
+ * compares a target with its definition over a batch of keys: self-checks), JIT is turned
+ * off for the rest of it in the same statement (withApplySettings says why): one setting
+ * per transaction, not two round trips per applied range. Builds keep JIT.
  */
 export async function enterTransformWork(
   session: Session,
   schema: string,
   plan: TransformPlan,
+  applying = false,
 ): Promise<void> {
-  await session.query(
+  const [row] = await session.query<{ jit_off: boolean }>(
     `SELECT set_config('trellis.maintaining', $1, true), set_config('search_path', $2, true),
             set_config('plan_cache_mode', 'force_custom_plan', true),
             (SELECT count(set_config(s.key, s.value, true)) FROM jsonb_each_text($3::jsonb) s
               WHERE current_setting(s.key) IS DISTINCT FROM s.value),
-            pg_advisory_xact_lock_shared($4, hashtext($1 || ':' || $5::int))`,
-    [schema, plan.searchPath, plan.settings, LOCK_CLASS.serving, plan.id],
+            pg_advisory_xact_lock_shared($4, hashtext($1 || ':' || $5::int)),
+            CASE WHEN $6::boolean
+                  AND coalesce(current_setting('trellis.apply_settings', true), '') IS DISTINCT FROM 'off'
+                 THEN set_config('jit', 'off', true) = 'off' ELSE false END AS jit_off`,
+    [schema, plan.searchPath, plan.settings, LOCK_CLASS.serving, plan.id, applying],
   );
   entered.set(session, plan.id);
+  jitOffForApplying.set(session, row?.jit_off === true);
 }
 
 /**
@@ -75,6 +93,8 @@ export async function withApplySettings<T>(
   writtenOrder: boolean,
   run: () => Promise<T>,
 ): Promise<T> {
+  // JIT is off for the whole transaction already: nothing to set.
+  if (!writtenOrder && jitOffForApplying.get(session) === true) return run();
   const [was] = await session.query<{ jit: string; j: string; f: string; apply: boolean }>(
     `WITH s AS MATERIALIZED (
        SELECT current_setting('jit') AS jit, current_setting('join_collapse_limit') AS j,

@@ -198,7 +198,7 @@ async function compareInSnapshot(
     const state = await readState(session, schema, shape.plan.id);
     const wal = mode?.wal ? await walPosition(ctx) : null;
     const viaWal = wal !== null;
-    await enterTransformWork(session, schema, shape.plan);
+    await enterTransformWork(session, schema, shape.plan, true);
     let scoped = scope;
     let all = params;
     if (state.has_held) {

@@ -50,7 +50,7 @@ export async function repairFindings(
     ]);
     // Keys may have been held or released since the check read the plan.
     const plan = await loadPlan(session, schema, checked.id);
-    await enterTransformWork(session, schema, plan);
+    await enterTransformWork(session, schema, plan, true);
     const drivingId = plan.sources[0]!.sourceId!;
     if (shape.kind === 'driving') {
       const driving = new Map<string, string[]>();
