@@ -46,6 +46,24 @@ const overall: Definition = {
           FROM tn_scores) AS o WHERE o.rk < 3`,
 };
 
+// Several order expressions: values equal in order but not in text in each of them
+// (numeric scale; float8 zero and minus zero), compared with the type's equality too.
+const multi: Definition = {
+  form: 'as',
+  target: 'tn_multi',
+  select: 'm.id, m.team, m.score, m.rk',
+  from: `(SELECT id, team, score, rank() OVER (PARTITION BY team ORDER BY score, score * 1) AS rk
+          FROM tn_scores) AS m WHERE m.rk <= 4`,
+};
+const multiDense: Definition = {
+  form: 'as',
+  target: 'tn_multi_dense',
+  select: 'md.id, md.team, md.dr',
+  from: `(SELECT id, team, dense_rank() OVER (PARTITION BY team ORDER BY score DESC NULLS LAST,
+                   CASE WHEN id % 2 = 0 THEN '-0'::float8 ELSE 0::float8 END) AS dr
+          FROM tn_scores) AS md WHERE md.dr <= 3`,
+};
+
 const steps = [
   // Ties made in another scale, and broken.
   `INSERT INTO tn_scores VALUES (15, 1, 1.000, '2026-02-01'), (16, 2, 9.90, '2026-02-01'),
@@ -63,7 +81,7 @@ describe('rank() and dense_rank() top-N over values equal in order but not in te
   it('rank equal values alike, through writes, compared with Postgres', {
     timeout: 120_000,
   }, async () => {
-    const all = [ranked, dense, overall];
+    const all = [ranked, dense, overall, multi, multiDense];
     await live.define(...all);
     await live.converged(all);
     for (const step of steps) {

@@ -1,5 +1,5 @@
 -- Written by `trellis generate upgrade` (trellis-pg 0.2.0).
--- trellis-pg: upgrade the Trellis catalog schema "trellis" from version 36 to version 60.
+-- trellis-pg: upgrade the Trellis catalog schema "trellis" from version 36 to version 61.
 -- Only the migrations after version 36, each version-guarded and locked: safe to run again,
 -- and beside Trellis.migrate(). A database below version 36 is refused with what to run.
 DO $trellis_upgrade$
@@ -13,13 +13,13 @@ BEGIN
     SELECT coalesce(max(version), 0) INTO installed FROM "trellis".migrations;
   END IF;
   IF installed < 36 THEN
-    RAISE EXCEPTION 'the Trellis schema % is at version %, and this migration upgrades it from version 36 to 60', 'trellis', installed
+    RAISE EXCEPTION 'the Trellis schema % is at version %, and this migration upgrades it from version 36 to 61', 'trellis', installed
       USING ERRCODE = 'TRI01',
             HINT = 'run the migrations that bring it to version 36 first, or the whole install SQL instead (trellis sql install prints it; Trellis.migrate() runs it)';
   END IF;
-  SELECT max(version) INTO newer FROM "trellis".migrations WHERE version > 60 AND breaking;
+  SELECT max(version) INTO newer FROM "trellis".migrations WHERE version > 61 AND breaking;
   IF newer IS NOT NULL THEN
-    RAISE EXCEPTION 'the Trellis schema % is at breaking version %, newer than this trellis-pg knows (60): upgrade trellis-pg',
+    RAISE EXCEPTION 'the Trellis schema % is at breaking version %, newer than this trellis-pg knows (61): upgrade trellis-pg',
       'trellis', newer USING ERRCODE = 'TRI01';
   END IF;
 
@@ -8997,6 +8997,79 @@ $fn$;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
 $trellis_m60$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 61) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (61, 'rank_ties_several_expressions', false);
+    EXECUTE $trellis_m61$-- rank() and dense_rank() top-N over SEVERAL order expressions compare a row's values with
+-- the others' as one text, `ROW(o1, o2, ...)::text` (ADR 0065): values equal in order but
+-- not in text (numeric 1.0 and 1.00, float8 0 and -0, interval '1 day' and '24 hours',
+-- citext 'A' and 'a') got different ranks where Postgres gives them one (0058 typed the
+-- comparison for one order expression only: a record[] cannot be a column).
+--
+-- Wrapped again (the pattern of 0039-0041): `_topn_rewrite_window` (0058's) is renamed
+-- `_topn_rewrite_window_before_canon`, and the new function of the old name rewrites its
+-- result for rank and dense_rank over several order expressions: each value in the probe
+-- is its canonical text (`_topn_canon`), the same text for values its type calls equal, so
+-- equal texts are equal values and the other way round. Rows are still ordered by the
+-- values themselves. Transforms defined before keep the old probe until defined again (or
+-- redefined with ALTER TRANSFORM … AS).
+
+ALTER FUNCTION "trellis"._topn_rewrite_window(jsonb, int) RENAME TO _topn_rewrite_window_before_canon;
+
+-- A value's text, the same for every value its type's equality calls equal: numerics without
+-- trailing zeros, float zero without its sign, intervals justified (30-day months, 24-hour
+-- days, as interval comparison counts them), citext in lower case; any other type's own
+-- text (equal and same text for the types a ranking orders by: integers, text under a
+-- deterministic collation, dates, timestamps, booleans, uuids). IMMUTABLE as a definition's
+-- own functions must be (the check of _check_definition): a type's text can depend on
+-- settings (timestamptz on TimeZone), which a transform's statements run under as it was
+-- defined (ADR 0033), as the `::text` it replaces did.
+CREATE FUNCTION "trellis"._topn_canon(v anyelement)
+RETURNS text LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fn$
+DECLARE
+  t regtype := pg_typeof(v);
+BEGIN
+  IF v IS NULL THEN
+    RETURN NULL;
+  ELSIF t = 'numeric'::regtype THEN
+    RETURN trim_scale(v::text::numeric)::text;
+  ELSIF t IN ('float8'::regtype, 'float4'::regtype) THEN
+    RETURN CASE WHEN v::text::float8 = 0 THEN '0' ELSE v::text END;
+  ELSIF t = 'interval'::regtype THEN
+    RETURN justify_interval(v::text::interval)::text;
+  ELSIF (SELECT y.typname = 'citext' FROM pg_type y WHERE y.oid = t) THEN
+    RETURN lower(v::text);
+  END IF;
+  RETURN v::text;
+END
+$fn$;
+
+CREATE FUNCTION "trellis"._topn_rewrite_window(pa jsonb, k int)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+  win jsonb := pa -> 'window';
+  res jsonb := "trellis"._topn_rewrite_window_before_canon(pa, k);
+  old_probe text;
+  new_probe text;
+BEGIN
+  IF win ->> 'fn' NOT IN ('rank', 'dense_rank') OR jsonb_array_length(win -> 'order_by') < 2 THEN
+    RETURN res;
+  END IF;
+  -- As _topn_rewrite_window_before_mvcc writes it (0045): in the top k's aggregate, the
+  -- rank item and the WHERE.
+  old_probe := 'ROW(' || (SELECT string_agg('(' || (o ->> 'expr') || ')', ', ' ORDER BY n)
+                            FROM jsonb_array_elements(win -> 'order_by') WITH ORDINALITY AS x(o, n)) || ')::text';
+  new_probe := 'ROW(' || (SELECT string_agg('"trellis"._topn_canon((' || (o ->> 'expr') || '))', ', ' ORDER BY n)
+                            FROM jsonb_array_elements(win -> 'order_by') WITH ORDINALITY AS x(o, n)) || ')::text';
+  RETURN replace(res::text, "trellis"._json_inner(old_probe), "trellis"._json_inner(new_probe))::jsonb;
+END
+$fn$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
+$trellis_m61$;
   END IF;
   -- Postgres lets PUBLIC execute a new function: none of Trellis's is (ADR 0034), whichever
   -- migration made it. Only the owner calls them.
