@@ -9002,7 +9002,7 @@ $trellis_m60$;
   IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 61) THEN
     -- The version row goes in first: an installer that skipped the lock fails on its key.
     INSERT INTO "trellis".migrations (version, name, breaking)
-      VALUES (61, 'rank_ties_several_expressions', false);
+      VALUES (61, 'equal_values_canonical_text', false);
     EXECUTE $trellis_m61$-- rank() and dense_rank() top-N over SEVERAL order expressions compare a row's values with
 -- the others' as one text, `ROW(o1, o2, ...)::text` (ADR 0065): values equal in order but
 -- not in text (numeric 1.0 and 1.00, float8 0 and -0, interval '1 day' and '24 hours',
@@ -9065,6 +9065,72 @@ BEGIN
   new_probe := 'ROW(' || (SELECT string_agg('"trellis"._topn_canon((' || (o ->> 'expr') || '))', ', ' ORDER BY n)
                             FROM jsonb_array_elements(win -> 'order_by') WITH ORDINALITY AS x(o, n)) || ')::text';
   RETURN replace(res::text, "trellis"._json_inner(old_probe), "trellis"._json_inner(new_probe))::jsonb;
+END
+$fn$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
+
+-- Set operations whose rows are counted by their text (ADR 0073: an ALL operator outermost,
+-- or any set operation in a subquery or WITH query) grouped a row's copies by
+-- `ROW(items)::text`: values equal to Postgres but not in text (numeric 1.0 and 1.00, an
+-- integer 1 in one branch and a numeric 1.0 in another) were different rows, so INTERSECT
+-- dropped them and EXCEPT kept them. Wrapped: `grammar_parse_view` (4 arguments, 0059's) is
+-- renamed `grammar_parse_view_before_canon`, and the new function of the old name rewrites
+-- each "trellis#row" item the set operation wrote into the same row of canonical texts
+-- (`_topn_canon`): equal values, one group. A row shows one of its equal values, as
+-- Postgres's own result does. Transforms defined before keep the text until defined again.
+ALTER FUNCTION "trellis".grammar_parse_view("trellis".grammar_token[], int, jsonb, jsonb)
+  RENAME TO grammar_parse_view_before_canon;
+
+-- `node` with every SELECT list's "trellis#row" item, as the set operation writes it
+-- (`ROW((e1), (e2), ...)::text` over the items before it), made of canonical texts.
+CREATE FUNCTION "trellis"._setop_row_canon(node jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  res jsonb;
+  items jsonb;
+  before text;
+  written text;
+  canon text;
+  i int;
+BEGIN
+  IF jsonb_typeof(node) = 'array' THEN
+    RETURN (SELECT coalesce(jsonb_agg("trellis"._setop_row_canon(e) ORDER BY o), '[]')
+              FROM jsonb_array_elements(node) WITH ORDINALITY AS x(e, o));
+  ELSIF jsonb_typeof(node) IS DISTINCT FROM 'object' THEN
+    RETURN node;
+  END IF;
+  SELECT coalesce(jsonb_object_agg(k, "trellis"._setop_row_canon(v)), '{}') INTO res
+    FROM jsonb_each(node) AS x(k, v);
+  items := res -> 'select';
+  IF jsonb_typeof(items) = 'array' THEN
+    FOR i IN 0 .. jsonb_array_length(items) - 1 LOOP
+      CONTINUE WHEN items -> i ->> 'name' IS DISTINCT FROM 'trellis#row' OR i = 0;
+      SELECT 'ROW(' || string_agg('(' || (e ->> 'expr') || ')', ', ' ORDER BY o) || ')::text',
+             'ROW(' || string_agg('"trellis"._topn_canon((' || (e ->> 'expr') || '))', ', ' ORDER BY o) || ')::text'
+        INTO written, canon
+        FROM jsonb_array_elements(items) WITH ORDINALITY AS x(e, o) WHERE o <= i;
+      before := items -> i ->> 'expr';
+      IF before = written THEN
+        items := jsonb_set(items, ARRAY[i::text, 'expr'], to_jsonb(canon));
+      END IF;
+    END LOOP;
+    res := jsonb_set(res, '{select}', items);
+  END IF;
+  RETURN res;
+END
+$fn$;
+
+CREATE FUNCTION "trellis".grammar_parse_view(
+  toks "trellis".grammar_token[], i int, target jsonb, ctes jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  res jsonb := "trellis".grammar_parse_view_before_canon(toks, i, target, ctes);
+BEGIN
+  IF strpos(res::text, 'trellis#row') = 0 THEN
+    RETURN res;
+  END IF;
+  RETURN "trellis"._setop_row_canon(res);
 END
 $fn$;
 
