@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
+import { expectRefusedAs } from './support/view-sql-refusals.js';
 
 // Top-N over a subquery or a WITH query (issue #26, ADR 0073): the ranking reads the
 // subquery's hidden part as its source (ADR 0056), ranked as ADR 0065 ranks a table's
@@ -77,6 +78,26 @@ const cheapest: Definition = {
           WHERE t.n < 3`,
 };
 
+// The ranking SELECT as the WITH query itself, read once by the statement bounding its rank
+// (migration 0062): over a table, and over another WITH query.
+const rankedInWith: Definition = {
+  form: 'as',
+  target: 'ranked_in_with',
+  with: `ranked AS (SELECT o.id, o.customer_id, o.total,
+                           rank() OVER (PARTITION BY o.customer_id ORDER BY o.total DESC NULLS LAST) AS rk
+                      FROM orders o)`,
+  select: 'id, customer_id, total, rk',
+  from: 'ranked WHERE rk <= 2',
+};
+const denseOverWith: Definition = {
+  form: 'as',
+  target: 'dense_over_with',
+  with: `oc AS (SELECT o.id, c.id AS cid, c.tier, o.total FROM orders o JOIN customers c ON c.id = o.customer_id),
+         dr AS (SELECT id, cid, tier, total, dense_rank() OVER (PARTITION BY tier ORDER BY total) AS d FROM oc)`,
+  select: 'x.id, x.cid, x.tier, x.total, x.d',
+  from: 'dr AS x WHERE x.d < 3',
+};
+
 const steps: string[] = [
   // New rows: some new tops, some not; a new customer.
   `INSERT INTO orders VALUES (81, 1, 49, 'new top'), (82, 2, 0, 'low'), (83, 11, NULL, NULL), (84, 12, 12, 'x');
@@ -101,11 +122,11 @@ const steps: string[] = [
    UPDATE customers SET tier = 0 WHERE tier = 1 AND id % 2 = 0;`,
 ];
 
-const all = [topPerCustomer, topSpenders, denseBig, cheapest];
+const all = [topPerCustomer, topSpenders, denseBig, cheapest, rankedInWith, denseOverWith];
 
 describe('top-N over a subquery or a WITH query', () => {
   it('keeps each partition through writes on every source, compared with Postgres', async () => {
-    await live.define(topPerCustomer, topSpenders, denseBig);
+    await live.define(topPerCustomer, topSpenders, denseBig, rankedInWith, denseOverWith);
     await live.trellis.apply(cheapestStatement);
     await live.converged(all);
     for (const step of steps) {
@@ -137,7 +158,14 @@ describe('top-N over a subquery or a WITH query', () => {
       'x.topn',
       'x',
     ]);
-    for (const target of ['top_per_customer', 'top_spenders', 'dense_big', 'cheapest_per_tier']) {
+    for (const target of [
+      'top_per_customer',
+      'top_spenders',
+      'dense_big',
+      'cheapest_per_tier',
+      'ranked_in_with',
+      'dense_over_with',
+    ]) {
       const d = defs.find((x) => x.target === target);
       expect(d?.statement).toMatch(/ OVER \(PARTITION BY /);
       await live.trellis.apply(`DROP TRANSFORM ${target}`);
@@ -157,4 +185,15 @@ describe('top-N over a subquery or a WITH query', () => {
       UPDATE customers SET tier = 1 WHERE id = 2`);
     await live.converged(all);
   }, 300_000);
+
+  it('refuses a ranking WITH query read twice, or by another level, saying how to write it', async () => {
+    const ranking =
+      'WITH r AS (SELECT id, customer_id, rank() OVER (PARTITION BY customer_id ORDER BY total) AS rk FROM orders)';
+    for (const select of [
+      `${ranking} SELECT a.id FROM r a JOIN r b ON b.id = a.id WHERE a.rk <= 2`,
+      `${ranking} SELECT c.id FROM customers c WHERE EXISTS (SELECT 1 FROM r WHERE r.customer_id = c.id AND r.rk <= 2)`,
+    ]) {
+      await expectRefusedAs(live, select, 'is kept only as top-N per partition');
+    }
+  }, 60_000);
 });
