@@ -26,7 +26,8 @@ import {
 } from 'drizzle-orm/pg-core';
 import { tableRef, viewRef } from './render.js';
 
-type ItemShape<T, TNullable extends string> = T extends AnyColumn
+/** A select item's data type and whether it is NOT NULL (`nullable`: LEFT JOINed tables). */
+export type ItemShape<T, TNullable extends string> = T extends AnyColumn
   ? {
       data: T['_']['data'];
       notNull: T['_']['notNull'] extends true
@@ -52,6 +53,22 @@ type TargetColumn<I extends { data: unknown; notNull: boolean }> = I['notNull'] 
  */
 export type TargetColumns<S, TNullable extends string> = {
   [K in keyof S]: TargetColumn<ItemShape<S[K], TNullable>>;
+};
+
+/** A target column's data type and nullability, as the builder's types carry it. */
+export interface ColumnShape {
+  data: unknown;
+  notNull: boolean;
+}
+
+/** Each select key's {@link ColumnShape}. */
+export type SelectionShape<S, TNullable extends string> = {
+  [K in keyof S]: ItemShape<S[K], TNullable>;
+};
+
+/** The target's columns as drizzle column builders, from each column's shape. */
+export type ShapeColumns<TShape extends Record<string, ColumnShape>> = {
+  [K in keyof TShape]: TargetColumn<TShape[K]>;
 };
 
 /** The typed, read-only drizzle object of a target: an existing view to drizzle. */
