@@ -1,7 +1,9 @@
 import { eq, exists, sql } from 'drizzle-orm';
 import { QueryBuilder } from 'drizzle-orm/pg-core';
-import { describe, expect, it } from 'vitest';
+import { drizzle } from 'drizzle-orm/postgres-js';
+import { describe, expect, it, onTestFinished } from 'vitest';
 import { statementOf, subquery, transform, transformDefinition } from '../src/drizzle/index.js';
+import { sqlClient } from './support/database.js';
 import {
   activeUsers,
   allEvents,
@@ -244,5 +246,16 @@ describe('view SQL through the builder, live', () => {
        DELETE FROM web_events WHERE id = 3;
        DELETE FROM v_customers WHERE id = 5;`,
     ]);
+    // Read back typed through drizzle: the select keys, decoded as the sources' columns.
+    const client = sqlClient(db.url, { max: 1 });
+    onTestFinished(() => client.end());
+    const orm = drizzle({ client });
+    const rows = await orm.select().from(allEvents).orderBy(allEvents.src, allEvents.id);
+    const expected = await db.sql.unsafe(
+      `SELECT id, user_id AS "userId", kind, 'web' AS src FROM web_events
+       UNION ALL SELECT id, user_id, kind, 'app' FROM app_events WHERE user_id > 0 ORDER BY 4, 1`,
+    );
+    expect(rows).toEqual([...expected]);
+    expect(rows.some((r) => r.kind === null)).toBe(true);
   });
 });
