@@ -1,8 +1,14 @@
-import { eq, exists, sql } from 'drizzle-orm';
+import { eq, exists, getTableName, sql } from 'drizzle-orm';
 import { QueryBuilder } from 'drizzle-orm/pg-core';
 import { drizzle } from 'drizzle-orm/postgres-js';
 import { describe, expect, it, onTestFinished } from 'vitest';
-import { statementOf, subquery, transform, transformDefinition } from '../src/drizzle/index.js';
+import {
+  sourceIndexesOf,
+  statementOf,
+  subquery,
+  transform,
+  transformDefinition,
+} from '../src/drizzle/index.js';
 import { sqlClient } from './support/database.js';
 import {
   activeUsers,
@@ -137,6 +143,12 @@ describe('view SQL through the builder: the statements', () => {
     );
     expect(statementOf(firstOrders)).toContain('WHERE "ranked"."trellis_rank" <= 2');
     expect(statementOf(allEvents).split('\n')).toContain('UNION ALL');
+    // A set operation's lookups are each SELECT's (none here: no join, no GROUP BY).
+    expect(sourceIndexesOf(allEvents)).toEqual([]);
+    expect(sourceIndexesOf(topRegionOrders).map((i) => [getTableName(i.table), i.names])).toEqual([
+      ['buyer', ['id']],
+      ['v_orders', ['customer_id']],
+    ]);
     // The second SELECT's keys are written in the first one's order (SQL matches by place).
     expect(statementOf(allEvents)).toContain(
       `SELECT "app_events"."id" AS "id", "app_events"."user_id" AS "userId", "app_events"."kind" AS "kind", 'app' AS "src"`,

@@ -129,10 +129,16 @@ export function transform<TName extends string, TShape extends Shape>(
   const casing = casingOf(options.casing);
   const { statement, reads, columns } = render(name, built, casing);
   const view = targetView(name, columns, options.schema, options.casing !== undefined);
-  if (built instanceof TransformSelected) {
-    const names = new ExpressionRenderer([], casing);
-    recordNeeds(view, built.parts.joins, built.parts.groupBy, (c) => names.columnName(c));
-  }
+  // The lookups of the statement's joins and GROUP BY (each SELECT's, for a set operation).
+  const selects =
+    built instanceof TransformSelected ? [built.parts] : built.branches.map((b) => b.parts);
+  const names = new ExpressionRenderer([], casing);
+  recordNeeds(
+    view,
+    selects.flatMap((p) => p.joins),
+    selects.flatMap((p) => p.groupBy ?? []),
+    (c) => names.columnName(c),
+  );
   const definition: TransformDefinition = { target: name, statement, reads };
   if (options.casing === undefined) {
     // No casing named here: the CLI renders it again with the drizzle config's (ADR 0063).
