@@ -1,5 +1,5 @@
-import { eq, exists, getTableName, sql } from 'drizzle-orm';
-import { QueryBuilder } from 'drizzle-orm/pg-core';
+import { eq, exists, getTableName, inArray, sql } from 'drizzle-orm';
+import { integer, pgTable, QueryBuilder, text } from 'drizzle-orm/pg-core';
 import { drizzle } from 'drizzle-orm/postgres-js';
 import { describe, expect, it, onTestFinished } from 'vitest';
 import {
@@ -13,6 +13,8 @@ import { sqlClient } from './support/database.js';
 import {
   activeUsers,
   allEvents,
+  bigOrders,
+  buyingUsers,
   firstOrders,
   idleCustomers,
   largestOrder,
@@ -110,6 +112,23 @@ const first: Definition = {
   where: 'f.rn <= 2',
 };
 
+const big: Definition = {
+  form: 'as',
+  target: 'big_orders',
+  select: 'o.id, o.amount',
+  from: 'v_orders o',
+  where: `o.amount > (SELECT avg(p.amount) FROM v_orders p WHERE p.status = 'paid')`,
+  // An uncorrelated scalar subquery is a one-row part, its key a column (ADR 0058).
+  implicit: 'true AS "trellis#one"',
+};
+const buying: Definition = {
+  form: 'as',
+  target: 'buying_users',
+  select: `"userId" FROM (SELECT user_id AS "userId" FROM web_events
+           UNION SELECT user_id FROM app_events) u INTERSECT SELECT customer_id`,
+  from: 'v_orders',
+};
+
 const TARGETS = [
   payingCustomers,
   idleCustomers,
@@ -120,8 +139,22 @@ const TARGETS = [
   largestOrder,
   topRegionOrders,
   firstOrders,
+  bigOrders,
+  buyingUsers,
 ];
-const DEFINITIONS = [paying, idle, north, unblocked, events, active, largest, topRegion, first];
+const DEFINITIONS = [
+  paying,
+  idle,
+  north,
+  unblocked,
+  events,
+  active,
+  largest,
+  topRegion,
+  first,
+  big,
+  buying,
+];
 
 describe('view SQL through the builder: the statements', () => {
   it('writes the AS form, with each subquery in place and its targets as reads', () => {
@@ -143,6 +176,18 @@ describe('view SQL through the builder: the statements', () => {
     );
     expect(statementOf(firstOrders)).toContain('WHERE "ranked"."trellis_rank" <= 2');
     expect(statementOf(allEvents).split('\n')).toContain('UNION ALL');
+    expect(statementOf(buyingUsers).split('\n').slice(1)).toEqual([
+      '(',
+      'SELECT "web_events"."user_id" AS "userId"',
+      'FROM "web_events"',
+      'UNION',
+      'SELECT "app_events"."user_id" AS "userId"',
+      'FROM "app_events"',
+      ')',
+      'INTERSECT',
+      'SELECT "v_orders"."customer_id" AS "userId"',
+      'FROM "v_orders"',
+    ]);
     // A set operation's lookups are each SELECT's (none here: no join, no GROUP BY).
     expect(sourceIndexesOf(allEvents)).toEqual([]);
     expect(sourceIndexesOf(topRegionOrders).map((i) => [getTableName(i.table), i.names])).toEqual([
@@ -153,6 +198,34 @@ describe('view SQL through the builder: the statements', () => {
     expect(statementOf(allEvents)).toContain(
       `SELECT "app_events"."id" AS "id", "app_events"."user_id" AS "userId", "app_events"."kind" AS "kind", 'app' AS "src"`,
     );
+  });
+
+  it("names a subquery's and every SELECT's columns by drizzle's casing", () => {
+    const people = pgTable('people', { personId: integer().primaryKey(), teamId: integer() });
+    const teams = pgTable('teams', { teamId: integer().primaryKey(), teamName: text() });
+    const build = (casing?: 'snake_case') =>
+      transform(
+        'staffed_teams',
+        (t) =>
+          t
+            .from(teams)
+            .select({ teamId: teams.teamId })
+            .where(
+              inArray(
+                teams.teamId,
+                subquery((s) => s.from(people).select({ teamId: people.teamId })),
+              ),
+            )
+            .unionAll(t.from(people).select({ teamId: people.personId })),
+        casing ? { casing } : {},
+      );
+    const snake = statementOf(build('snake_case'));
+    expect(snake).toContain(
+      '"teams"."team_id" in (SELECT "people"."team_id" AS "team_id" FROM "people")',
+    );
+    expect(snake).toContain('SELECT "people"."person_id" AS "team_id"');
+    // With no casing named, trellis generate transform --from renders it with the config's.
+    expect(transformDefinition(build()).withCasing?.('snake_case').statement).toBe(snake);
   });
 
   it('refuses what it cannot write, with validation', () => {

@@ -171,3 +171,27 @@ export const firstOrders = transform('first_orders', (t) =>
     .select({ id: vOrders.id, customerId: vOrders.customerId, status: vOrders.status })
     .topN({ partitionBy: [vOrders.customerId], orderBy: [vOrders.id], limit: 2 }),
 );
+
+// A scalar subquery in a sql template: orders above the average paid amount.
+export const bigOrders = transform('big_orders', (t) =>
+  t
+    .from(vOrders)
+    .select({ id: vOrders.id, amount: vOrders.amount })
+    .where(
+      sql`${vOrders.amount} > ${subquery((s) =>
+        s
+          .from(vOrders)
+          .select({ avg: sql<string>`avg(${vOrders.amount})` })
+          .where(eq(vOrders.status, 'paid')),
+      )}`,
+    ),
+);
+
+// INTERSECT after UNION: what came before is bracketed (INTERSECT binds tighter in SQL).
+export const buyingUsers = transform('buying_users', (t) =>
+  t
+    .from(webEvents)
+    .select({ userId: webEvents.userId })
+    .union(t.from(appEvents).select({ userId: appEvents.userId }))
+    .intersect(t.from(vOrders).select({ userId: vOrders.customerId })),
+);
