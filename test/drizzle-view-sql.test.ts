@@ -15,10 +15,12 @@ import {
   allEvents,
   bigOrders,
   buyingUsers,
+  customerSpend,
   firstOrders,
   idleCustomers,
   largestOrder,
   northOrders,
+  orderCounts,
   payingCustomers,
   TABLES,
   topRegionOrders,
@@ -129,6 +131,25 @@ const buying: Definition = {
   from: 'v_orders',
 };
 
+const PER_CUSTOMER = `(SELECT customer_id, sum(amount) AS total, count(*) AS n
+                         FROM v_orders GROUP BY customer_id) AS p`;
+const spend: Definition = {
+  form: 'as',
+  target: 'customer_spend',
+  select: 'c.id, c.name, p.total',
+  from: `v_customers c JOIN ${PER_CUSTOMER} ON p.customer_id = c.id`,
+  where: 'p.n > 1',
+  // The part's key, carried as a column (ADR 0056), named as the builder's derived table names it.
+  implicit: 'p.customer_id AS "customerId"',
+};
+const counts: Definition = {
+  form: 'as',
+  target: 'order_counts',
+  select: 'p.n, count(*) AS customers',
+  from: PER_CUSTOMER,
+  groupBy: 'p.n',
+};
+
 const TARGETS = [
   payingCustomers,
   idleCustomers,
@@ -141,6 +162,8 @@ const TARGETS = [
   firstOrders,
   bigOrders,
   buyingUsers,
+  customerSpend,
+  orderCounts,
 ];
 const DEFINITIONS = [
   paying,
@@ -154,6 +177,8 @@ const DEFINITIONS = [
   first,
   big,
   buying,
+  spend,
+  counts,
 ];
 
 describe('view SQL through the builder: the statements', () => {
@@ -176,6 +201,12 @@ describe('view SQL through the builder: the statements', () => {
     );
     expect(statementOf(firstOrders)).toContain('WHERE "ranked"."trellis_rank" <= 2');
     expect(statementOf(allEvents).split('\n')).toContain('UNION ALL');
+    expect(statementOf(orderCounts).split('\n')).toEqual([
+      'TRANSFORM "order_counts" AS',
+      'SELECT "per_customer"."n" AS "n", count(*) AS "customers"',
+      'FROM (SELECT "v_orders"."customer_id" AS "customerId", sum("v_orders"."amount") AS "total", count(*) AS "n" FROM "v_orders" GROUP BY "v_orders"."customer_id") AS "per_customer"',
+      'GROUP BY "per_customer"."n"',
+    ]);
     expect(statementOf(buyingUsers).split('\n').slice(1)).toEqual([
       '(',
       'SELECT "web_events"."user_id" AS "userId"',

@@ -10,7 +10,8 @@
  * - `subquery(s => s.from(…).select(…))` is a subquery for drizzle's `exists()`,
  *   `notExists()`, `inArray()` and `notInArray()` in a statement's WHERE; `.distinctOn()`,
  *   `.topN()`, `.unionAll()`, `.union()`, `.intersect()` and `.except()` write the rest of
- *   view SQL the builder knows (the statement is then in the AS form).
+ *   view SQL the builder knows, and `derived(alias, s => …)` a subquery in FROM (the
+ *   statement is then in the AS form).
  * - `applyStatementSql(statement)` is the line a drizzle-kit custom migration runs.
  *
  * drizzle-orm (a peer dependency of this entry point only) is imported here; the engine
@@ -18,6 +19,7 @@
  * @packageDocumentation
  */
 export { type ApplyStatementSqlOptions, applyStatementSql } from './apply-sql.js';
+export { derived } from './derived.js';
 export {
   indexesFor,
   type SourceIndex,

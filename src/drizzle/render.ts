@@ -68,8 +68,18 @@ export function nestedSelect<T extends object>(
   return value as T & NestedSelect;
 }
 
-function isNestedSelect(value: unknown): value is NestedSelect {
+/** Whether a value is written as a SELECT (`subquery()`, `derived()`). */
+export function isNestedSelect(value: unknown): value is NestedSelect {
   return typeof value === 'object' && value !== null && NESTED in value;
+}
+
+/** The text of a SELECT written in place (a derived table's FROM item, a subquery). */
+export function renderNested(
+  value: NestedSelect,
+  outer: readonly SourceRef[],
+  scope: RenderScope,
+): string {
+  return value[NESTED](outer, scope);
 }
 
 /** Renders expressions of one statement; `sources` are the FROM and JOIN items so far. */

@@ -10,7 +10,9 @@ import { TrellisError } from '../engine/errors.js';
 import { assertIdentifier, quoteIdent } from '../engine/identifiers.js';
 import {
   ExpressionRenderer,
+  isNestedSelect,
   type RenderScope,
+  renderNested,
   type SourceRef,
   tableItem,
   tableRef,
@@ -100,6 +102,7 @@ export function renderSelect(
       if (!scope.reads.includes(target)) scope.reads.push(target);
       return viewItem(source as unknown as View);
     }
+    if (isNestedSelect(source)) return renderNested(source, outer, scope);
     return tableItem(source as Table);
   };
   const from = [`FROM ${item(parts.from, 'FROM')}`];
@@ -184,7 +187,8 @@ export function renderSelect(
       `WHERE ${quoteIdent(RANKED)}.${quoteIdent(RANK)} <= ${topN.limit}`,
     ];
   }
-  return { fromFirst, viewSql, needsViewSql: !!(distinctOn || topN), columns };
+  const derived = [parts.from, ...parts.joins.map((j) => j.source)].some(isNestedSelect);
+  return { fromFirst, viewSql, needsViewSql: !!(distinctOn || topN || derived), columns };
 }
 
 function sameKeys(a: readonly string[], b: readonly string[]): boolean {

@@ -132,6 +132,21 @@ export function targetView(
   schema: string | undefined,
   named = true,
 ) {
+  const builders = columnBuilders(columns, named);
+  // pgSchema('public') is refused by drizzle: the public schema is its default.
+  return schema === undefined || schema === 'public'
+    ? pgView(name, builders).existing()
+    : pgSchema(schema).view(name, builders).existing();
+}
+
+/**
+ * drizzle column builders for the columns, by select key: named when `named` (or when
+ * the name is not the key), else unnamed, for the `drizzle()` database's casing to name.
+ */
+export function columnBuilders(
+  columns: readonly TargetColumnSpec[],
+  named: boolean,
+): Record<string, PgColumnBuilderBase> {
   const builders: Record<string, PgColumnBuilderBase> = {};
   for (const c of columns) {
     const type = customType<{ data: unknown; driverData: unknown }>({
@@ -141,8 +156,5 @@ export function targetView(
     const builder = named || c.name !== c.key ? type(c.name) : type();
     builders[c.key] = c.notNull ? builder.notNull() : builder;
   }
-  // pgSchema('public') is refused by drizzle: the public schema is its default.
-  return schema === undefined || schema === 'public'
-    ? pgView(name, builders).existing()
-    : pgSchema(schema).view(name, builders).existing();
+  return builders;
 }

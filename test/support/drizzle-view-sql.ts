@@ -3,7 +3,7 @@
 // and test/types/drizzle-view-sql.types.ts (which tsc checks, wrong columns included).
 import { and, desc, eq, exists, gt, inArray, notExists, notInArray, sql } from 'drizzle-orm';
 import { alias, integer, numeric, pgTable, text } from 'drizzle-orm/pg-core';
-import { subquery, transform } from '../../src/drizzle/index.js';
+import { derived, subquery, transform } from '../../src/drizzle/index.js';
 
 export const vCustomers = pgTable('v_customers', {
   id: integer().primaryKey(),
@@ -194,4 +194,30 @@ export const buyingUsers = transform('buying_users', (t) =>
     .select({ userId: webEvents.userId })
     .union(t.from(appEvents).select({ userId: appEvents.userId }))
     .intersect(t.from(vOrders).select({ userId: vOrders.customerId })),
+);
+
+// A derived table (a subquery in FROM): each customer's total and count of orders.
+export const perCustomer = derived('per_customer', (s) =>
+  s
+    .from(vOrders)
+    .select({
+      customerId: vOrders.customerId,
+      total: sql<string>`sum(${vOrders.amount})`,
+      n: sql<number>`count(*)`.mapWith(Number),
+    })
+    .groupBy(vOrders.customerId),
+);
+export const customerSpend = transform('customer_spend', (t) =>
+  t
+    .from(vCustomers)
+    .innerJoin(perCustomer, eq(perCustomer.customerId, vCustomers.id))
+    .select({ id: vCustomers.id, name: vCustomers.name, total: perCustomer.total })
+    .where(gt(perCustomer.n, 1)),
+);
+// An aggregate over an aggregate: how many customers have each number of orders.
+export const orderCounts = transform('order_counts', (t) =>
+  t
+    .from(perCustomer)
+    .select({ n: perCustomer.n, customers: sql<number>`count(*)`.mapWith(Number) })
+    .groupBy(perCustomer.n),
 );

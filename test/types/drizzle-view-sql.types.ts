@@ -8,7 +8,10 @@ import {
   type activeUsers,
   type allEvents,
   appEvents,
+  type customerSpend,
   type largestOrder,
+  type orderCounts,
+  perCustomer,
   type topRegionOrders,
   vBlocked,
   vCustomers,
@@ -112,4 +115,23 @@ transform('bad_top_n_rank', (t) =>
     .select({ id: vOrders.id })
     // @ts-expect-error lag() is not a ranking function
     .topN({ partitionBy: [vOrders.customerId], orderBy: [vOrders.id], limit: 3, rank: 'lag' }),
+);
+
+// A derived table's columns are typed as a target's, and belong to its alias.
+expectTypeOf<(typeof customerSpend)['$inferSelect']>().toEqualTypeOf<{
+  id: number;
+  name: string;
+  total: string;
+}>();
+expectTypeOf<(typeof orderCounts)['$inferSelect']>().toEqualTypeOf<{
+  n: number;
+  customers: number;
+}>();
+transform('bad_derived', (t) =>
+  // @ts-expect-error per_customer is not a table of this statement
+  t.from(vOrders).select({ total: perCustomer.total }),
+);
+transform('bad_derived_key', (t) =>
+  // @ts-expect-error a misspelt column of the derived table
+  t.from(perCustomer).select({ total: perCustomer.totl }),
 );
