@@ -25,13 +25,13 @@ export default defineConfig({
   out: './drizzle',
   dbCredentials: { url: process.env.DATABASE_URL! },
   // Trellis owns its targets and its schema: drizzle-kit push must leave them alone.
-  tablesFilter: ['!customer_totals'],
+  tablesFilter: ['!customer_totals', '!paying_customers'],
 });
 `;
 
-const SCHEMA = `import { eq, sql } from 'drizzle-orm';
+const SCHEMA = `import { and, eq, exists, sql } from 'drizzle-orm';
 import { index, integer, numeric, pgTable, text } from 'drizzle-orm/pg-core';
-import { transform } from 'trellis-pg/drizzle';
+import { subquery, transform } from 'trellis-pg/drizzle';
 
 export const customers = pgTable(
   'customers',
@@ -66,6 +66,23 @@ export const customerTotals = transform('customer_totals', (t) =>
     .where(eq(orders.status, 'paid'))
     .groupBy(orders.customerId, customers.name),
 );
+
+// View SQL (the AS form): a correlated EXISTS over drizzle's own exists().
+export const payingCustomers = transform('paying_customers', (t) =>
+  t
+    .from(customers)
+    .select({ id: customers.id, name: customers.name })
+    .where(
+      exists(
+        subquery((s) =>
+          s
+            .from(orders)
+            .select({ one: sql<number>\`1\` })
+            .where(and(eq(orders.customerId, customers.id), eq(orders.status, 'paid'))),
+        ),
+      ),
+    ),
+);
 `;
 
 const APP = `import { asc } from 'drizzle-orm';
@@ -87,7 +104,10 @@ await db.insert(orders).values([
   { id: 3, customerId: 2, amount: '99', status: 'open' },
   { id: 4, customerId: 2, amount: '7', status: 'paid' },
 ]);
-await trellis.awaitConverged('customer_totals', await trellis.watermarkToken(), { timeoutMs: 60_000 });
+const token = await trellis.watermarkToken();
+for (const target of ['customer_totals', 'paying_customers']) {
+  await trellis.awaitConverged(target, token, { timeoutMs: 60_000 });
+}
 
 type Row = { customerId: number; name: string; total: string; orderCount: number };
 const rows: Row[] = await db.select().from(customerTotals).orderBy(asc(customerTotals.customerId));
@@ -99,8 +119,8 @@ await client.end();
 const BAD = `import { sql } from 'drizzle-orm';
 import { drizzle } from 'drizzle-orm/postgres-js';
 import { integer, pgTable } from 'drizzle-orm/pg-core';
-import { transform } from 'trellis-pg/drizzle';
-import { customerTotals, orders } from './schema.js';
+import { subquery, transform } from 'trellis-pg/drizzle';
+import { customers, customerTotals, orders } from './schema.js';
 
 const products = pgTable('products', { id: integer().primaryKey(), price: integer() });
 const db = drizzle(process.env.DATABASE_URL!);
@@ -108,6 +128,8 @@ export const a = db.select({ total: customerTotals.totl }).from(customerTotals);
 export const b = transform('b', (t) => t.from(orders).select({ price: products.price })); // error: not a table of the statement
 export const c = transform('c', (t) => t.from(orders).select({ amount: orders.amuont })); // error: misspelt
 export const d: Promise<{ total: number }[]> = db.select({ total: customerTotals.total }).from(customerTotals); // error: total is a string
+export const e = subquery((s) => s.from(orders).select({ name: customers.name })); // error: not a table of the subquery
+export const f = transform('f', (t) => t.from(orders).select({ id: orders.id }).unionAll(t.from(customers).select({ id: customers.name }))); // error: a string beside a number
 export const ok = transform('ok', (t) => t.from(orders).select({ n: sql<number>\`1\` }));
 `;
 
@@ -220,6 +242,15 @@ const customerTotals: Definition = {
   groupBy: 'orders.customer_id, customers.name',
 };
 
+// The view SQL a user would write for the builder's EXISTS.
+const payingCustomers: Definition = {
+  form: 'as',
+  target: 'paying_customers',
+  select: 'c.id, c.name',
+  from: 'customers c',
+  where: `EXISTS (SELECT 1 FROM orders o WHERE o.customer_id = c.id AND o.status = 'paid')`,
+};
+
 describe('a fresh drizzle project', { timeout: SLOW }, () => {
   it('goes from the builder to typed reads through drizzle-kit migrations', async () => {
     expect(await ok([bin.trellis, 'generate', 'install'])).toContain(
@@ -227,21 +258,22 @@ describe('a fresh drizzle project', { timeout: SLOW }, () => {
     );
     await ok([bin.drizzleKit, 'generate', '--name', 'tables']);
     expect(await ok([bin.trellis, 'generate', 'transform', '--from', 'src/schema.ts'])).toContain(
-      'Wrote drizzle/0002_trellis_transform_customer_totals.sql',
+      'Wrote drizzle/0002_trellis_transform_customer_totals_and_1_more.sql',
     );
     expect(await ok([bin.drizzleKit, 'generate'])).toContain('No schema changes');
     expect((await readdir(join(app, 'drizzle'))).filter((f) => f.endsWith('.sql'))).toEqual([
       '0000_trellis_install.sql',
       '0001_tables.sql',
-      '0002_trellis_transform_customer_totals.sql',
+      '0002_trellis_transform_customer_totals_and_1_more.sql',
     ]);
     const tables = await readFile(join(app, 'drizzle', '0001_tables.sql'), 'utf8');
     expect(tables).not.toContain('customer_totals');
 
     await ok([bin.drizzleKit, 'migrate']);
-    expect(await db.sql`SELECT target_name FROM trellis.transforms`).toEqual([
-      { target_name: 'customer_totals' },
-    ]);
+    expect(
+      await db.sql`SELECT target_name FROM trellis.transforms
+                    WHERE target_name NOT LIKE 'trellis#%' ORDER BY 1`,
+    ).toEqual([{ target_name: 'customer_totals' }, { target_name: 'paying_customers' }]);
     // README's schema declares the index its transform needs: no gap to report.
     const [row] = await db.sql<{ gaps: unknown }[]>`
       SELECT trellis.status('customer_totals')->'sourceIndexGaps' AS gaps`;
@@ -250,6 +282,7 @@ describe('a fresh drizzle project', { timeout: SLOW }, () => {
     const printed = await ok([bin.tsx, 'src/app.ts']);
     const rows = JSON.parse(printed.trim().split('\n').at(-1) as string) as unknown[];
     await expectMatchesDefinition(db.sql, customerTotals);
+    await expectMatchesDefinition(db.sql, payingCustomers);
     const recomputed = await db.sql.unsafe(
       `SELECT "customerId", name, total::text AS total, "orderCount"::int AS "orderCount"
          FROM (${definitionQuery(customerTotals)}) d ORDER BY 1`,
@@ -278,5 +311,7 @@ describe('a fresh drizzle project', { timeout: SLOW }, () => {
     expect(checked.out).toContain(`Type '"products"' is not assignable to type '"orders"'`);
     expect(checked.out).toContain("Property 'amuont' does not exist");
     expect(checked.out).toContain("Type 'string' is not assignable to type 'number'");
+    expect(checked.out).toContain(`Type '"customers"' is not assignable to type '"orders"'`);
+    expect(checked.out).toContain('the SELECTs of a set operation select the same keys');
   });
 });

@@ -18,7 +18,7 @@ import {
   type PgTable,
 } from 'drizzle-orm/pg-core';
 import { TrellisError } from '../engine/errors.js';
-import { tableRef } from './render.js';
+import { isNestedSelect, tableRef } from './render.js';
 import type { AnyTrellisTarget } from './target-view.js';
 
 /** Why a source index is needed, as `SourceIndexGap.role` says. */
@@ -56,6 +56,7 @@ export function recordNeeds(
   const add = (column: Column, role: SourceIndexRole) => {
     const source = column.table as Table;
     if (!is(source, Table)) return; // a column of a Trellis target (a view) read as a source
+    if (isNestedSelect(source)) return; // a derived table's: its part's lookups are its own
     const need = needs.find((n) => sameRef(n.source, source) && n.role === role);
     if (!need) needs.push({ source, columns: [column], names: [columnName(column)], role });
     else if (!need.columns.some((c) => c.name === column.name)) {

@@ -24,7 +24,7 @@ import {
   ViewBaseConfig,
 } from 'drizzle-orm';
 import { CasingCache } from 'drizzle-orm/casing';
-import { PgDialect } from 'drizzle-orm/pg-core';
+import { PgDialect, PgSelectQueryBuilderBase } from 'drizzle-orm/pg-core';
 import { TrellisError } from '../engine/errors.js';
 import { quoteIdent, quoteLiteral } from '../engine/identifiers.js';
 
@@ -41,17 +41,61 @@ export interface SourceRef {
   isAlias: boolean;
 }
 
+/**
+ * What the rendering of one statement shares with the subqueries inside it: the casing,
+ * the targets read (a subquery's included), and whether any part needs the AS form.
+ */
+export interface RenderScope {
+  readonly casing: Casing | undefined;
+  readonly reads: string[];
+  /** Set when the statement holds a form only the AS form (view SQL) writes. */
+  viewSql: boolean;
+}
+
+const NESTED = Symbol.for('trellis-pg:nested-select');
+
+/** A SELECT written inside an expression (`subquery()`): rendered in the scope around it. */
+export interface NestedSelect {
+  readonly [NESTED]: (outer: readonly SourceRef[], scope: RenderScope) => string;
+}
+
+/** Marks `render` as the way an object is written inside an expression (as `(SELECT …)`). */
+export function nestedSelect<T extends object>(
+  value: T,
+  render: (outer: readonly SourceRef[], scope: RenderScope) => string,
+): T & NestedSelect {
+  Object.defineProperty(value, NESTED, { value: render, enumerable: false });
+  return value as T & NestedSelect;
+}
+
+/** Whether a value is written as a SELECT (`subquery()`, `derived()`). */
+export function isNestedSelect(value: unknown): value is NestedSelect {
+  return typeof value === 'object' && value !== null && NESTED in value;
+}
+
+/** The text of a SELECT written in place (a derived table's FROM item, a subquery). */
+export function renderNested(
+  value: NestedSelect,
+  outer: readonly SourceRef[],
+  scope: RenderScope,
+): string {
+  return value[NESTED](outer, scope);
+}
+
 /** Renders expressions of one statement; `sources` are the FROM and JOIN items so far. */
 export class ExpressionRenderer {
   private readonly dialect: PgDialect;
   private readonly casing: CasingCache;
+  private readonly scope: RenderScope | undefined;
 
   constructor(
     private readonly sources: readonly SourceRef[],
-    casing: Casing | undefined,
+    casing: Casing | RenderScope | undefined,
   ) {
-    this.dialect = new PgDialect(casing === undefined ? {} : { casing });
-    this.casing = new CasingCache(casing);
+    this.scope = typeof casing === 'object' ? casing : undefined;
+    const name = typeof casing === 'object' ? casing.casing : casing;
+    this.dialect = new PgDialect(name === undefined ? {} : { casing: name });
+    this.casing = new CasingCache(name);
   }
 
   /** The text of one expression, for `what` (e.g. `WHERE`, `SELECT item total`). */
@@ -104,10 +148,18 @@ export class ExpressionRenderer {
         if (is(mapped, SQL)) return new SQL(this.inline(mapped.queryChunks, what));
         return new StringChunk(literal(mapped, what));
       }
-      if (is(chunk, Subquery)) {
+      if (isNestedSelect(chunk)) {
+        if (!this.scope) {
+          throw new TrellisError('validation', `in ${what}: a subquery has no place here`);
+        }
+        this.scope.viewSql = true;
+        return new StringChunk(`(${chunk[NESTED](this.sources, this.scope)})`);
+      }
+      if (is(chunk, Subquery) || is(chunk, PgSelectQueryBuilderBase)) {
+        // A drizzle select (db.select()…): written by the app's dialect, its tables unchecked.
         throw new TrellisError(
           'validation',
-          `in ${what}: a subquery cannot be part of a transform (its tables' changes would never reach the target)`,
+          `in ${what}: a drizzle select (db.select()…) cannot be part of a transform: write the subquery with subquery((t) => t.from(…).select(…)) from trellis-pg/drizzle`,
         );
       }
       if (isSqlWrapper(chunk)) {

@@ -26,7 +26,8 @@ import {
 } from 'drizzle-orm/pg-core';
 import { tableRef, viewRef } from './render.js';
 
-type ItemShape<T, TNullable extends string> = T extends AnyColumn
+/** A select item's data type and whether it is NOT NULL (`nullable`: LEFT JOINed tables). */
+export type ItemShape<T, TNullable extends string> = T extends AnyColumn
   ? {
       data: T['_']['data'];
       notNull: T['_']['notNull'] extends true
@@ -52,6 +53,22 @@ type TargetColumn<I extends { data: unknown; notNull: boolean }> = I['notNull'] 
  */
 export type TargetColumns<S, TNullable extends string> = {
   [K in keyof S]: TargetColumn<ItemShape<S[K], TNullable>>;
+};
+
+/** A target column's data type and nullability, as the builder's types carry it. */
+export interface ColumnShape {
+  data: unknown;
+  notNull: boolean;
+}
+
+/** Each select key's {@link ColumnShape}. */
+export type SelectionShape<S, TNullable extends string> = {
+  [K in keyof S]: ItemShape<S[K], TNullable>;
+};
+
+/** The target's columns as drizzle column builders, from each column's shape. */
+export type ShapeColumns<TShape extends Record<string, ColumnShape>> = {
+  [K in keyof TShape]: TargetColumn<TShape[K]>;
 };
 
 /** The typed, read-only drizzle object of a target: an existing view to drizzle. */
@@ -115,6 +132,21 @@ export function targetView(
   schema: string | undefined,
   named = true,
 ) {
+  const builders = columnBuilders(columns, named);
+  // pgSchema('public') is refused by drizzle: the public schema is its default.
+  return schema === undefined || schema === 'public'
+    ? pgView(name, builders).existing()
+    : pgSchema(schema).view(name, builders).existing();
+}
+
+/**
+ * drizzle column builders for the columns, by select key: named when `named` (or when
+ * the name is not the key), else unnamed, for the `drizzle()` database's casing to name.
+ */
+export function columnBuilders(
+  columns: readonly TargetColumnSpec[],
+  named: boolean,
+): Record<string, PgColumnBuilderBase> {
   const builders: Record<string, PgColumnBuilderBase> = {};
   for (const c of columns) {
     const type = customType<{ data: unknown; driverData: unknown }>({
@@ -124,8 +156,5 @@ export function targetView(
     const builder = named || c.name !== c.key ? type(c.name) : type();
     builders[c.key] = c.notNull ? builder.notNull() : builder;
   }
-  // pgSchema('public') is refused by drizzle: the public schema is its default.
-  return schema === undefined || schema === 'public'
-    ? pgView(name, builders).existing()
-    : pgSchema(schema).view(name, builders).existing();
+  return builders;
 }
