@@ -1,5 +1,5 @@
 -- Written by `trellis generate upgrade` (trellis-pg 0.2.0).
--- trellis-pg: upgrade the Trellis catalog schema "trellis" from version 36 to version 62.
+-- trellis-pg: upgrade the Trellis catalog schema "trellis" from version 36 to version 63.
 -- Only the migrations after version 36, each version-guarded and locked: safe to run again,
 -- and beside Trellis.migrate(). A database below version 36 is refused with what to run.
 DO $trellis_upgrade$
@@ -13,13 +13,13 @@ BEGIN
     SELECT coalesce(max(version), 0) INTO installed FROM "trellis".migrations;
   END IF;
   IF installed < 36 THEN
-    RAISE EXCEPTION 'the Trellis schema % is at version %, and this migration upgrades it from version 36 to 62', 'trellis', installed
+    RAISE EXCEPTION 'the Trellis schema % is at version %, and this migration upgrades it from version 36 to 63', 'trellis', installed
       USING ERRCODE = 'TRI01',
             HINT = 'run the migrations that bring it to version 36 first, or the whole install SQL instead (trellis sql install prints it; Trellis.migrate() runs it)';
   END IF;
-  SELECT max(version) INTO newer FROM "trellis".migrations WHERE version > 62 AND breaking;
+  SELECT max(version) INTO newer FROM "trellis".migrations WHERE version > 63 AND breaking;
   IF newer IS NOT NULL THEN
-    RAISE EXCEPTION 'the Trellis schema % is at breaking version %, newer than this trellis-pg knows (62): upgrade trellis-pg',
+    RAISE EXCEPTION 'the Trellis schema % is at breaking version %, newer than this trellis-pg knows (63): upgrade trellis-pg',
       'trellis', newer USING ERRCODE = 'TRI01';
   END IF;
 
@@ -9214,6 +9214,38 @@ $fn$;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
 $trellis_m62$;
+  END IF;
+
+  IF NOT EXISTS (SELECT 1 FROM "trellis".migrations WHERE version = 63) THEN
+    -- The version row goes in first: an installer that skipped the lock fails on its key.
+    INSERT INTO "trellis".migrations (version, name, breaking)
+      VALUES (63, 'redefine_into_top_n', false);
+    EXECUTE $trellis_m63$-- ALTER TRANSFORM t AS <statement> into a top-N (issue #25: a definition changes like code;
+-- #26: the view SQL it may change into): a ranking derived table, or a ranking WITH query
+-- (0062), was refused ("a window function is kept only as top-N per partition") although the
+-- same statement defines a transform. TRANSFORM binds the rankings before it defines anything
+-- (`_define` calls `_topn_bind`, 0045: each ranking part rewritten into the partition's top k
+-- and the rows joined with it); ALTER … AS did not, and each part's own check then refused
+-- the ranking SELECT.
+--
+-- Wrapped (the pattern of 0039-0041): `_redefine` (0056's) is renamed `_redefine_before_topn`;
+-- the new function of the old name binds the new definition's rankings as `_define` does,
+-- then delegates.
+
+ALTER FUNCTION "trellis"._redefine(jsonb) RENAME TO _redefine_before_topn;
+
+CREATE FUNCTION "trellis"._redefine(ast jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $fn$
+BEGIN
+  IF ast -> 'definition' ->> 'form' = 'as' THEN
+    ast := jsonb_set(ast, '{definition}', "trellis"._topn_bind(ast -> 'definition'));
+  END IF;
+  RETURN "trellis"._redefine_before_topn(ast);
+END
+$fn$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "trellis" FROM PUBLIC;
+$trellis_m63$;
   END IF;
   -- Postgres lets PUBLIC execute a new function: none of Trellis's is (ADR 0034), whichever
   -- migration made it. Only the owner calls them.
