@@ -203,6 +203,32 @@ export class CaseFailure extends Error {
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms)); // the poll interval of the waits below
 
 /**
+ * The state of a transform's hidden parts (its subqueries, WITH queries, a set operation's
+ * branches and tables), for a failure to say which part was behind: each one's lifecycle,
+ * lag, what it waits on, and whether it converged on a fresh token within a second.
+ */
+async function partsState(trellis: Trellis, target: string): Promise<string> {
+  try {
+    const found = (await trellis.definitions()).find((d) => d.target === target);
+    if (!found?.parts?.length) return '';
+    const token = await trellis.watermarkToken();
+    const lines = await Promise.all(
+      found.parts.map(async (part) => {
+        const s = await trellis.status(part.target);
+        const converged = await trellis
+          .awaitConverged(part.target, token, { timeoutMs: 1_000 })
+          .then(() => 'converged')
+          .catch((error: Error) => `not converged (${error.message})`);
+        return `${part.target}: ${s.status}, ${converged}, lag ${JSON.stringify(s.lag)}, waitingOn ${JSON.stringify(s.waitingOn)}, backfill ${JSON.stringify(s.backfill)}`;
+      }),
+    );
+    return `\nits parts:\n${lines.join('\n')}`;
+  } catch (error) {
+    return `\n(its parts could not be read: ${(error as Error).message})`;
+  }
+}
+
+/**
  * Waits until `target` has every write committed before `token`; fails at once when the
  * transform stops (paused, a capture failure) rather than at the deadline.
  */
@@ -217,7 +243,9 @@ async function converged(trellis: Trellis, target: string, token: string, timeou
     }
     const status = await trellis.status(target);
     if (status.status === 'paused' || Date.now() > deadline) {
-      throw new CaseFailure(`${target} did not converge: ${JSON.stringify(status)}`);
+      throw new CaseFailure(
+        `${target} did not converge: ${JSON.stringify(status)}${await partsState(trellis, target)}`,
+      );
     }
     await sleep(10); // the poll interval of this wait
   }

@@ -1173,7 +1173,7 @@ export interface ViewChoice {
 
 /** The constructs of view SQL, as the progress lines name them (`transformShape`). */
 const VIEW_CONSTRUCTS =
-  /subquery|WITH|UNION|EXISTS|IN \(|ANY|ALL \(|DISTINCT ON|top-N|NULLs|OR|LATERAL|INTERSECT|EXCEPT|after a LEFT/;
+  /subquery|WITH|UNION|EXISTS|IN \(|ANY|ALL \(|DISTINCT ON|top-N|NULLs|OR|LATERAL|INTERSECT|EXCEPT|after a LEFT|refused/;
 
 const VIEW_KINDS = [
   'derived',
