@@ -1,4 +1,5 @@
 import fc from 'fast-check';
+import type postgres from 'postgres';
 import type { Trellis } from '../../src/engine/index.js';
 import { sqlClient } from './database.js';
 import type { LivePipeline } from './live.js';
@@ -207,7 +208,7 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
  * branches and tables), for a failure to say which part was behind: each one's lifecycle,
  * lag, what it waits on, and whether it converged on a fresh token within a second.
  */
-async function partsState(trellis: Trellis, target: string): Promise<string> {
+async function partsState(trellis: Trellis, target: string, sql?: postgres.Sql): Promise<string> {
   try {
     const found = (await trellis.definitions()).find((d) => d.target === target);
     if (!found?.parts?.length) return '';
@@ -222,7 +223,22 @@ async function partsState(trellis: Trellis, target: string): Promise<string> {
         return `${part.target}: ${s.status}, ${converged}, lag ${JSON.stringify(s.lag)}, waitingOn ${JSON.stringify(s.waitingOn)}, backfill ${JSON.stringify(s.backfill)}`;
       }),
     );
-    return `\nits parts:\n${lines.join('\n')}`;
+    // The catalog's own answer (the default schema, `trellis`): each part's cursor, the
+    // newest tick, and `_converged` on a snapshot taken now.
+    const catalog = sql
+      ? await sql
+          .unsafe(
+            `SELECT t.target_name, p.phase, p.cursor_tick, p.open_lo,
+                    (SELECT max(seq) FROM trellis.ticks) AS newest_tick,
+                    trellis._converged(t.id, pg_current_snapshot()) AS converged_now
+               FROM trellis.transforms t JOIN trellis.pipeline p ON p.transform_id = t.id
+              WHERE t.target_name = $1 OR t.target_name LIKE $2 ORDER BY t.id`,
+            [target, `trellis#${target}#%`],
+          )
+          .then((rows) => `\ncatalog: ${JSON.stringify(rows)}`)
+          .catch((error: Error) => `\n(catalog not read: ${error.message})`)
+      : '';
+    return `\nits parts:\n${lines.join('\n')}${catalog}`;
   } catch (error) {
     return `\n(its parts could not be read: ${(error as Error).message})`;
   }
@@ -232,7 +248,13 @@ async function partsState(trellis: Trellis, target: string): Promise<string> {
  * Waits until `target` has every write committed before `token`; fails at once when the
  * transform stops (paused, a capture failure) rather than at the deadline.
  */
-async function converged(trellis: Trellis, target: string, token: string, timeoutMs: number) {
+async function converged(
+  trellis: Trellis,
+  target: string,
+  token: string,
+  timeoutMs: number,
+  sql?: postgres.Sql,
+) {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     try {
@@ -244,7 +266,7 @@ async function converged(trellis: Trellis, target: string, token: string, timeou
     const status = await trellis.status(target);
     if (status.status === 'paused' || Date.now() > deadline) {
       throw new CaseFailure(
-        `${target} did not converge: ${JSON.stringify(status)}${await partsState(trellis, target)}`,
+        `${target} did not converge: ${JSON.stringify(status)}${await partsState(trellis, target, sql)}`,
       );
     }
     await sleep(10); // the poll interval of this wait
@@ -415,7 +437,7 @@ export async function runCase(
     for (const d of expected) {
       if (refusedTargets.has(d.target)) continue;
       try {
-        await converged(live.trellis, d.target, token, convergeMs);
+        await converged(live.trellis, d.target, token, convergeMs, sql);
       } catch (error) {
         problems.push((error as Error).message);
         continue;
