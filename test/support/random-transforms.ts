@@ -850,11 +850,25 @@ export function readTransform(schema: Schema, choice: TransformChoice, index: nu
   }
   // A FULL JOIN only under a projection or SELECT DISTINCT (ADR 0066 refuses aggregates).
   const outer = choice.kind === 'rows' || choice.kind === 'distinct' ? 'full' : 'right';
-  const sources = fromSources(schema, choice, outer, choice.kind !== 'rows');
-  const last = sources[sources.length - 1]!;
-  const anti = Boolean(choice.anti && sources.length > 1 && last.join?.left && !last.join.outer);
-  const where = anti ? [`${col(last.keys[0]!)} IS NULL`] : [];
-  const transform = readQuery(`x${index}`, sources, choice, where, anti);
+  const readFrom = (later: boolean) => {
+    const sources = fromSources(schema, choice, outer, later);
+    const last = sources[sources.length - 1]!;
+    const anti = Boolean(choice.anti && sources.length > 1 && last.join?.left && !last.join.outer);
+    const where = anti ? [`${col(last.keys[0]!)} IS NULL`] : [];
+    return { sources, transform: readQuery(`x${index}`, sources, choice, where, anti) };
+  };
+  let { sources, transform } = readFrom(choice.kind !== 'rows');
+  // A RIGHT or FULL JOIN after a LEFT JOIN with `COLLATE "C"` anywhere is refused (the
+  // engine takes "C" for a bare column: view-sql-regressions.test.ts, an it.fails): not drawn
+  // until that is fixed.
+  if (
+    sources.some((s) => s.join?.later) &&
+    /COLLATE/.test(
+      JSON.stringify([transform.select, transform.where, transform.groupBy, transform.having]),
+    )
+  ) {
+    ({ sources, transform } = readFrom(false));
+  }
   transform.withoutSourceIndex = choice.options % 10 === 1;
   transform.form = (['from', 'as', 'as-ordered'] as const)[choice.form % 6] ?? 'from';
   // RIGHT and FULL joins are view SQL: the AS form.
