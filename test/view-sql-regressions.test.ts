@@ -196,4 +196,28 @@ describe('view SQL regressions found by the differential tests', () => {
     await convergedRows(after);
     expect((await live.trellis.status(before.target)).status).toBe('live');
   }, 120_000);
+
+  // Found by seed 15 under TRELLIS_TEST_GEN_FOCUS='derived set operation,set operation' (WAL
+  // capture; the shrunk case needs neither): a RIGHT JOIN after a LEFT JOIN (ADR 0073) with
+  // `COLLATE "C"` in its SELECT list and GROUP BY is refused, valid SQL: "a RIGHT JOIN after
+  // another join needs every column written with its table's alias (alias.column): "C"".
+  // The check of bare names (`_outer_join_later`, 0054, wrapped in 0059) takes the quoted
+  // collation name after COLLATE for a column. NOT FIXED: it.fails until it is (the
+  // generator does not draw COLLATE under a RIGHT or FULL JOIN after a LEFT JOIN meanwhile).
+  it.fails('takes COLLATE "C" under a RIGHT JOIN after a LEFT JOIN', async () => {
+    const collated: Definition = {
+      form: 'as',
+      target: 'vr_collate_right',
+      select: 'a.tag COLLATE "C" AS g1, count(*) AS n1',
+      from: 'vr_a a LEFT JOIN vr_b b ON b.id = a.to_b RIGHT JOIN vr_n n ON n.id = a.id',
+      groupBy: 'a.tag COLLATE "C"',
+    };
+    await live.define(collated);
+    await convergedRows(collated);
+    await live.db.sql.unsafe(`
+      INSERT INTO vr_n VALUES (3, 2.5), (4, NULL);
+      UPDATE vr_a SET tag = 'X' WHERE id = 1;
+      DELETE FROM vr_b WHERE id = 2;`);
+    await convergedRows(collated);
+  }, 120_000);
 });

@@ -55,6 +55,12 @@ export interface Definition {
    */
   oracleSelect?: string;
   /**
+   * The FROM the oracle runs in place of `from`, when the target keys rows by a column the
+   * statement does not write: a LATERAL's position (`WITH ORDINALITY AS t(el, ordinality)`,
+   * the target's implicit `ordinality`, ADR 0071).
+   */
+  oracleFrom?: string;
+  /**
    * The AS form's WITH queries, as written after `WITH` (`a AS (SELECT …), b AS (…)`): the
    * statement and the oracle's query both start with them.
    */
@@ -121,7 +127,7 @@ function upstreamOf(d: Definition, seen = new Set<string>()): Definition[] {
  * null, FROM is left as written (the statement itself).
  */
 function selectOf(d: Definition, targetSchema: string | null, implicit = true): string {
-  let from = d.from;
+  let from = implicit && d.oracleFrom ? d.oracleFrom : d.from;
   for (const up of targetSchema === null ? [] : (d.reads ?? [])) {
     const escaped = `${targetSchema}.${up.target}`.replaceAll('.', '\\.');
     from = from.replace(new RegExp(`(?<![\\w."])"?${escaped}"?(?![\\w"])`, 'g'), up.target);
