@@ -857,18 +857,7 @@ export function readTransform(schema: Schema, choice: TransformChoice, index: nu
     const where = anti ? [`${col(last.keys[0]!)} IS NULL`] : [];
     return { sources, transform: readQuery(`x${index}`, sources, choice, where, anti) };
   };
-  let { sources, transform } = readFrom(choice.kind !== 'rows');
-  // A RIGHT or FULL JOIN after a LEFT JOIN with `COLLATE "C"` anywhere is refused (the
-  // engine takes "C" for a bare column: view-sql-regressions.test.ts, an it.fails): not drawn
-  // until that is fixed.
-  if (
-    sources.some((s) => s.join?.later) &&
-    /COLLATE/.test(
-      JSON.stringify([transform.select, transform.where, transform.groupBy, transform.having]),
-    )
-  ) {
-    ({ sources, transform } = readFrom(false));
-  }
+  const { sources, transform } = readFrom(choice.kind !== 'rows');
   transform.withoutSourceIndex = choice.options % 10 === 1;
   transform.form = (['from', 'as', 'as-ordered'] as const)[choice.form % 6] ?? 'from';
   // RIGHT and FULL joins are view SQL: the AS form.
