@@ -9040,7 +9040,8 @@ BEGIN
     RETURN CASE WHEN v::text::float8 = 0 THEN '0' ELSE v::text END;
   ELSIF t = 'interval'::regtype THEN
     RETURN justify_interval(v::text::interval)::text;
-  ELSIF (SELECT y.typname = 'citext' FROM pg_type y WHERE y.oid = t) THEN
+  -- By the type's name (a syscache lookup, not a query per value): citext in any schema.
+  ELSIF t::text ~ '(^|\.)citext$' THEN
     RETURN lower(v::text);
   END IF;
   RETURN v::text;
