@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
+import { type Copies, expectCopies } from './support/set-copies.js';
 import { expectRefusedAs } from './support/view-sql-refusals.js';
 
 // INTERSECT ALL, EXCEPT ALL, set operators of different kinds in one statement (brackets,
@@ -55,13 +56,6 @@ const steps: string[] = [
   `INSERT INTO recalled VALUES (7, 'scarf', 5), (8, 'tee', 1);
    INSERT INTO shop_b SELECT 100 + k, 'tee', 1 FROM generate_series(1, 4) k;`,
 ];
-
-/** A target kept by copies: its columns, and the statement Postgres runs. */
-interface Copies {
-  target: string;
-  columns: string[];
-  statement: string;
-}
 
 const intersectAll: Copies = {
   target: 'both_all',
@@ -161,26 +155,10 @@ const definitions = [
   rightAfterLeft,
 ];
 
-async function expectCopies(c: Copies): Promise<number> {
-  const token = await live.trellis.watermarkToken();
-  await live.trellis.awaitConverged(c.target, token, { timeoutMs: 25_000 });
-  const cols = c.columns.map((n) => `"${n}"::text AS "${n}"`).join(', ');
-  const rows = async (from: string) =>
-    (await live.db.sql.unsafe<Record<string, string | null>[]>(`SELECT ${cols} FROM ${from}`))
-      .map((r) => JSON.stringify(c.columns.map((n) => r[n] ?? null)))
-      .sort();
-  const expected = await rows(`(${c.statement}) AS s`);
-  expect({ target: c.target, rows: await rows(c.target) }).toEqual({
-    target: c.target,
-    rows: expected,
-  });
-  return expected.length;
-}
-
 async function convergedAll(): Promise<number[]> {
   await live.converged(definitions);
   const counts: number[] = [];
-  for (const c of copies) counts.push(await expectCopies(c));
+  for (const c of copies) counts.push(await expectCopies(live, c));
   return counts;
 }
 

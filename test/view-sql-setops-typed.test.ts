@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { livePipeline } from './support/live.js';
 import type { Definition } from './support/oracle.js';
+import { type Copies, expectCopies } from './support/set-copies.js';
 
 // Set operations whose rows are counted by their text (ADR 0073: an ALL operator, or any set
 // operation in a subquery) over values equal but not alike in text: numeric 1.0, 1.00 and
@@ -19,12 +20,6 @@ const live = livePipeline({
       INSERT INTO ty_b VALUES (1, 1, 1), (2, 2.5, 2), (3, 2.500, 2), (4, NULL, 3), (5, 7.000, 8);`);
   },
 });
-
-interface Copies {
-  target: string;
-  columns: string[];
-  statement: string;
-}
 
 const copies: Copies[] = [
   {
@@ -60,22 +55,6 @@ const steps = [
   `UPDATE ty_a SET v = 2.50 WHERE id = 7; DELETE FROM ty_b WHERE id IN (2, 3);`,
 ];
 
-async function expectCopies(c: Copies): Promise<number> {
-  const token = await live.trellis.watermarkToken();
-  await live.trellis.awaitConverged(c.target, token, { timeoutMs: 25_000 });
-  const cols = c.columns.map((n) => `trim_scale("${n}")::text AS "${n}"`).join(', ');
-  const rows = async (from: string) =>
-    (await live.db.sql.unsafe<Record<string, string | null>[]>(`SELECT ${cols} FROM ${from}`))
-      .map((r) => JSON.stringify(c.columns.map((n) => r[n] ?? null)))
-      .sort();
-  const expected = await rows(`(${c.statement}) AS s`);
-  expect({ target: c.target, rows: await rows(c.target) }).toEqual({
-    target: c.target,
-    rows: expected,
-  });
-  return expected.length;
-}
-
 describe('set operations over values equal but not alike', () => {
   it('count equal values as one, through writes, compared with Postgres', {
     timeout: 300_000,
@@ -85,7 +64,7 @@ describe('set operations over values equal but not alike', () => {
     const counts = async () => {
       await live.converged(grouped);
       const n: number[] = [];
-      for (const c of copies) n.push(await expectCopies(c));
+      for (const c of copies) n.push(await expectCopies(live, c, (v) => `trim_scale(${v})::text`));
       return n;
     };
     const seen = await counts();
